@@ -1,0 +1,194 @@
+"""The artifact store: content-addressed ids, manifests, atomic publish, hash verification.
+
+An artifact is `<root>/<stage>/<id>/` with `manifest.json` and the stage's files. Stages write into a
+temporary sibling folder and publish it with one `os.replace`, so a crash never leaves a half artifact
+under a real id. Long stages keep resumable checkpoints in `<root>/<stage>/.work-<id>/`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import __version__
+from .errors import ArtifactError
+
+SCHEMA_VERSION = 1
+STAGES = ("partition", "pretrain", "stats", "meta-train", "personalize", "analyze")
+ENV_STORE = "FEDL2P_STORE"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ENV_STORE, "artifacts"))
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def artifact_id(stage: str, config: dict, parents: dict[str, str]) -> str:
+    """Short hash of (stage, schema, config, parents): same inputs, same id."""
+    key = canonical_json({"stage": stage, "schema": SCHEMA_VERSION, "config": config, "parents": parents})
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class Artifact:
+    """A published, verified artifact."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def id(self) -> str:
+        return self.manifest["id"]
+
+    @property
+    def stage(self) -> str:
+        return self.manifest["stage"]
+
+    @property
+    def config(self) -> dict:
+        return self.manifest["config"]
+
+    @property
+    def parents(self) -> dict[str, str]:
+        return self.manifest["parents"]
+
+    @property
+    def metrics(self) -> dict:
+        return self.manifest.get("metrics", {})
+
+    def file(self, name: str) -> Path:
+        p = self.path / name
+        if name not in self.manifest["files"]:
+            raise ArtifactError(f"artifact {self.stage}/{self.id} has no file '{name}'")
+        return p
+
+
+@dataclass
+class Draft:
+    """An artifact being written: files go into `tmp`, `publish` moves it into place atomically."""
+
+    store: "Store"
+    stage: str
+    id: str
+    config: dict
+    parents: dict[str, str]
+    tmp: Path
+    metrics: dict = field(default_factory=dict)
+
+    def path(self, name: str) -> Path:
+        return self.tmp / name
+
+    def publish(self) -> Artifact:
+        files = {p.name: sha256_file(p) for p in sorted(self.tmp.iterdir()) if p.is_file()}
+        manifest = {
+            "id": self.id,
+            "stage": self.stage,
+            "schema": SCHEMA_VERSION,
+            "package_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": self.config,
+            "parents": self.parents,
+            "files": files,
+            "metrics": self.metrics,
+        }
+        (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+        final = self.store.root / self.stage / self.id
+        if final.exists():  # a concurrent or forced run: replace the old one as a whole
+            shutil.rmtree(final)
+        os.replace(self.tmp, final)
+        shutil.rmtree(self.store.workdir(self.stage, self.id), ignore_errors=True)
+        return Artifact(final, manifest)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Store:
+    """A folder of artifacts."""
+
+    def __init__(self, root: Path | str | None = None):
+        self.root = Path(root) if root is not None else default_root()
+
+    # -- writing -------------------------------------------------------------------------------
+    def draft(self, stage: str, config: dict, parents: dict[str, str]) -> Draft:
+        aid = artifact_id(stage, config, parents)
+        (self.root / stage).mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{aid}-", dir=self.root / stage))
+        return Draft(self, stage, aid, config, parents, tmp)
+
+    def workdir(self, stage: str, aid: str) -> Path:
+        """Persistent folder for round checkpoints of a long stage (removed on publish)."""
+        return self.root / stage / f".work-{aid}"
+
+    # -- reading -------------------------------------------------------------------------------
+    def exists(self, stage: str, aid: str) -> bool:
+        return (self.root / stage / aid / "manifest.json").is_file()
+
+    def ids(self, stage: str) -> list[str]:
+        d = self.root / stage
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if not p.name.startswith(".") and (p / "manifest.json").is_file())
+
+    def iter(self, stage: str | None = None) -> Iterator[Artifact]:
+        for s in [stage] if stage else STAGES:
+            for aid in self.ids(s):
+                yield self.load(s, aid, verify=False)
+
+    def resolve(self, stage: str, ref: str | None) -> str:
+        """An id from a prefix, or the newest artifact of the stage when `ref` is None."""
+        ids = self.ids(stage)
+        if ref is None:
+            if not ids:
+                raise ArtifactError(f"no {stage} artifact in {self.root}; run `fedl2p {stage}` first")
+            return max(ids, key=lambda i: self._manifest(stage, i).get("created", ""))
+        hits = [i for i in ids if i.startswith(ref)]
+        if not hits:
+            raise ArtifactError(f"no {stage} artifact with id '{ref}' in {self.root} (see `fedl2p artifacts list`)")
+        if len(hits) > 1:
+            raise ArtifactError(f"id prefix '{ref}' is ambiguous among {stage} artifacts: {', '.join(hits)}")
+        return hits[0]
+
+    def _manifest(self, stage: str, aid: str) -> dict:
+        path = self.root / stage / aid / "manifest.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and re-run `fedl2p {stage}`") from None
+
+    def load(self, stage: str, ref: str | None = None, verify: bool = True) -> Artifact:
+        aid = self.resolve(stage, ref)
+        manifest = self._manifest(stage, aid)
+        art = Artifact(self.root / stage / aid, manifest)
+        if manifest.get("schema") != SCHEMA_VERSION:
+            raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads {SCHEMA_VERSION}; re-run `fedl2p {stage}`")
+        if verify:
+            self.verify(art)
+        return art
+
+    @staticmethod
+    def verify(art: Artifact) -> None:
+        for name, digest in art.manifest["files"].items():
+            p = art.path / name
+            if not p.is_file():
+                raise ArtifactError(f"artifact {art.stage}/{art.id} is missing '{name}'; delete it and re-run `fedl2p {art.stage}`")
+            if sha256_file(p) != digest:
+                raise ArtifactError(f"artifact {art.stage}/{art.id}: '{name}' fails its sha256 check (corrupted); delete it and re-run `fedl2p {art.stage}`")

@@ -1,0 +1,53 @@
+"""Functional model calls over `dict[str, Tensor]` parameters (torch.func style)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from .bn import BNPolicy, policy
+
+Params = dict[str, Tensor]
+
+
+def forward(model: nn.Module, params: Params, x: Tensor, pol: BNPolicy | None = None) -> Tensor:
+    with policy(pol):
+        return functional_call(model, params, (x,))
+
+
+def ce_loss(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolicy | None = None) -> Tensor:
+    return F.cross_entropy(forward(model, params, x, pol), y)
+
+
+def shuffled_batches(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
+    """One epoch of index batches; the last partial batch is kept unless it has a single sample (BN)."""
+    perm = torch.randperm(n, generator=gen)
+    out = list(perm.split(batch_size))
+    if len(out) > 1 and len(out[-1]) < 2:
+        out[-2] = torch.cat([out[-2], out.pop()])
+    return out
+
+
+def random_batch(n: int, batch_size: int, gen: torch.Generator) -> Tensor:
+    return torch.randperm(n, generator=gen)[:batch_size]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolicy | None = None,
+             batch_size: int = 512) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy; `batch_size` matters only when the policy uses batch statistics."""
+    total_loss, correct = 0.0, 0
+    for i in range(0, len(y), batch_size):
+        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+        if len(yb) < 2 and pol is not None and pol.client_mean is None and i > 0:
+            xb, yb = x[i - 1:i + 1], y[i - 1:i + 1]  # batch statistics need two samples
+            logits = forward(model, params, xb, pol)[-1:]
+            yb = yb[-1:]
+        else:
+            logits = forward(model, params, xb, pol)
+        total_loss += F.cross_entropy(logits, yb, reduction="sum").item()
+        correct += (logits.argmax(1) == yb).sum().item()
+    n = max(len(y), 1)
+    return total_loss / n, correct / n

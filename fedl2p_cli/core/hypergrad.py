@@ -1,0 +1,94 @@
+"""Meta-gradients of the validation loss w.r.t. lambda: IFT with a Neumann series (Alg. 2) and FOMAML+.
+
+Training loss for the IFT (Eq. 9-10), on one train batch (x, y):
+    L_T(theta, lambda) = CE(f_{theta', beta}(x), y),  theta' = theta - eta * grad_theta CE(f_{theta, beta}(x), y)
+Validation loss: L_V(theta, lambda) = CE(f_{theta, beta}(x_v), y_v) with evaluation-mode BN mixing.
+Hypergradient at the fine-tuned theta*:
+    v = p = dL_V/dtheta;  Q times: v <- v - psi * H_T v,  p <- p + v;   g = dL_V/dlambda - p . d2L_T/dlambda dtheta
+The paper's Alg. 2 returns p unscaled; Lorraine et al. multiply it by psi (then p -> H^-1 v as Q grows):
+`scale_by_psi` selects that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .bn import BNPolicy
+from .finetune import ClientBN
+from .functional import Params, ce_loss
+from .metanets import Lambda
+
+HyperFn = Callable[[Lambda], tuple[Tensor, Tensor]]  # lambda -> (beta [B], eta [|P|])
+Batch = tuple[Tensor, Tensor]
+
+
+@dataclass
+class MetaGrad:
+    grads: Lambda
+    val_loss: float
+    train_loss: float
+
+
+def _leaves(d: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().requires_grad_(True) for k, v in d.items()}
+
+
+def _grad(out: Tensor, inputs: list[Tensor], **kw) -> list[Tensor]:
+    gs = torch.autograd.grad(out, inputs, allow_unused=True, **kw)
+    return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)]
+
+
+def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch: Batch) -> Tensor:
+    """Eq. 9-10: the loss after one in-graph step with per-tensor learning rates eta."""
+    x, y = batch
+    inner = ce_loss(model, theta, x, y, BNPolicy(beta, train=True))
+    g = torch.autograd.grad(inner, list(theta.values()), create_graph=True)
+    stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+    return ce_loss(model, stepped, x, y, BNPolicy(beta, train=True))
+
+
+def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: ClientBN) -> Tensor:
+    x, y = batch
+    return ce_loss(model, theta, x, y, BNPolicy(beta, bn.mean, bn.var, train=False))
+
+
+def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: HyperFn, train_batch: Batch,
+                      val_batch: Batch, bn: ClientBN, q: int = 3, psi: float = 0.1,
+                      scale_by_psi: bool = False) -> MetaGrad:
+    """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta."""
+    lam_l, theta = _leaves(lam), _leaves(theta_star)
+    th, lm = list(theta.values()), list(lam_l.values())
+    beta, eta = hyper(lam_l)
+    lv = val_loss(model, theta, beta, val_batch, bn)
+    g_all = _grad(lv, th + lm, retain_graph=True)
+    v, direct = g_all[:len(th)], g_all[len(th):]
+    lt = train_loss(model, theta, beta, eta, train_batch)
+    g_t = torch.autograd.grad(lt, th, create_graph=True)
+    p = [t.clone() for t in v]
+    for _ in range(q):
+        hv = _grad(g_t, th, grad_outputs=v, retain_graph=True)
+        v = [a - psi * b for a, b in zip(v, hv)]
+        p = [a + b for a, b in zip(p, v)]
+    if scale_by_psi:
+        p = [psi * a for a in p]
+    mixed = _grad(g_t, lm, grad_outputs=p)
+    grads = {k: d - m for k, d, m in zip(lam_l, direct, mixed)}
+    return MetaGrad(grads, lv.item(), lt.item())
+
+
+def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,
+                    val_batch: Batch, bn: ClientBN) -> MetaGrad:
+    """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant."""
+    lam_l, theta = _leaves(lam), _leaves(theta_prev)
+    beta, eta = hyper(lam_l)
+    x, y = last_batch
+    inner = ce_loss(model, theta, x, y, BNPolicy(beta, train=True))
+    g = torch.autograd.grad(inner, list(theta.values()), create_graph=True)
+    stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+    lv = val_loss(model, stepped, beta, val_batch, bn)
+    grads = dict(zip(lam_l, _grad(lv, list(lam_l.values()))))
+    return MetaGrad(grads, lv.item(), inner.item())

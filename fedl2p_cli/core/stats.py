@@ -1,0 +1,116 @@
+"""Client statistics for the meta-nets (Alg. 1 lines 6-7, Eq. 3): layer-input moments and BN KL distances."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .bn import MixBN
+
+EPS = 1e-5
+STAT_LAYERS = (nn.Conv2d, nn.Linear, MixBN)
+
+
+@dataclass
+class Moments:
+    """Count, mean and sum of squared deviations, merged by Chan et al.'s stable formula (float64)."""
+
+    n: float
+    mean: Tensor
+    m2: Tensor
+
+    @staticmethod
+    def of(x: Tensor, dims: list[int] | None) -> "Moments":
+        """Moments over `dims` (None: all elements) in one fused var_mean pass."""
+        x = x.detach()
+        if dims is None:
+            var, mean = torch.var_mean(x, correction=0)
+            n = x.numel()
+        else:
+            var, mean = torch.var_mean(x, dim=dims, correction=0)
+            n = x.numel() // mean.numel()
+        return Moments(float(n), mean.double(), var.double() * n)
+
+    def merge(self, o: "Moments") -> "Moments":
+        n = self.n + o.n
+        delta = o.mean - self.mean
+        return Moments(n, self.mean + delta * (o.n / n), self.m2 + o.m2 + delta.pow(2) * (self.n * o.n / n))
+
+    @property
+    def var(self) -> Tensor:
+        return self.m2 / self.n
+
+    def pooled(self) -> "Moments":
+        """Per-channel moments -> moments of all elements (channels of equal count)."""
+        c = self.mean.numel()
+        mean = self.mean.mean()
+        m2 = self.m2.sum() + (self.n * (self.mean - mean).pow(2)).sum()
+        return Moments(self.n * c, mean, m2)
+
+
+def stat_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every Conv, BN and Linear layer, in module (= forward) order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, STAT_LAYERS)]
+
+
+@dataclass
+class ClientStats:
+    x: Tensor          # [2M]: E(x_0), SD(x_0), E(x_1), SD(x_1), ... (LRNet input)
+    bn_mean: list[Tensor]  # per BN layer [J]
+    bn_var: list[Tensor]
+    xi: Tensor         # [B] symmetric KL per BN layer (BNNet input), forward order
+
+
+@torch.no_grad()
+def layer_statistics(model: nn.Module, x: Tensor, batch_size: int = 512) -> tuple[list[Moments], list[Moments]]:
+    """One eval-mode pass: moments of every stat layer's input (all elements) and BN inputs (per channel)."""
+    layers = stat_layers(model)
+    scalar: dict[int, Moments] = {}
+    channel: dict[int, Moments] = {}
+    is_bn = [isinstance(m, MixBN) for _, m in layers]
+
+    def hook(i: int):
+        def fn(_m, inp):
+            a = inp[0]
+            if is_bn[i]:
+                mo = Moments.of(a, [0] + list(range(2, a.dim())))
+                channel[i] = channel[i].merge(mo) if i in channel else mo
+            else:
+                mo = Moments.of(a, None)
+                scalar[i] = scalar[i].merge(mo) if i in scalar else mo
+        return fn
+
+    handles = [m.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(layers)]
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, len(x), batch_size):
+            model(x[s:s + batch_size])
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    per_layer = [channel[i].pooled() if is_bn[i] else scalar[i] for i in range(len(layers))]
+    return per_layer, [channel[i] for i in range(len(layers)) if is_bn[i]]
+
+
+def kl_gauss(mu_p: Tensor, var_p: Tensor, mu_q: Tensor, var_q: Tensor) -> Tensor:
+    """KL(N(mu_p, var_p) || N(mu_q, var_q)), elementwise."""
+    return 0.5 * (torch.log(var_q / var_p) + (var_p + (mu_p - mu_q).pow(2)) / var_q - 1.0)
+
+
+def sym_kl(mu_c: Tensor, var_c: Tensor, mu_pt: Tensor, var_pt: Tensor) -> Tensor:
+    """Eq. 3: mean over channels of the symmetric KL, with sigma^2 = var + 1e-5."""
+    vc, vp = var_c + EPS, var_pt + EPS
+    return (0.5 * (kl_gauss(mu_c, vc, mu_pt, vp) + kl_gauss(mu_pt, vp, mu_c, vc))).mean()
+
+
+def client_stats(model: nn.Module, x: Tensor, batch_size: int = 512) -> ClientStats:
+    """The meta-nets' inputs for one client, from the pretrained model loaded into `model`."""
+    per_layer, bn = layer_statistics(model, x, batch_size)
+    xs = torch.stack([torch.stack([m.mean, m.var.sqrt()]) for m in per_layer]).flatten()
+    bns = [m for m in model.modules() if isinstance(m, MixBN)]
+    xi = torch.stack([sym_kl(c.mean, c.var, b.running_mean.double(), b.running_var.double()) for c, b in zip(bn, bns)])
+    return ClientStats(xs.float(), [c.mean.float() for c in bn], [c.var.float() for c in bn], xi.float())

@@ -1,0 +1,99 @@
+"""Dirichlet (LDA) label skew with equal client sizes, domains and seen/unseen pools. Pure numpy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import FedL2PError
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class ClientSplit:
+    """One client's sample indices (into the source pool) per split, and its domain."""
+
+    domain: int
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+    def indices(self) -> np.ndarray:
+        return np.concatenate([self.train, self.val, self.test])
+
+
+def draw_label_mix(rng: np.random.Generator, by_class: list[list[int]], alpha: float, n: int) -> list[int]:
+    """Take `n` indices following p ~ Dir(alpha); classes that run out are renormalised away."""
+    k = len(by_class)
+    p = rng.dirichlet(np.full(k, alpha))
+    taken: list[int] = []
+    need = n
+    while need > 0:
+        avail = np.array([len(c) > 0 for c in by_class])
+        if not avail.any():
+            raise FedL2PError("the data pool ran out while partitioning; lower --clients or --samples-per-client")
+        q = p * avail
+        q = q / q.sum() if q.sum() > 0 else avail / avail.sum()
+        counts = rng.multinomial(need, q)
+        for c in np.nonzero(counts)[0]:
+            m = min(int(counts[c]), len(by_class[c]))
+            taken += by_class[c][:m]
+            del by_class[c][:m]
+            need -= m
+    return taken
+
+
+def split_client(rng: np.random.Generator, idx: list[int], val_fraction: float, test_fraction: float, domain: int) -> ClientSplit:
+    idx = rng.permutation(np.asarray(idx, dtype=np.int64))
+    n_test = int(round(len(idx) * test_fraction))
+    n_val = int(round((len(idx) - n_test) * val_fraction))
+    test, val, train = idx[:n_test], idx[n_test:n_test + n_val], idx[n_test + n_val:]
+    return ClientSplit(domain, np.sort(train), np.sort(val), np.sort(test))
+
+
+def dirichlet_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_pool: list[int], samples: int,
+                        alpha: float, val_fraction: float, test_fraction: float, seed: int) -> list[ClientSplit]:
+    """Each pool (a domain) is split among its clients by Dir(alpha); every client gets `samples` indices."""
+    if alpha <= 0:
+        raise FedL2PError(f"--alpha must be > 0 (large values such as 1000 are ~IID), got {alpha}")
+    if samples < 3:
+        raise FedL2PError(f"--samples-per-client must be at least 3, got {samples}")
+    if not 0 <= val_fraction < 1 or not 0 < test_fraction < 1:
+        raise FedL2PError("--val-fraction must be in [0,1) and --test-fraction in (0,1)")
+    rng = np.random.default_rng(seed)
+    k = int(labels.max()) + 1
+    out: list[ClientSplit] = []
+    for d, (pool, n_clients) in enumerate(zip(pools, clients_per_pool)):
+        if n_clients * samples > len(pool):
+            raise FedL2PError(f"domain {d} holds {len(pool)} samples but {n_clients} clients x {samples} samples "
+                              f"= {n_clients * samples} were asked for; lower --clients or --samples-per-client")
+        pool = rng.permutation(pool)
+        by_class = [list(pool[labels[pool] == c]) for c in range(k)]
+        for _ in range(n_clients):
+            out.append(split_client(rng, draw_label_mix(rng, by_class, alpha, samples), val_fraction, test_fraction, d))
+    return out
+
+
+def choose_unseen(domains: np.ndarray, fraction: float, unseen_domains: list[int], seed: int) -> np.ndarray:
+    """Flags unseen clients: `fraction` of each domain (at least one if fraction > 0), plus whole domains."""
+    if not 0 <= fraction < 1:
+        raise FedL2PError(f"--unseen-fraction must be in [0,1), got {fraction}")
+    rng = np.random.default_rng(seed + 7919)
+    unseen = np.isin(domains, unseen_domains)
+    for d in np.unique(domains):
+        members = np.nonzero((domains == d) & ~unseen)[0]
+        n = int(round(len(members) * fraction)) if fraction > 0 else 0
+        n = max(n, 1) if fraction > 0 and len(members) > 1 else n
+        unseen[rng.choice(members, size=min(n, len(members) - 1), replace=False)] = True
+    if unseen.all():
+        raise FedL2PError("no seen clients are left; lower --unseen-fraction or name fewer --unseen-domains")
+    return unseen
+
+
+def label_entropy(hist: np.ndarray) -> np.ndarray:
+    """Shannon entropy (nats) of each row of a label histogram."""
+    p = hist / np.maximum(hist.sum(axis=1, keepdims=True), 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=1)

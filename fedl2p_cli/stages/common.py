@@ -1,0 +1,51 @@
+"""What every stage shares: config hashing, reuse of an existing artifact, progress reporting."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+from ..artifacts import Artifact, Draft, Store
+
+
+class Progress(Protocol):
+    """How a stage reports progress; the CLI passes a rich bar, tests a no-op."""
+
+    def start(self, description: str, total: int) -> None: ...
+    def advance(self, n: int = 1, **info: Any) -> None: ...
+    def stop(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, description: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1, **info: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def config_dict(cfg: Any, exclude: tuple[str, ...] = ()) -> dict:
+    """The identity-relevant part of a config dataclass (locations and cosmetics excluded)."""
+    d = dataclasses.asdict(cfg)
+    for k in exclude:
+        d.pop(k, None)
+    return d
+
+
+def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],
+                   build: Callable[[Draft], None], force: bool = False) -> tuple[Artifact, bool]:
+    """Return the artifact for these inputs, building it (atomically) only if it does not exist."""
+    from ..artifacts import artifact_id
+    aid = artifact_id(stage, config, parents)
+    if store.exists(stage, aid) and not force:
+        return store.load(stage, aid), True
+    draft = store.draft(stage, config, parents)
+    try:
+        build(draft)
+        return draft.publish(), False
+    except BaseException:
+        draft.discard()
+        raise

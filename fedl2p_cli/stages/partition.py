@@ -1,0 +1,112 @@
+"""`fedl2p partition`: dataset -> partition.h5 (clients, splits, domains, pools, pixels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..artifacts import Artifact, Draft, Store
+from ..data import corruptions as corr
+from ..data import datasets
+from ..data.partition import choose_unseen, dirichlet_partition, label_entropy
+from ..errors import FedL2PError
+from ..io import partition_h5
+from .common import build_or_reuse, config_dict
+
+GENERATED = {"fmnist-c": "fmnist", "digits-c": "digits"}
+
+
+@dataclass
+class PartitionConfig:
+    dataset: str = "fmnist-c"
+    alpha: float = 0.1
+    clients: int = 70
+    samples_per_client: int = 200
+    val_fraction: float = 0.2
+    test_fraction: float = 0.2
+    seed: int = 0
+    unseen_fraction: float = 0.2
+    unseen_domains: list[str] = field(default_factory=list)
+    corruptions: list[str] | None = None  # generated domains (fmnist-c, digits-c) or CIFAR-10-C types
+    severity: int = 3
+    data_dir: str | None = None  # a location, not part of the artifact's identity
+    download: bool = False
+
+
+def _domains(cfg: PartitionConfig, ds: datasets.Dataset) -> tuple[list[str], list[np.ndarray], bool]:
+    """Domain names, each domain's pool of source indices, and whether corruptions are generated here."""
+    generated = cfg.dataset in GENERATED or (cfg.corruptions is not None and cfg.dataset in ("fmnist", "digits", "cifar10"))
+    if generated:
+        names = cfg.corruptions or corr.DEFAULT_DOMAINS
+        corr.check(names, cfg.severity)
+        perm = np.random.default_rng(cfg.seed).permutation(len(ds))
+        return list(names), np.array_split(perm, len(names)), True
+    if ds.domains is not None:
+        dom = ds.domains.numpy()
+        return list(ds.domain_names or []), [np.nonzero(dom == d)[0] for d in range(len(ds.domain_names or []))], False
+    return ["all"], [np.arange(len(ds))], False
+
+
+def build_partition(cfg: PartitionConfig, ds: datasets.Dataset) -> partition_h5.Partition:
+    if cfg.clients <= 0:
+        raise FedL2PError(f"--clients must be positive, got {cfg.clients}")
+    names, pools, generated = _domains(cfg, ds)
+    if cfg.clients < len(names):
+        raise FedL2PError(f"{len(names)} domains need at least as many clients, got --clients {cfg.clients}")
+    unknown = [d for d in cfg.unseen_domains if d not in names]
+    if unknown:
+        raise FedL2PError(f"unknown --unseen-domains '{unknown[0]}'; domains are: {', '.join(names)}")
+    per_pool = [len(a) for a in np.array_split(np.arange(cfg.clients), len(names))]
+    labels = ds.labels.numpy()
+    splits = dirichlet_partition(labels, pools, per_pool, cfg.samples_per_client, cfg.alpha,
+                                 cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    idx = np.concatenate([s.indices() for s in splits])
+    images = ds.images[torch.from_numpy(idx)]
+    domain = np.array([s.domain for s in splits], dtype=np.int64)
+    if generated:  # corrupt each domain's samples once; later stages read the pixels
+        starts = np.cumsum([0] + [len(s.indices()) for s in splits])
+        for d, name in enumerate(names):
+            rows = np.concatenate([np.arange(starts[c], starts[c + 1]) for c in np.nonzero(domain == d)[0]])
+            images[rows] = corr.apply(name, images[rows], cfg.severity, cfg.seed * 1000 + d)
+    offsets = np.cumsum([[0, len(s.train), len(s.val), len(s.test)] for s in splits], axis=1)
+    offsets += np.concatenate([[0], np.cumsum([len(s.indices()) for s in splits])[:-1]])[:, None]
+    hist = np.stack([np.bincount(labels[s.indices()], minlength=len(ds.classes)) for s in splits])
+    unseen = choose_unseen(domain, cfg.unseen_fraction, [names.index(d) for d in cfg.unseen_domains], cfg.seed)
+    mean, std = datasets.channel_stats(images) if generated else (ds.mean, ds.std)
+    return partition_h5.Partition(
+        dataset=cfg.dataset, images=images, labels=torch.from_numpy(labels[idx]), source_index=torch.from_numpy(idx),
+        offsets=offsets.astype(np.int64), domain=domain, unseen=unseen, label_hist=hist, classes=ds.classes,
+        domain_names=names, mean=mean, std=std, attrs={"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity})
+
+
+def summary(p: partition_h5.Partition) -> dict:
+    ent = label_entropy(p.label_hist)
+    rows = []
+    for d, name in enumerate(p.domain_names):
+        m = p.domain == d
+        rows.append({"domain": name, "seen": int((m & ~p.unseen).sum()), "unseen": int((m & p.unseen).sum()),
+                     "label_entropy": float(ent[m].mean())})
+    return {"clients": p.num_clients, "samples": int(p.labels.numel()), "mean_label_entropy": float(ent.mean()),
+            "max_label_entropy": float(np.log(p.num_classes)), "domains": rows}
+
+
+def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False) -> tuple[Artifact, bool]:
+    def build(draft: Draft) -> None:
+        ds = datasets.load(GENERATED.get(cfg.dataset, cfg.dataset), Path(cfg.data_dir) if cfg.data_dir else None,
+                           cfg.download, cfg.corruptions, cfg.severity)
+        part = build_partition(cfg, ds)
+        partition_h5.write(draft.path("partition.h5"), part)
+        draft.metrics = summary(part)
+        if plot:
+            from ..analysis.plots import label_mix_heatmap
+            label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
+
+    return build_or_reuse(store, "partition", config_dict(cfg, exclude=("data_dir", "download")), {}, build, force)
+
+
+def load(store: Store, ref: str | None) -> tuple[Artifact, partition_h5.Partition]:
+    art = store.load("partition", ref)
+    return art, partition_h5.read(art.file("partition.h5"))

@@ -1,0 +1,41 @@
+"""Small fixtures shared by tests: a smooth float64 model, client data and statistics."""
+
+from __future__ import annotations
+
+import torch
+
+from fedl2p_cli.core.finetune import ClientBN
+from fedl2p_cli.core.metanets import hyperparameters, init_lambda
+from fedl2p_cli.core.stats import client_stats
+from fedl2p_cli.models.registry import build, get_params
+
+
+def smooth_setup(n: int = 24, classes: int = 3, seed: int = 0, noisy: bool = False):
+    """tiny-smooth model in float64 with BN buffers set away from 0/1, data, stats and a lambda."""
+    torch.manual_seed(seed)
+    model = build("tiny-smooth", 1, classes, seed=seed).double()
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "running_mean"):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(n, 1, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, classes, (n,)) if noisy else (x.mean(dim=(1, 2, 3)) > 0).long() + (x[:, 0, 0, 0] > 1).long()
+    st = client_stats(model, x)
+    xi, xs = st.xi.double(), st.x.double()
+    bn = ClientBN([m.double() for m in st.bn_mean], [v.double() for v in st.bn_var])
+    theta = {k: v.double() for k, v in get_params(model).items()}
+    n_p = len(theta)
+    lam = {k: v.double() for k, v in init_lambda(len(st.xi), len(st.x), n_p, 0.05, "both", seed).items()}
+    # perturb lambda so beta and eta differ per layer (the init makes them nearly constant)
+    g = torch.Generator().manual_seed(seed + 1)
+    lam = {k: v + 0.01 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in lam.items()}
+    lam["bnnet.2.bias"] = lam["bnnet.2.bias"] + torch.linspace(-0.3, 0.3, lam["bnnet.2.bias"].numel(), dtype=torch.float64)
+    lam["lrnet.2.bias"] = lam["lrnet.2.bias"] + torch.linspace(-0.5, 0.5, lam["lrnet.2.bias"].numel(), dtype=torch.float64)
+
+    def hyper(l):
+        return hyperparameters(l, xi, xs, n_p, 0.05, 0.5)
+
+    beta, eta = hyper(lam)
+    assert 0.05 < beta.min() and beta.max() < 0.95 and eta.min() > 0  # inside the clamps: STE = true derivative
+    return model, theta, lam, hyper, (x, y), bn

@@ -1,0 +1,156 @@
+"""The IFT hypergradient (Alg. 2) and FOMAML+ against independent oracles, in float64 on a smooth model."""
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient, train_loss, val_loss
+
+from .helpers import smooth_setup
+
+torch.set_default_dtype(torch.float64)
+
+
+def flat(d):
+    return torch.cat([v.reshape(-1) for v in d.values()])
+
+
+def unflat(vec, like):
+    out, i = {}, 0
+    for k, v in like.items():
+        out[k] = vec[i:i + v.numel()].view_as(v)
+        i += v.numel()
+    return out
+
+
+def dense_pieces(model, theta, lam, hyper, tb, vb, bn):
+    """H = d2 L_T/dtheta2, J = d2 L_T/dtheta dlambda, v = dL_V/dtheta, direct = dL_V/dlambda, as dense arrays."""
+    t0, l0 = flat(theta), flat(lam)
+
+    def lt(t, l):
+        beta, eta = hyper(unflat(l, lam))
+        return train_loss(model, unflat(t, theta), beta, eta, tb)
+
+    def lv(t, l):
+        beta, _ = hyper(unflat(l, lam))
+        return val_loss(model, unflat(t, theta), beta, vb, bn)
+
+    H = torch.autograd.functional.hessian(lambda t: lt(t, l0), t0)
+    J = torch.autograd.functional.jacobian(
+        lambda l: torch.autograd.functional.jacobian(lambda t: lt(t, l), t0, create_graph=True), l0)
+    v = torch.autograd.functional.jacobian(lambda t: lv(t, l0), t0)
+    direct = torch.autograd.functional.jacobian(lambda l: lv(t0, l), l0)
+    return H, J, v, direct
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model, theta, lam, hyper, (x, y), bn = smooth_setup()
+    tb, vb = (x[:12], y[:12]), (x[12:], y[12:])
+    return model, theta, lam, hyper, tb, vb, bn, dense_pieces(model, theta, lam, hyper, tb, vb, bn)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_neumann_matches_dense_formula(setup, scaled):
+    model, theta, lam, hyper, tb, vb, bn, (H, J, v, direct) = setup
+    q, psi = 3, 0.1
+    p, vv = v.clone(), v.clone()
+    for _ in range(q):
+        vv = vv - psi * H @ vv
+        p = p + vv
+    if scaled:
+        p = psi * p
+    oracle = direct - J.T @ p
+    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=q, psi=psi, scale_by_psi=scaled)
+    g = flat(got.grads)
+    for group in ("bnnet", "lrnet", "eta"):  # every block of lambda, separately
+        mask = torch.cat([torch.full((t.numel(),), k.startswith(group)) for k, t in lam.items()])
+        assert oracle[mask].abs().max() > 1e-8, group
+        torch.testing.assert_close(g[mask], oracle[mask], rtol=1e-7, atol=1e-10)
+
+
+def test_hypergradient_against_finite_differences(setup):
+    """With p held fixed the hypergradient is the gradient of L_V(theta*, lam) - p . dL_T/dtheta(theta*, lam)."""
+    model, theta, lam, hyper, tb, vb, bn, (H, J, v, direct) = setup
+    q, psi = 3, 0.1
+    p, vv = v.clone(), v.clone()
+    for _ in range(q):
+        vv = vv - psi * H @ vv
+        p = p + vv
+    t0 = flat(theta)
+
+    def psi_fn(l):
+        lt_t = t0.clone().requires_grad_()
+        beta, eta = hyper(unflat(l, lam))
+        g = torch.autograd.grad(train_loss(model, unflat(lt_t, theta), beta, eta, tb), lt_t)[0]
+        return (val_loss(model, theta, beta, vb, bn) - p @ g).item()
+
+    got = flat(ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=q, psi=psi).grads)
+    l0 = flat(lam)
+    rng = torch.Generator().manual_seed(3)
+    idx = torch.cat([torch.randperm(l0.numel(), generator=rng)[:20], torch.arange(l0.numel() - 9, l0.numel())])
+    h = 1e-6
+    for i in idx.tolist():
+        e = torch.zeros_like(l0)
+        e[i] = h
+        fd = (psi_fn(l0 + e) - psi_fn(l0 - e)) / (2 * h)
+        assert abs(fd - got[i].item()) < 1e-6 + 1e-4 * abs(fd), (i, fd, got[i].item())
+
+
+def test_ift_equals_unrolled_differentiation_at_a_stationary_point():
+    """psi-scaled Neumann(Q) = d/dlambda of L_V after Q+1 gradient steps (lr psi) on L_T from theta* (Lorraine et al.)."""
+    model, theta, lam, hyper, (x, y), bn = smooth_setup(n=40, noisy=True, seed=2)
+    tb, vb = (x[:24], y[:24]), (x[24:], y[24:])
+    t = flat(theta).clone().requires_grad_()
+    lam_d = {k: v.detach() for k, v in lam.items()}
+    beta, eta = (h.detach() for h in hyper(lam_d))
+    opt = torch.optim.LBFGS([t], lr=1, max_iter=500, tolerance_grad=1e-13, tolerance_change=1e-16,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = train_loss(model, unflat(t, theta), beta, eta, tb)
+        loss.backward()
+        return loss
+
+    for _ in range(6):
+        opt.step(closure)
+    theta_star = {k: v.detach() for k, v in unflat(t.detach(), theta).items()}
+    lt_leaf = {k: v.clone().requires_grad_() for k, v in theta_star.items()}
+    gnorm = flat(dict(zip(lt_leaf, torch.autograd.grad(train_loss(model, lt_leaf, beta, eta, tb), list(lt_leaf.values()))))).norm()
+    assert gnorm < 1e-7, gnorm
+
+    q, psi = 3, 0.1
+    lam_l = {k: v.clone().requires_grad_() for k, v in lam_d.items()}
+    b, e = hyper(lam_l)
+    th = dict(theta_star)
+    for _ in range(q + 1):  # unrolled, fully differentiated
+        leaf = {k: v if v.requires_grad else v.clone().requires_grad_() for k, v in th.items()}
+        g = torch.autograd.grad(train_loss(model, leaf, b, e, tb), list(leaf.values()), create_graph=True)
+        th = {k: v - psi * gk for (k, v), gk in zip(leaf.items(), g)}
+    unrolled = torch.autograd.grad(val_loss(model, th, b, vb, bn), list(lam_l.values()), allow_unused=True)
+    unrolled = torch.cat([(torch.zeros_like(v) if u is None else u).reshape(-1) for u, v in zip(unrolled, lam_l.values())])
+    got = flat(ift_hypergradient(model, theta_star, lam_d, hyper, tb, vb, bn, q=q, psi=psi, scale_by_psi=True).grads)
+    torch.testing.assert_close(got, unrolled, rtol=1e-5, atol=1e-8)
+
+
+def test_fomaml_against_finite_differences(setup):
+    model, theta, lam, hyper, tb, vb, bn, _ = setup
+
+    def f(l):
+        beta, eta = hyper(unflat(l, lam))
+        leaf = {k: v.clone().requires_grad_() for k, v in theta.items()}
+        from fedl2p_cli.core.bn import BNPolicy
+        from fedl2p_cli.core.functional import ce_loss
+        g = torch.autograd.grad(ce_loss(model, leaf, tb[0], tb[1], BNPolicy(beta, train=True)), list(leaf.values()))
+        stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+        return val_loss(model, stepped, beta, vb, bn).item()
+
+    got = flat(fomaml_gradient(model, theta, lam, hyper, tb, vb, bn).grads)
+    l0 = flat(lam)
+    h = 1e-6
+    for i in list(range(0, l0.numel(), max(1, l0.numel() // 25))) + list(range(l0.numel() - 9, l0.numel())):
+        e = torch.zeros_like(l0)
+        e[i] = h
+        fd = (f(l0 + e) - f(l0 - e)) / (2 * h)
+        assert abs(fd - got[i].item()) < 1e-7 + 1e-4 * abs(fd), (i, fd, got[i].item())
