@@ -93,7 +93,26 @@ def summary(p: partition_h5.Partition) -> dict:
             "max_label_entropy": float(np.log(p.num_classes)), "domains": rows}
 
 
+def check(cfg: PartitionConfig) -> None:
+    """Reject bad input before anything is read or written."""
+    if cfg.dataset not in datasets.DATASETS:
+        raise FedL2PError(f"unknown dataset '{cfg.dataset}'; choose one of: {', '.join(datasets.DATASETS)}")
+    if cfg.alpha <= 0:
+        raise FedL2PError(f"--alpha must be > 0 (large values such as 1000 are ~IID), got {cfg.alpha}")
+    if cfg.clients <= 0 or cfg.samples_per_client < 3:
+        raise FedL2PError("--clients must be positive and --samples-per-client at least 3")
+    if not 0 <= cfg.val_fraction < 1 or not 0 < cfg.test_fraction < 1 or not 0 <= cfg.unseen_fraction < 1:
+        raise FedL2PError("--val-fraction and --unseen-fraction must be in [0,1), --test-fraction in (0,1)")
+    if cfg.dataset in GENERATED or (cfg.corruptions and cfg.dataset != "cifar10-c"):
+        corr.check(cfg.corruptions or corr.DEFAULT_DOMAINS, cfg.severity)
+    elif cfg.dataset == "cifar10-c":
+        bad = [c for c in cfg.corruptions or [] if c not in datasets.CIFAR10C_TYPES]
+        if bad:
+            raise FedL2PError(f"unknown CIFAR-10-C corruption '{bad[0]}'; choose from: {', '.join(datasets.CIFAR10C_TYPES)}")
+
+
 def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False) -> tuple[Artifact, bool]:
+    check(cfg)
     def build(draft: Draft) -> None:
         ds = datasets.load(GENERATED.get(cfg.dataset, cfg.dataset), Path(cfg.data_dir) if cfg.data_dir else None,
                            cfg.download, cfg.corruptions, cfg.severity)

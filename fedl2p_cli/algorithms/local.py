@@ -1,0 +1,85 @@
+"""Client-side pretraining updates. Each is a pure function of (state, data, lr, generator):
+the nn.Module passed in is only a reusable workspace, built once per run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from ..core.functional import random_batch, shuffled_batches
+from ..models.registry import get_state, set_state
+
+State = dict[str, Tensor]
+
+
+@dataclass
+class LocalConfig:
+    epochs: int = 1
+    batch_size: int = 32
+    head: str = ""            # parameter-name prefix of the classifier
+    freeze_head: bool = False  # FedBABU
+    pf_alpha: float = 0.01     # Per-FedAvg inner step size (alpha in Fallah et al.)
+
+
+ClientFn = Callable[[nn.Module, State, Tensor, Tensor, float, LocalConfig, torch.Generator], tuple[State, float]]
+
+
+def sgd_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,
+               gen: torch.Generator) -> tuple[State, float]:
+    """FedAvg / FedBABU local update: plain SGD for `epochs` epochs; FedBABU keeps the head fixed (lr 0)."""
+    set_state(model, state).train()
+    params = [p for n, p in model.named_parameters() if not (cfg.freeze_head and n.startswith(cfg.head))]
+    losses = []
+    for _ in range(cfg.epochs):
+        for idx in shuffled_batches(len(y), cfg.batch_size, gen):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.sub_(lr * g)
+            losses.append(loss.item())
+    return get_state(model), sum(losses) / max(len(losses), 1)
+
+
+def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: float, beta: float) -> tuple[State, float]:
+    """One Per-FedAvg (HF) step on three independent batches D, D', D'':
+    w_tmp = w - alpha grad f(w; D);  w <- w - beta (I - alpha H(w; D'')) grad f(w_tmp; D')."""
+    (x1, y1), (x2, y2), (x3, y3) = batches
+    names = list(params)
+    w = [params[n].detach().requires_grad_(True) for n in names]
+
+    def loss(ws, x, y):
+        return F.cross_entropy(functional_call(model, dict(zip(names, ws)), (x,)), y)
+
+    l1 = loss(w, x1, y1)
+    g1 = torch.autograd.grad(l1, w)
+    w_tmp = [(a - alpha * g).detach().requires_grad_(True) for a, g in zip(w, g1)]
+    g2 = torch.autograd.grad(loss(w_tmp, x2, y2), w_tmp)
+    g3 = torch.autograd.grad(loss(w, x3, y3), w, create_graph=True)
+    hv = torch.autograd.grad(g3, w, grad_outputs=g2)
+    with torch.no_grad():
+        new = {n: a - beta * (g - alpha * h) for n, a, g, h in zip(names, w, g2, hv)}
+    return new, l1.item()
+
+
+def perfedavg_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,
+                     gen: torch.Generator) -> tuple[State, float]:
+    """Per-FedAvg (HF): each step draws three independent batches; an epoch is n / (3 batch) steps."""
+    set_state(model, state).train()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    steps = max(1, len(y) // (3 * cfg.batch_size)) * cfg.epochs
+    losses = []
+    for _ in range(steps):
+        batches = tuple((x[i], y[i]) for i in (random_batch(len(y), cfg.batch_size, gen) for _ in range(3)))
+        params, l = perfedavg_hf_step(model, params, batches, cfg.pf_alpha, lr)
+        losses.append(l)
+    set_state(model, {**get_state(model), **params})
+    return get_state(model), sum(losses) / len(losses)
+
+
+ALGORITHMS: dict[str, ClientFn] = {"fedavg": sgd_client, "fedbabu": sgd_client, "perfedavg-hf": perfedavg_client}

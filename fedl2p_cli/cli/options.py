@@ -1,0 +1,35 @@
+"""Options shared by several commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..artifacts import Store
+from ..errors import FedL2PError
+
+STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", help="Artifact store folder (default: ./artifacts).")
+FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one with the same inputs exists.")
+
+
+def store(path: Optional[Path]) -> Store:
+    return Store(path)
+
+
+def csv_list(value: Optional[str]) -> list[str] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise FedL2PError("an empty list was given")
+    return items
+
+
+def int_list(value: Optional[str]) -> list[int] | None:
+    items = csv_list(value)
+    try:
+        return None if items is None else [int(v) for v in items]
+    except ValueError:
+        raise FedL2PError(f"expected comma-separated integers, got '{value}'") from None

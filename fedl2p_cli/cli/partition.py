@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..stages import partition as stage
+from . import options, render
+
+
+def partition(
+    dataset: str = typer.Option("fmnist-c", help="fmnist | fmnist-c (generated corruption domains) | digits | digits-c | cifar10 | cifar10-c | image-folder."),
+    alpha: float = typer.Option(0.1, help="Dirichlet concentration of each client's label mix (> 0; 1000 is ~IID, 0.1 very skewed)."),
+    clients: int = typer.Option(70, help="Number of clients, split evenly across domains."),
+    samples_per_client: int = typer.Option(200, help="Samples per client (equal for every client, as in the paper)."),
+    val_fraction: float = typer.Option(0.2, help="Share of each client's non-test samples held out for validation."),
+    test_fraction: float = typer.Option(0.2, help="Share of each client's samples held out for testing."),
+    unseen_fraction: float = typer.Option(0.2, help="Share of each domain's clients put in the unseen pool (never meta-trained on)."),
+    unseen_domains: Optional[str] = typer.Option(None, help="Comma-separated domains whose clients are all unseen."),
+    corruptions: Optional[str] = typer.Option(None, help="Comma-separated domains: generated corruptions for fmnist-c/digits-c "
+                                              "(default clean,gaussian_noise,gaussian_blur,contrast,brightness,invert,pixelate) or CIFAR-10-C types."),
+    severity: int = typer.Option(3, help="Corruption severity 1..5."),
+    seed: int = typer.Option(0, help="Seed of every random draw; the same seed gives an identical partition."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="FEDL2P_DATA", help="Where the dataset files are (see README)."),
+    download: bool = typer.Option(False, help="Allow torchvision to download the dataset when it is not found."),
+    plot: bool = typer.Option(True, help="Write label_mix.png, a heatmap of the clients' label mixes."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
+    cfg = stage.PartitionConfig(dataset, alpha, clients, samples_per_client, val_fraction, test_fraction, seed,
+                                unseen_fraction, options.csv_list(unseen_domains) or [], options.csv_list(corruptions),
+                                severity, str(data_dir) if data_dir else None, download)
+    art, reused = stage.run(cfg, options.store(store), force, plot)
+    show(art.metrics)
+    render.artifact_line("partition", art.id, art.path, reused)
+
+
+def show(m: dict) -> None:
+    rows = [[d["domain"], d["seen"], d["unseen"], d["label_entropy"]] for d in m["domains"]]
+    render.table(f"{m['clients']} clients, {m['samples']} samples; mean label entropy {m['mean_label_entropy']:.3f} "
+                 f"(max {m['max_label_entropy']:.3f} nats)", ["domain", "seen", "unseen", "label entropy"], rows)

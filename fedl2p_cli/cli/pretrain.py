@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..stages import pretrain as stage
+from . import options, render
+
+
+def pretrain(
+    algo: str = typer.Option("fedavg", help="fedavg | fedbabu (head frozen while training) | perfedavg-hf (Per-FedAvg, Hessian-free MAML steps)."),
+    model: str = typer.Option("small-cnn", help="small-cnn | resnet18-cifar | resnet18 (ImageNet layout)."),
+    rounds: int = typer.Option(30, help="Communication rounds."),
+    fraction: float = typer.Option(0.1, help="Share r of the seen clients sampled per round."),
+    local_epochs: int = typer.Option(1, help="Local epochs per round."),
+    batch_size: int = typer.Option(32, help="Batch size."),
+    lr: float = typer.Option(0.1, help="SGD learning rate (x0.1 at 50% and 75% of the rounds); Per-FedAvg's outer step beta."),
+    pf_alpha: float = typer.Option(0.01, help="Per-FedAvg (HF) inner step size alpha."),
+    eval_every: int = typer.Option(5, help="Evaluate the global model on the seen and unseen clients' test data every k rounds."),
+    seed: int = typer.Option(0, help="Seed (model init, client sampling, batches)."),
+    init: Optional[Path] = typer.Option(None, help="Import a state dict (safetensors or torch.save) instead of training."),
+    reset_head: bool = typer.Option(False, help="With --init: start a new classifier when the class count differs."),
+    partition: Optional[str] = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
+    resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Pretrain the global model federatedly on the seen clients -> model.safetensors, history.csv, curves.png."""
+    cfg = stage.PretrainConfig(algo, model, rounds, fraction, local_epochs, batch_size, lr, pf_alpha, eval_every, seed,
+                               str(init) if init else None, None, reset_head)
+    art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
+    if art.metrics:
+        render.table("global model", ["metric", "value"], [[k, v] for k, v in art.metrics.items()])
+    render.artifact_line("pretrain", art.id, art.path, reused)

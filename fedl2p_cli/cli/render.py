@@ -1,0 +1,52 @@
+"""Terminal output: progress bars, tables, one-line errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+class RichProgress:
+    """Implements stages.common.Progress with a rich bar; `info` shows the latest metrics."""
+
+    def __init__(self) -> None:
+        self._p: Progress | None = None
+        self._task = None
+
+    def start(self, description: str, total: int) -> None:
+        self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                           console=err_console, transient=False)
+        self._p.start()
+        self._task = self._p.add_task(description, total=total, info="")
+
+    def advance(self, n: int = 1, **info: Any) -> None:
+        if self._p is None:
+            return
+        text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items() if v is not None)
+        self._p.update(self._task, advance=n, info=text)
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="left" if c == columns[0] else "right")
+    for r in rows:
+        t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
+    console.print(t)
+
+
+def artifact_line(stage: str, aid: str, path: Any, reused: bool) -> None:
+    verb = "reused" if reused else "wrote"
+    console.print(f"[green]{verb}[/green] {stage} artifact [bold]{aid}[/bold] -> {path}")

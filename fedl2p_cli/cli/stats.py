@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..stages import stats as stage
+from . import options, render
+
+
+def stats(
+    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the model's own."),
+    batch_size: int = typer.Option(512, help="Forward batch size (speed only; batches are merged exactly)."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
+    art, reused = stage.run(stage.StatsConfig(batch_size), options.store(store), partition, pretrain, force, render.RichProgress())
+    show(art.metrics)
+    render.artifact_line("stats", art.id, art.path, reused)
+
+
+def show(m: dict) -> None:
+    names = m["bn_layers"]
+    rows = [[d] + v for d, v in m["mean_xi_per_domain"].items()]
+    render.table(f"mean xi (symmetric KL to the pretrained BN statistics) per domain, {m['clients']} clients",
+                 ["domain"] + [f"bn{i}" for i in range(len(names))], rows)

@@ -1,0 +1,90 @@
+"""In-process federated execution helpers: per-(round, client) seeding, client sampling, round checkpoints.
+
+Every random draw of round t for client c comes from a generator seeded by (seed, t, c), so a resumed
+run replays exactly what an uninterrupted one would have done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..io import weights
+
+
+def generator(seed: int, *keys: int) -> torch.Generator:
+    mixed = np.random.SeedSequence([seed, *keys]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed) & ((1 << 63) - 1))
+
+
+def sample_clients(pool: list[int], fraction: float, seed: int, rnd: int) -> list[int]:
+    """ceil-free C*r sampling (at least one client), without replacement, sorted for readability."""
+    k = max(1, int(round(fraction * len(pool))))
+    rng = np.random.default_rng([seed, rnd, 104729])
+    return sorted(int(c) for c in rng.choice(pool, size=min(k, len(pool)), replace=False))
+
+
+def step_lr(base: float, rnd: int, rounds: int, milestones: tuple[float, ...] = (0.5, 0.75), gamma: float = 0.1) -> float:
+    """The paper's schedule: x0.1 at 50% and 75% of the rounds (rnd counts from 0)."""
+    return base * gamma ** sum(rnd >= int(m * rounds) for m in milestones)
+
+
+@dataclass
+class LoopState:
+    next_round: int
+    tensors: dict[str, torch.Tensor]
+    history: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+class Checkpoint:
+    """Round checkpoints in a work folder: tensors as safetensors, the rest as JSON, both atomic."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def save(self, st: LoopState) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        weights.save(self.folder / "ckpt.safetensors", st.tensors)
+        tmp = self.folder / "ckpt.json.part"
+        tmp.write_text(json.dumps({"next_round": st.next_round, "history": st.history, "extra": st.extra}))
+        os.replace(tmp, self.folder / "ckpt.json")
+
+    def load(self) -> LoopState | None:
+        j, t = self.folder / "ckpt.json", self.folder / "ckpt.safetensors"
+        if not (j.is_file() and t.is_file()):
+            return None
+        meta = json.loads(j.read_text())
+        return LoopState(meta["next_round"], weights.load(t), meta["history"], meta["extra"])
+
+    def clear(self) -> None:
+        for name in ("ckpt.json", "ckpt.safetensors"):
+            (self.folder / name).unlink(missing_ok=True)
+
+
+class Timer:
+    """Accumulates named wall-clock sections (for the round time split)."""
+
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.t[name] = self.t.get(name, 0.0) + seconds
+
+    def section(self, name: str):
+        timer = self
+
+        class _S:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.add(name, time.perf_counter() - self.t0)
+
+        return _S()

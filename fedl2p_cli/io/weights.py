@@ -1,0 +1,44 @@
+"""Tensor dicts on disk as safetensors (no pickle); `torch.save` files only through weights_only=True."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import ArtifactError, FedL2PError
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> None:
+    """Atomic: write beside, then replace."""
+    tmp = path.with_name(path.name + ".part")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+              metadata={"meta": json.dumps(meta or {})})
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as e:
+        raise ArtifactError(f"cannot read weights {path}: {e.__class__.__name__}") from None
+
+
+def import_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict trained elsewhere: safetensors, or a torch.save file read with weights_only=True."""
+    if not path.is_file():
+        raise FedL2PError(f"--init file not found: {path}")
+    if path.suffix == ".safetensors":
+        return load(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise FedL2PError(f"--init {path} is not a weights-only state dict ({e.__class__.__name__})") from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise FedL2PError(f"--init {path} does not hold a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in obj.items() if not k.endswith("num_batches_tracked")}

@@ -1,0 +1,175 @@
+"""`fedl2p pretrain`: FedAvg, FedBABU or Per-FedAvg (HF) on the seen clients -> global model artifact."""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from ..algorithms.local import ALGORITHMS, LocalConfig
+from ..artifacts import Artifact, Draft, Store, sha256_file
+from ..core.aggregate import weighted_average
+from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients, step_lr
+from ..errors import FedL2PError
+from ..io import weights
+from ..io.partition_h5 import Partition
+from ..models import registry
+from . import partition as partition_stage
+from .common import NoProgress, Progress, build_or_reuse, config_dict
+
+
+@dataclass
+class PretrainConfig:
+    algo: str = "fedavg"
+    model: str = "small-cnn"
+    rounds: int = 30
+    fraction: float = 0.1
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.1
+    pf_alpha: float = 0.01
+    eval_every: int = 5
+    seed: int = 0
+    init: str | None = None       # import a state dict instead of training
+    init_sha256: str | None = None
+    reset_head: bool = False
+
+
+def check(cfg: PretrainConfig) -> None:
+    if cfg.init is None and cfg.algo not in ALGORITHMS:
+        raise FedL2PError(f"unknown algorithm '{cfg.algo}'; choose one of: {', '.join(ALGORITHMS)}")
+    registry.spec(cfg.model)
+    if cfg.init is None and cfg.rounds <= 0:
+        raise FedL2PError(f"--rounds must be positive, got {cfg.rounds}")
+    if not 0 < cfg.fraction <= 1:
+        raise FedL2PError(f"--fraction must be in (0, 1], got {cfg.fraction}")
+    if cfg.batch_size < 2 or cfg.lr <= 0 or cfg.local_epochs <= 0:
+        raise FedL2PError("--batch-size must be >= 2, --lr > 0 and --local-epochs > 0")
+
+
+def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    datas = [getattr(part.client(c), split) for c in clients]
+    return torch.cat([d[0] for d in datas]), torch.cat([d[1] for d in datas])
+
+
+@torch.no_grad()
+def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> float:
+    if len(y) == 0:
+        return float("nan")
+    registry.set_state(model, state).eval()
+    correct = sum((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum().item() for i in range(0, len(y), 1024))
+    return correct / len(y)
+
+
+def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
+    state = weights.import_state_dict(Path(cfg.init))
+    own = registry.get_state(model)
+    head = registry.spec(cfg.model).head
+    missing = [k for k in own if k not in state]
+    if missing:
+        raise FedL2PError(f"--init weights do not fit model '{cfg.model}' (missing '{missing[0]}')")
+    for k, v in own.items():
+        if state[k].shape != v.shape:
+            if k.startswith(head) and cfg.reset_head:
+                state[k] = v  # a fresh classifier for this partition's classes (as the paper does for ImageNet)
+            elif k.startswith(head):
+                raise FedL2PError(f"--init classifier '{k}' has shape {tuple(state[k].shape)} but the partition needs "
+                                  f"{tuple(v.shape)}; pass --reset-head to start a new classifier")
+            else:
+                raise FedL2PError(f"--init tensor '{k}' has shape {tuple(state[k].shape)}, model '{cfg.model}' needs {tuple(v.shape)}")
+    return {k: state[k].to(v.dtype) for k, v in own.items()}
+
+
+def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress) -> tuple[dict, list[dict]]:
+    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+    seen, unseen = part.pool(False), part.pool(True)
+    tests = {"seen": pool_tensors(part, seen, "test"), "unseen": pool_tensors(part, unseen, "test") if unseen else None}
+    client_fn = ALGORITHMS[cfg.algo]
+    local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.spec(cfg.model).head, cfg.algo == "fedbabu", cfg.pf_alpha)
+    st = (ckpt.load() if ckpt else None) or LoopState(0, registry.get_state(model))
+    progress.start(f"pretrain {cfg.algo}", cfg.rounds)
+    progress.advance(st.next_round)
+    for rnd in range(st.next_round, cfg.rounds):
+        t0, timer = time.perf_counter(), Timer()
+        lr = step_lr(cfg.lr, rnd, cfg.rounds)
+        updates, ns, losses = [], [], []
+        for c in sample_clients(seen, cfg.fraction, cfg.seed, rnd):
+            x, y = part.client(c).train
+            with timer.section("clients"):
+                new, loss = client_fn(model, st.tensors, x, y, lr, local, generator(cfg.seed, rnd, c))
+            updates.append(new)
+            ns.append(len(y))
+            losses.append(loss)
+        with timer.section("aggregate"):
+            st.tensors = weighted_average(updates, ns)
+        rec = {"round": rnd + 1, "lr": lr, "train_loss": sum(losses) / len(losses)}
+        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
+            with timer.section("eval"):
+                for pool, data in tests.items():
+                    if data is not None:
+                        rec[f"{pool}_acc"] = global_accuracy(model, st.tensors, *data)
+        rec |= {"round_s": time.perf_counter() - t0, **{f"{k}_s": v for k, v in timer.t.items()}}
+        st.history.append(rec)
+        st.next_round = rnd + 1
+        if ckpt:
+            ckpt.save(st)
+        progress.advance(1, loss=rec["train_loss"], acc=rec.get("seen_acc"))
+    progress.stop()
+    return st.tensors, st.history
+
+
+def write_history(path: Path, history: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in history for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(history)
+
+
+def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
+        progress: Progress | None = None, plot: bool = True) -> tuple[Artifact, bool]:
+    check(cfg)
+    if cfg.init:
+        cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
+    part_art, part = partition_stage.load(store, partition_ref)
+    parents = {"partition": part_art.id}
+    conf = config_dict(cfg, exclude=("init",) if cfg.init else ())
+    conf |= {"in_channels": part.in_channels, "num_classes": part.num_classes}
+
+    def build(draft: Draft) -> None:
+        if cfg.init:
+            model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+            state, history = import_init(cfg, model), []
+        else:
+            ckpt = Checkpoint(store.workdir("pretrain", draft.id))
+            if not resume:
+                ckpt.clear()
+            state, history = train(cfg, part, ckpt, progress or NoProgress())
+        weights.save(draft.path("model.safetensors"), state, {"model": cfg.model})
+        if history:
+            write_history(draft.path("history.csv"), history)
+            last = history[-1]
+            draft.metrics = {k: last[k] for k in ("seen_acc", "unseen_acc", "train_loss") if k in last}
+            if plot:
+                from ..analysis.plots import pretrain_curves
+                pretrain_curves(history, cfg.algo, draft.path("curves.png"))
+
+    return build_or_reuse(store, "pretrain", conf, parents, build, force)
+
+
+def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict]:
+    """The pretrained artifact, a model built for it (holding its weights) and its state dict."""
+    art = store.load("pretrain", ref)
+    c = art.config
+    model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
+    state = weights.load(art.file("model.safetensors"))
+    registry.set_state(model, state)
+    return art, model, state
+
+
+def config_from(d: dict) -> PretrainConfig:
+    names = {f.name for f in fields(PretrainConfig)}
+    return PretrainConfig(**{k: v for k, v in d.items() if k in names})

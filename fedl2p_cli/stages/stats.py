@@ -1,0 +1,99 @@
+"""`fedl2p stats`: per-client layer statistics and KL distances (the meta-nets' inputs) -> stats.h5."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..artifacts import Artifact, Draft, Store
+from ..core.bn import bn_layers
+from ..core.stats import client_stats, stat_layers
+from ..errors import ArtifactError
+from ..io import stats_h5
+from ..models.registry import param_names
+from . import partition as partition_stage
+from . import pretrain as pretrain_stage
+from .common import NoProgress, Progress, build_or_reuse, config_dict
+
+
+@dataclass
+class StatsConfig:
+    batch_size: int = 512  # only speed; the statistics are merged exactly
+
+
+def compute(model: torch.nn.Module, part, clients: list[int], batch_size: int, progress: Progress) -> dict:
+    rows = []
+    progress.start("client statistics", len(clients))
+    for c in clients:
+        rows.append(client_stats(model, part.client(c).train[0], batch_size))
+        progress.advance(1)
+    progress.stop()
+    return {"x": torch.stack([r.x for r in rows]), "xi": torch.stack([r.xi for r in rows]),
+            "bn_mean": [torch.stack([r.bn_mean[b] for r in rows]) for b in range(len(rows[0].bn_mean))],
+            "bn_var": [torch.stack([r.bn_var[b] for r in rows]) for b in range(len(rows[0].bn_var))]}
+
+
+def summary(t: stats_h5.StatsTable, domain_names: list[str]) -> dict:
+    """Mean xi per domain and BN layer: which domains shift which layers."""
+    per = {}
+    for d, name in enumerate(domain_names):
+        m = t.domain == d
+        if m.any():
+            per[name] = [float(v) for v in t.xi[torch.from_numpy(m)].mean(0)]
+    return {"clients": len(t.client), "bn_layers": t.bn_names, "mean_xi_per_domain": per}
+
+
+def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretrain_ref: str | None = None,
+        force: bool = False, progress: Progress | None = None) -> tuple[Artifact, bool]:
+    pre_art = store.load("pretrain", pretrain_ref)
+    part_id = partition_ref or pre_art.parents["partition"]
+    part_art = store.load("partition", part_id)
+    # a model pretrained on another partition is allowed (the paper personalises CIFAR-10-C from the alpha=1000 model)
+    parents = {"partition": part_art.id, "pretrain": pre_art.id}
+
+    def build(draft: Draft) -> None:
+        _, part = partition_stage.load(store, part_art.id)
+        _, model, _ = pretrain_stage.load(store, pre_art.id)
+        check_fit(model, part)
+        clients = list(range(part.num_clients))
+        cols = compute(model, part, clients, cfg.batch_size, progress or NoProgress())
+        bns = [m for _, m in bn_layers(model)]
+        table = stats_h5.StatsTable(
+            pre_art.config["model"], [n for n, _ in stat_layers(model)], [n for n, _ in bn_layers(model)], param_names(model),
+            np.array(clients), part.domain, part.unseen, cols["x"], cols["xi"], cols["bn_mean"], cols["bn_var"],
+            [b.running_mean.clone() for b in bns], [b.running_var.clone() for b in bns], parents)
+        stats_h5.write(draft.path("stats.h5"), table)
+        draft.metrics = summary(table, part.domain_names)
+
+    return build_or_reuse(store, "stats", config_dict(cfg, exclude=("batch_size",)), parents, build, force)
+
+
+def check_fit(model: torch.nn.Module, part) -> None:
+    x = part.client(0).train[0][:2]
+    try:
+        with torch.no_grad():
+            out = model.eval()(x)
+    except RuntimeError:
+        raise ArtifactError(f"the pretrained model does not accept this partition's {tuple(x.shape[1:])} images") from None
+    if out.shape[1] != part.num_classes:
+        raise ArtifactError(f"the pretrained model has {out.shape[1]} classes, the partition {part.num_classes}")
+
+
+def load(store: Store, ref: str | None) -> tuple[Artifact, stats_h5.StatsTable]:
+    art = store.load("stats", ref)
+    return art, stats_h5.read(art.file("stats.h5"))
+
+
+def load_matching(store: Store, ref: str | None, pretrain_id: str) -> tuple[Artifact, stats_h5.StatsTable]:
+    """The stats artifact for this pretrained model; another model's is refused with one line."""
+    if ref is None:
+        ids = [a for a in store.iter("stats") if a.parents.get("pretrain") == pretrain_id]
+        if not ids:
+            raise ArtifactError(f"no stats artifact for pretrained model {pretrain_id}; run `fedl2p stats --pretrain {pretrain_id}`")
+        ref = max(ids, key=lambda a: a.manifest["created"]).id
+    art, table = load(store, ref)
+    if art.parents.get("pretrain") != pretrain_id:
+        raise ArtifactError(f"stats {art.id} was computed for pretrained model {art.parents.get('pretrain')}, not {pretrain_id}")
+    return art, table
