@@ -23,13 +23,22 @@ def unflat(vec, like):
     return out
 
 
-def dense_pieces(model, theta, lam, hyper, tb, vb, bn):
+def dense_pieces(model, theta, lam, hyper, tb, vb, bn, hessian="exact"):
     """H = d2 L_T/dtheta2, J = d2 L_T/dtheta dlambda, v = dL_V/dtheta, direct = dL_V/dlambda, as dense arrays."""
     t0, l0 = flat(theta), flat(lam)
 
     def lt(t, l):
         beta, eta = hyper(unflat(l, lam))
-        return train_loss(model, unflat(t, theta), beta, eta, tb)
+        th = unflat(t, theta)
+        if hessian == "fo":  # the inner gradient taken at a constant copy of theta (independent construction)
+            from fedl2p_cli.core.bn import BNPolicy
+            from fedl2p_cli.core.functional import ce_loss
+            const = {k: v.detach().requires_grad_() for k, v in th.items()}
+            g = torch.autograd.grad(ce_loss(model, const, tb[0], tb[1], BNPolicy(beta, train=True)),
+                                    list(const.values()), create_graph=True)
+            return ce_loss(model, {k: v - e * gk for (k, v), e, gk in zip(th.items(), eta, g)}, tb[0], tb[1],
+                           BNPolicy(beta, train=True))
+        return train_loss(model, th, beta, eta, tb)
 
     def lv(t, l):
         beta, _ = hyper(unflat(l, lam))
@@ -50,9 +59,10 @@ def setup():
     return model, theta, lam, hyper, tb, vb, bn, dense_pieces(model, theta, lam, hyper, tb, vb, bn)
 
 
-@pytest.mark.parametrize("scaled", [False, True])
-def test_neumann_matches_dense_formula(setup, scaled):
-    model, theta, lam, hyper, tb, vb, bn, (H, J, v, direct) = setup
+@pytest.mark.parametrize("scaled,hessian", [(False, "exact"), (True, "exact"), (False, "fo")])
+def test_neumann_matches_dense_formula(setup, scaled, hessian):
+    model, theta, lam, hyper, tb, vb, bn, pieces = setup
+    H, J, v, direct = pieces if hessian == "exact" else dense_pieces(model, theta, lam, hyper, tb, vb, bn, "fo")
     q, psi = 3, 0.1
     p, vv = v.clone(), v.clone()
     for _ in range(q):
@@ -61,7 +71,7 @@ def test_neumann_matches_dense_formula(setup, scaled):
     if scaled:
         p = psi * p
     oracle = direct - J.T @ p
-    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=q, psi=psi, scale_by_psi=scaled)
+    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=q, psi=psi, scale_by_psi=scaled, hessian=hessian)
     g = flat(got.grads)
     for group in ("bnnet", "lrnet", "eta"):  # every block of lambda, separately
         mask = torch.cat([torch.full((t.numel(),), k.startswith(group)) for k, t in lam.items()])

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from ..errors import FedL2PError
-from . import artifacts, partition, pretrain, render, stats
+from . import analyze, artifacts, meta_train, partition, personalize, pretrain, render, stats
 
 app = typer.Typer(
     help="FedL2P: federatedly learn per-client personalisation strategies and compare them with hand-made ones.",
@@ -17,6 +17,9 @@ app = typer.Typer(
 app.command()(partition.partition)
 app.command()(pretrain.pretrain)
 app.command()(stats.stats)
+app.command("meta-train")(meta_train.meta_train)
+app.command()(personalize.personalize)
+app.add_typer(analyze.app, name="analyze")
 app.add_typer(artifacts.app, name="artifacts")
 
 

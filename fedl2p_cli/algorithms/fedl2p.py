@@ -1,0 +1,95 @@
+"""FedL2P client update (Alg. 1 lines 6-12): K iterations of {fine-tune under lambda; meta-gradient; SGD on lambda}.
+
+A pure function of (pretrained parameters, lambda, the client's data and stored statistics): it returns the
+client's new lambda, its sample count and metrics, ready to run inside any federated runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..core.finetune import ClientBN, Strategy, eval_policy, finetune
+from ..core.functional import Params, evaluate, random_batch
+from ..core.hypergrad import fomaml_gradient, ift_hypergradient
+from ..core.metanets import DEFAULT_META_LR, Lambda, hyperparameters, sgd_update
+from ..engine.loop import Timer
+from ..io.partition_h5 import ClientData
+
+
+class Diverged(Exception):
+    """A non-finite loss or meta-gradient."""
+
+
+@dataclass
+class MetaConfig:
+    iterations: int = 1         # K
+    epochs: int = 5             # e, fine-tuning epochs per iteration
+    batch_size: int = 32
+    base_lr: float = 1e-3       # fine-tuning LR of the baselines and initial eta~
+    q: int = 3                  # Neumann terms
+    psi: float = 0.1
+    scale_by_psi: bool = False  # Lorraine et al.'s psi * p (the paper's Alg. 2 omits it)
+    meta_grad: str = "ift"      # ift | fomaml (FOMAML+, App. F)
+    hessian: str = "fo"         # fo (inner gradient held constant in theta) | exact (see core.hypergrad)
+    fixed_beta: float = 1.0     # beta when BNNet is not learned
+    lr_bnnet: float = DEFAULT_META_LR["bnnet"]
+    lr_lrnet: float = DEFAULT_META_LR["lrnet"]
+    lr_eta: float = DEFAULT_META_LR["eta"]
+
+    @property
+    def meta_lrs(self) -> dict[str, float]:
+        return {"bnnet": self.lr_bnnet, "lrnet": self.lr_lrnet, "eta": self.lr_eta}
+
+
+@dataclass
+class ClientResult:
+    lam: Lambda
+    n: int
+    val_loss: float      # full validation set, after fine-tuning under the lambda this client received
+    train_loss: float
+    beta: Tensor
+    eta: Tensor
+
+
+def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
+    return lambda lam: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta)
+
+
+def _finite(lam: Lambda) -> bool:
+    return all(torch.isfinite(v).all() for v in lam.values())
+
+
+def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x: Tensor, bn0: ClientBN,
+                  data: ClientData, cfg: MetaConfig, gen: torch.Generator, timer: Timer | None = None) -> ClientResult:
+    timer = timer or Timer()
+    hyper = hyper_fn(xi, x, len(theta_g), cfg)
+    (xt, yt), (xv, yv) = data.train, data.val
+    first_val = None
+    for _ in range(cfg.iterations):
+        with torch.no_grad():
+            beta, eta = hyper(lam)
+        with timer.section("finetune"):
+            ft = finetune(model, theta_g, xt, yt, Strategy(beta, eta), bn0, cfg.epochs, cfg.batch_size, gen)
+        if first_val is None:
+            with timer.section("finetune"):
+                first_val, _ = evaluate(model, ft.params, xv, yv, eval_policy(Strategy(beta, eta), ft.bn))
+            first = (beta, eta, ft.train_loss)
+        vi = random_batch(len(yv), cfg.batch_size, gen)
+        with timer.section("hypergrad"):
+            if cfg.meta_grad == "ift":
+                ti = random_batch(len(yt), cfg.batch_size, gen)
+                mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
+                                       cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian)
+            else:
+                mg = fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
+                                     (xv[vi], yv[vi]), ft.bn)
+        if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
+            raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
+        lam = sgd_update(lam, mg.grads, cfg.meta_lrs)
+    if not math.isfinite(first_val):
+        raise Diverged(f"non-finite validation loss {first_val}")
+    return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1])

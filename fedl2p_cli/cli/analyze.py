@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..stages import analyze as stage
+from . import options, render
+
+app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=True)
+
+
+@app.command()
+def clusters(
+    personalize: Optional[str] = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest."),
+    method: Optional[str] = typer.Option(None, help="Meta-net method whose beta/eta to cluster; default: the first one."),
+    seed: int = typer.Option(0, help="Seed of the spectral clustering."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
+    art, reused = stage.run(stage.ClustersConfig(method, seed), options.store(store), personalize, force)
+    a = json.loads(art.file("ari.json").read_text())
+    render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
+                 [[k, v] for k, v in a["ari"].items()])
+    render.artifact_line("analyze", art.id, art.path, reused)

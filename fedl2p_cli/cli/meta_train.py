@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..algorithms.fedl2p import MetaConfig
+from ..stages import meta_train as stage
+from . import options, render
+
+
+def meta_train(
+    rounds: int = typer.Option(30, help="Communication rounds (paper: up to 500)."),
+    fraction: float = typer.Option(0.1, help="Share r of the seen clients sampled per round."),
+    iterations: int = typer.Option(1, "--iterations", "-k", help="K: meta-iterations per client per round."),
+    epochs: int = typer.Option(5, "--epochs", "-e", help="e: fine-tuning epochs per iteration (paper: 5 or 15)."),
+    batch_size: int = typer.Option(32, help="Batch size of fine-tuning and of the hypergradient's batches."),
+    base_lr: float = typer.Option(1e-3, help="Base fine-tuning LR: initial eta~ and the LR when LRNet is off."),
+    q: int = typer.Option(3, help="Q: Neumann-series terms of the inverse-Hessian approximation (Alg. 2)."),
+    psi: float = typer.Option(0.1, help="psi: Neumann step size (Alg. 2)."),
+    scale_by_psi: bool = typer.Option(False, help="Multiply p by psi as Lorraine et al. do (the paper's Alg. 2 does not)."),
+    meta_grad: str = typer.Option("ift", help="ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F)."),
+    hessian: str = typer.Option("fo", help="fo: Hessian of CE at theta' with the inner gradient held constant (second order, "
+                                "~4x an SGD step) | exact: full Hessian of L_T of Eq. 9-10 (third order, ~15-40x)."),
+    nets: str = typer.Option("both", help="both | bnnet (LRs fixed at --base-lr) | lrnet (beta fixed at --beta)."),
+    beta: float = typer.Option(1.0, help="Fixed beta when BNNet is off (1: client statistics, 0: pretrained)."),
+    local: bool = typer.Option(False, "--local", help="L2P: each client learns its own lambda alone, same compute budget."),
+    lr_bnnet: float = typer.Option(1e-3, help="SGD learning rate of BNNet."),
+    lr_lrnet: float = typer.Option(1e-3, help="SGD learning rate of LRNet."),
+    lr_eta: float = typer.Option(1e-4, help="SGD learning rate of eta~."),
+    patience: int = typer.Option(0, help="Stop after this many rounds without a lower mean validation loss (0: never)."),
+    seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
+    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
+    stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
+    resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png."""
+    meta = MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
+                      scale_by_psi=scale_by_psi, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
+                      lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta)
+    cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed, meta=meta)
+    art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
+    show(art.metrics)
+    render.artifact_line("meta-train", art.id, art.path, reused)
+
+
+def show(m: dict) -> None:
+    if m.get("diverged"):
+        render.err_console.print(f"[yellow]warning:[/yellow] training diverged ({m['diverged']}); the best lambda so far was kept")
+    render.table(f"meta-training ({m['variant']})", ["metric", "value"],
+                 [[k, v] for k, v in m.items() if k not in ("variant", "diverged")])

@@ -1,0 +1,71 @@
+"""`fedl2p analyze clusters`: ARI of spectral clusterings and distance maps of xi, x, beta and eta."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..analysis.clusters import distance_map, spectral_ari
+from ..artifacts import Artifact, Draft, Store
+from ..errors import FedL2PError
+from . import partition as partition_stage
+from . import personalize as personalize_stage
+from . import stats as stats_stage
+from .common import build_or_reuse
+
+
+@dataclass
+class ClustersConfig:
+    method: str | None = None  # which meta-net method's beta/eta (default: the first non-baseline)
+    seed: int = 0
+
+
+def features(stats_table, results, method: str | None) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
+    """Rows = clients of the personalize pool: xi, x (inputs) and beta, eta (outputs of the chosen method)."""
+    clients = results.client
+    rows = np.array([stats_table.row(int(c)) for c in clients])
+    feats = {"xi": stats_table.xi.numpy()[rows], "x": stats_table.x.numpy()[rows]}
+    metas = [m for m in results.methods if m not in personalize_stage.BASELINES]
+    if method is not None and method not in metas:
+        raise FedL2PError(f"method '{method}' has no learned beta/eta in this personalize artifact (has: {', '.join(metas) or 'none'})")
+    method = method or (metas[0] if metas else None)
+    if method is not None:
+        ok = ~np.isnan(results.eta[method]).any(axis=1)
+        if ok.all():
+            feats |= {"beta": results.beta[method], "eta": results.eta[method]}
+    return feats, results.domain, method
+
+
+def markdown(table: dict, names: list[str], method: str | None) -> str:
+    lines = [f"Adjusted Rand Index of spectral clusterings vs true domains ({', '.join(names)}); outputs of {method}", "",
+             "| feature | ARI |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False) -> tuple[Artifact, bool]:
+    pers_art, results = personalize_stage.load(store, personalize_ref)
+    stats_art, table = stats_stage.load(store, pers_art.parents["stats"])
+    part_art, part = partition_stage.load(store, stats_art.parents["partition"])
+    if len(np.unique(results.domain)) < 2:
+        raise FedL2PError(f"partition {part_art.id} has a single domain among these clients; clustering by domain needs two or more "
+                          "(use a feature-shift partition, e.g. --dataset fmnist-c)")
+    parents = {"personalize": pers_art.id, "stats": stats_art.id}
+
+    def build(draft: Draft) -> None:
+        from ..analysis.plots import distance_map as plot_map
+        feats, domains, method = features(table, results, cfg.method)
+        names = [part.domain_names[d] for d in np.unique(domains)]
+        ari = {}
+        for name, f in feats.items():
+            ari[name], _ = spectral_ari(f.astype(np.float64), domains, cfg.seed)
+            m = distance_map(f.astype(np.float64), domains)
+            np.savetxt(draft.path(f"distance_map_{name}.csv"), m, delimiter=",", header=",".join(names), fmt="%.6f")
+            plot_map(m, names, f"relative cluster distances of {name} (log scale)", draft.path(f"distance_map_{name}.png"))
+        draft.path("ari.json").write_text(json.dumps({"method": method, "pool": results.pool, "ari": ari}, indent=2))
+        draft.path("ari.md").write_text(markdown(ari, names, method))
+        draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
+
+    return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force)

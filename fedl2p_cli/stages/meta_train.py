@@ -1,0 +1,215 @@
+"""`fedl2p meta-train`: federated learning of lambda = {BNNet, LRNet, eta~} (Alg. 1), or L2P with --local."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update
+from ..artifacts import Artifact, Draft, Store
+from ..core.aggregate import weighted_average
+from ..core.hypergrad import HESSIANS
+from ..core.metanets import Lambda, init_lambda
+from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients
+from ..errors import FedL2PError
+from ..io import weights
+from ..io.stats_h5 import StatsTable
+from . import partition as partition_stage
+from . import pretrain as pretrain_stage
+from . import stats as stats_stage
+from .common import NoProgress, Progress, build_or_reuse
+from .pretrain import write_history
+
+NETS = ("both", "bnnet", "lrnet")
+
+
+@dataclass
+class MetaTrainConfig:
+    rounds: int = 30
+    fraction: float = 0.1
+    nets: str = "both"
+    local: bool = False      # L2P: every client learns its own lambda, no aggregation
+    patience: int = 0        # stop after this many rounds without a better mean validation loss (0: never)
+    seed: int = 0
+    meta: MetaConfig = field(default_factory=MetaConfig)
+
+    def variant(self) -> str:
+        """The method's name in result tables."""
+        name = "l2p" if self.local else "fedl2p"
+        if self.meta.meta_grad == "fomaml":
+            name += "-fomaml"
+        elif self.meta.hessian == "exact":
+            name += "-exact"
+        if self.nets == "bnnet":
+            name += "-bnnet"
+        elif self.nets == "lrnet":
+            name += f"-lrnet-b{self.meta.fixed_beta:g}"
+        return name
+
+
+def check(cfg: MetaTrainConfig) -> None:
+    if cfg.nets not in NETS:
+        raise FedL2PError(f"unknown --nets '{cfg.nets}'; choose one of: {', '.join(NETS)}")
+    if cfg.meta.meta_grad not in ("ift", "fomaml"):
+        raise FedL2PError(f"unknown --meta-grad '{cfg.meta.meta_grad}'; choose ift or fomaml")
+    if cfg.meta.hessian not in HESSIANS:
+        raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
+    if cfg.rounds <= 0 or cfg.meta.iterations <= 0 or cfg.meta.epochs <= 0 or cfg.meta.q < 0:
+        raise FedL2PError("--rounds, --iterations and --epochs must be positive and --q non-negative")
+    if not 0 < cfg.fraction <= 1:
+        raise FedL2PError(f"--fraction must be in (0, 1], got {cfg.fraction}")
+    if not 0 <= cfg.meta.fixed_beta <= 1:
+        raise FedL2PError(f"--beta must be in [0, 1], got {cfg.meta.fixed_beta}")
+
+
+@dataclass
+class Context:
+    """What every client update needs, built once per run."""
+
+    model: torch.nn.Module
+    theta_g: dict
+    part: object
+    stats: StatsTable
+    cfg: MetaTrainConfig
+
+    def update(self, c: int, lam: Lambda, gen: torch.Generator, timer: Timer) -> ClientResult:
+        xi, x = self.stats.inputs(c)
+        return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
+                             self.cfg.meta, gen, timer)
+
+
+def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float, stats: StatsTable) -> dict:
+    w = np.array([r.n for r in results], dtype=float)
+    rec = {"round": rnd + 1, "clients": len(results),
+           "val_loss": float(np.average([r.val_loss for r in results], weights=w)),
+           "train_loss": float(np.average([r.train_loss for r in results], weights=w))}
+    beta = torch.stack([r.beta for r in results]).mean(0)
+    eta = torch.stack([r.eta for r in results]).mean(0)
+    rec |= {f"beta_{i}": float(b) for i, b in enumerate(beta)}
+    rec |= {f"eta_{i}": float(e) for i, e in enumerate(eta)}
+    rec |= {f"{k}_s": v for k, v in timer.t.items()} | {"round_s": time.perf_counter() - t0}
+    return rec
+
+
+def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> tuple[Lambda, list[dict], dict]:
+    cfg = ctx.cfg
+    seen = ctx.part.pool(False)
+    st = ckpt.load() or LoopState(0, {f"lam.{k}": v for k, v in lam0.items()} | {f"best.{k}": v for k, v in lam0.items()},
+                                  extra={"best_val": math.inf, "best_round": 0, "stale": 0, "diverged": None})
+    progress.start("meta-train" + (f" ({cfg.variant()})"), cfg.rounds)
+    progress.advance(st.next_round)
+    for rnd in range(st.next_round, cfg.rounds):
+        if st.extra["diverged"] or (cfg.patience and st.extra["stale"] >= cfg.patience):
+            break
+        t0, timer = time.perf_counter(), Timer()
+        lam = {k[4:]: v for k, v in st.tensors.items() if k.startswith("lam.")}
+        try:
+            results = [ctx.update(c, lam, generator(cfg.seed, rnd, c), timer)
+                       for c in sample_clients(seen, cfg.fraction, cfg.seed, rnd)]
+        except Diverged as e:
+            st.extra["diverged"] = f"round {rnd + 1}: {e}"
+            ckpt.save(st)
+            break
+        rec = _record(rnd, results, timer, t0, ctx.stats)
+        if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
+            st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
+            st.tensors |= {f"best.{k}": v for k, v in lam.items()}
+        else:
+            st.extra["stale"] += 1
+        with timer.section("aggregate"):
+            new = weighted_average([r.lam for r in results], [r.n for r in results])
+        st.tensors |= {f"lam.{k}": v for k, v in new.items()}
+        st.history.append(rec)
+        st.next_round = rnd + 1
+        with timer.section("io"):
+            ckpt.save(st)
+        rec |= {"aggregate_s": timer.t.get("aggregate", 0.0), "io_s": timer.t.get("io", 0.0)}
+        progress.advance(1, val=rec["val_loss"], best=st.extra["best_val"])
+    progress.stop()
+    if not st.history:
+        raise FedL2PError(f"meta-training diverged before any round finished ({st.extra['diverged']}); "
+                          "lower the meta learning rates or --base-lr")
+    best = {k[5:]: v for k, v in st.tensors.items() if k.startswith("best.")}
+    return best, st.history, st.extra
+
+
+def local(ctx: Context, lam0: Lambda, progress: Progress) -> tuple[Lambda, list[dict], dict]:
+    """L2P: each seen client runs the same number of meta-iterations it would get in expectation, alone."""
+    cfg = ctx.cfg
+    seen = ctx.part.pool(False)
+    steps = max(1, round(cfg.rounds * cfg.fraction))
+    out: Lambda = {}
+    history, diverged = [], []
+    progress.start("L2P (per-client meta-learning)", len(seen))
+    for c in seen:
+        lam, best, best_val = dict(lam0), dict(lam0), math.inf
+        for s in range(steps):
+            timer, t0 = Timer(), time.perf_counter()
+            try:
+                r = ctx.update(c, lam, generator(cfg.seed, s, c), timer)
+            except Diverged as e:
+                diverged.append(f"client {c} step {s + 1}: {e}")
+                break
+            if r.val_loss < best_val:
+                best, best_val = lam, r.val_loss
+            lam = r.lam
+            history.append({"client": c, **_record(s, [r], timer, t0, ctx.stats)})
+        out |= {f"client{c}.{k}": v for k, v in best.items()}
+        progress.advance(1)
+    progress.stop()
+    return out, history, {"diverged": "; ".join(diverged) or None, "steps_per_client": steps}
+
+
+def summarize_rounds(history: list[dict], local_mode: bool) -> list[dict]:
+    """Per-step mean over clients for L2P, so both modes plot the same way."""
+    if not local_mode:
+        return history
+    by = {}
+    for h in history:
+        by.setdefault(h["round"], []).append(h)
+    return [{"round": r, "val_loss": float(np.mean([h["val_loss"] for h in hs])),
+             "train_loss": float(np.mean([h["train_loss"] for h in hs]))} for r, hs in sorted(by.items())]
+
+
+def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
+        force: bool = False, resume: bool = True, progress: Progress | None = None) -> tuple[Artifact, bool]:
+    check(cfg)
+    pre_art = store.load("pretrain", pretrain_ref)
+    stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
+    parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
+    config = asdict(cfg) | {"variant": cfg.variant()}
+
+    def build(draft: Draft) -> None:
+        _, part = partition_stage.load(store, parents["partition"])
+        _, model, state = pretrain_stage.load(store, pre_art.id)
+        if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
+            raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
+        theta_g = {n: state[n] for n, _ in model.named_parameters()}
+        lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed)
+        ctx = Context(model, theta_g, part, table, cfg)
+        ckpt = Checkpoint(store.workdir("meta-train", draft.id))
+        if not resume:
+            ckpt.clear()
+        if cfg.local:
+            lam, history, extra = local(ctx, lam0, progress or NoProgress())
+        else:
+            lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress())
+        weights.save(draft.path("lambda.safetensors"), lam, {"variant": cfg.variant()})
+        write_history(draft.path("history.csv"), history)
+        curve = summarize_rounds(history, cfg.local)
+        draft.metrics = {"variant": cfg.variant(), "rounds_run": len(curve), "first_val_loss": curve[0]["val_loss"],
+                         "last_val_loss": curve[-1]["val_loss"], "best_val_loss": min(h["val_loss"] for h in curve),
+                         "best_round": extra.get("best_round"), "diverged": extra.get("diverged")}
+        from ..analysis.plots import meta_curves
+        meta_curves(curve, draft.path("val_loss.png"))
+
+    return build_or_reuse(store, "meta-train", config, parents, build, force)
+
+
+def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda]:
+    art = store.load("meta-train", ref)
+    return art, weights.load(art.file("lambda.safetensors"))
