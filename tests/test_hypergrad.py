@@ -8,7 +8,14 @@ from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient, train_
 
 from .helpers import smooth_setup
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def flat(d):
@@ -53,7 +60,7 @@ def dense_pieces(model, theta, lam, hyper, tb, vb, bn, hessian="exact"):
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(float64):
     model, theta, lam, hyper, (x, y), bn = smooth_setup()
     tb, vb = (x[:12], y[:12]), (x[12:], y[12:])
     return model, theta, lam, hyper, tb, vb, bn, dense_pieces(model, theta, lam, hyper, tb, vb, bn)

@@ -9,6 +9,7 @@ import typer
 
 from ..errors import FedL2PError
 from . import analyze, artifacts, meta_train, partition, personalize, pretrain, render, stats
+from .run import run
 
 app = typer.Typer(
     help="FedL2P: federatedly learn per-client personalisation strategies and compare them with hand-made ones.",
@@ -19,6 +20,7 @@ app.command()(pretrain.pretrain)
 app.command()(stats.stats)
 app.command("meta-train")(meta_train.meta_train)
 app.command()(personalize.personalize)
+app.command()(run)
 app.add_typer(analyze.app, name="analyze")
 app.add_typer(artifacts.app, name="artifacts")
 

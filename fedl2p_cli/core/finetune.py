@@ -71,6 +71,6 @@ def eval_policy(s: Strategy, bn: ClientBN) -> BNPolicy:
     return BNPolicy(s.beta, bn.mean, bn.var, train=False)
 
 
-def test_accuracy(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
+def personalized_accuracy(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
                   batch_size: int) -> tuple[float, float]:
     return evaluate(model, params, x, y, eval_policy(s, bn), batch_size if s.beta is None else 512)

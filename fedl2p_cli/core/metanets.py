@@ -20,13 +20,15 @@ def clamp_ste(x: Tensor, lo: float, hi: float) -> Tensor:
 
 
 def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generator, gain: float = 0.1) -> Lambda:
-    """3-layer MLP d_in -> 100 -> 100 -> d_out; Xavier-normal (gain 0.1) weights, constant biases."""
+    """3-layer MLP d_in -> 100 -> 100 -> d_out; Xavier-normal (gain 0.1) weights. The output bias is the constant
+    that sets the initial output (App. E: 0.5 for BNNet, 1.0 for LRNet); hidden biases are 0 so that hidden units
+    do not shift it (with constant hidden biases LRNet would start +-20% off per tensor)."""
     dims = [d_in, HIDDEN, HIDDEN, d_out]
     out: Lambda = {}
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         std = gain * math.sqrt(2.0 / (a + b))
         out[f"{prefix}.{i}.weight"] = torch.randn(b, a, generator=gen) * std
-        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias))
+        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias) if i == len(dims) - 2 else 0.0)
     return out
 
 

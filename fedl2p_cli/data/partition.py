@@ -84,6 +84,8 @@ def choose_unseen(domains: np.ndarray, fraction: float, unseen_domains: list[int
     unseen = np.isin(domains, unseen_domains)
     for d in np.unique(domains):
         members = np.nonzero((domains == d) & ~unseen)[0]
+        if len(members) < 2:  # an all-unseen domain, or one client that must stay seen
+            continue
         n = int(round(len(members) * fraction)) if fraction > 0 else 0
         n = max(n, 1) if fraction > 0 and len(members) > 1 else n
         unseen[rng.choice(members, size=min(n, len(members) - 1), replace=False)] = True

@@ -15,7 +15,7 @@ from ..errors import ArtifactError, FedL2PError
 def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> None:
     """Atomic: write beside, then replace."""
     tmp = path.with_name(path.name + ".part")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(tmp),  # no shared storage
               metadata={"meta": json.dumps(meta or {})})
     os.replace(tmp, path)
 

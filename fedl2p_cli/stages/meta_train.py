@@ -107,14 +107,14 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
             break
         t0, timer = time.perf_counter(), Timer()
         lam = {k[4:]: v for k, v in st.tensors.items() if k.startswith("lam.")}
+        sampled = sample_clients(seen, cfg.fraction, cfg.seed, rnd)
         try:
-            results = [ctx.update(c, lam, generator(cfg.seed, rnd, c), timer)
-                       for c in sample_clients(seen, cfg.fraction, cfg.seed, rnd)]
+            results = [ctx.update(c, lam, generator(cfg.seed, rnd, c), timer) for c in sampled]
         except Diverged as e:
             st.extra["diverged"] = f"round {rnd + 1}: {e}"
             ckpt.save(st)
             break
-        rec = _record(rnd, results, timer, t0, ctx.stats)
+        rec = _record(rnd, results, timer, t0, ctx.stats) | {"sampled": " ".join(map(str, sampled))}
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
             st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
             st.tensors |= {f"best.{k}": v for k, v in lam.items()}

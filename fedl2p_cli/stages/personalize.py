@@ -11,7 +11,7 @@ import torch
 from ..algorithms.fedl2p import hyper_fn
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Draft, Store
-from ..core.finetune import Strategy, finetune, test_accuracy
+from ..core.finetune import Strategy, finetune, personalized_accuracy
 from ..engine.loop import generator
 from ..errors import FedL2PError
 from ..io import results_h5
@@ -141,7 +141,7 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
                     continue
                 gen = generator(seed, c, 7)  # the same batch order for every method: a paired comparison
                 ft = finetune(model, theta_g, *data.train, s, table.client_bn(c), cfg.epochs, cfg.batch_size, gen)
-                acc[i, k, j] = test_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
+                acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
             progress.advance(1)
     progress.stop()
     return results_h5.Results(methods, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),

@@ -1,0 +1,112 @@
+"""`fedl2p run PIPELINE.toml`: the stages in order, reusing every artifact whose inputs are unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..algorithms.fedl2p import MetaConfig
+from ..artifacts import Artifact, Store
+from ..errors import FedL2PError
+from . import analyze, meta_train, partition, personalize, pretrain, stats
+from .common import Progress
+
+ORDER = ("partition", "pretrain", "stats", "meta-train", "personalize", "analyze")
+
+
+@dataclass
+class StepResult:
+    stage: str
+    label: str
+    artifact: Artifact
+    reused: bool
+
+
+@dataclass
+class Pipeline:
+    name: str
+    sections: dict[str, Any]
+    store: Store
+    results: list[StepResult] = field(default_factory=list)
+
+
+def _make(cls: type, section: str, values: dict, name: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise FedL2PError(f"pipeline {name}: unknown key '{unknown[0]}' in [{section}] (known: {', '.join(sorted(names))})")
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise FedL2PError(f"pipeline {name}: bad [{section}]: {e}") from None
+
+
+def load(path: Path, store_override: Path | None = None) -> Pipeline:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FedL2PError(f"pipeline file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FedL2PError(f"pipeline {path} is not valid TOML: {e}") from None
+    unknown = [k for k in data if k not in ORDER and k not in ("store", "name", "description")]
+    if unknown:
+        raise FedL2PError(f"pipeline {path}: unknown section '{unknown[0]}'; sections are: {', '.join(ORDER)}")
+    for need in ("partition", "pretrain"):
+        if need not in data:
+            raise FedL2PError(f"pipeline {path} has no [{need}] section")
+    root = store_override or Path(data.get("store", "artifacts"))
+    return Pipeline(data.get("name", path.stem), data, Store(root))
+
+
+def _meta_cfg(values: dict, name: str) -> meta_train.MetaTrainConfig:
+    outer = {f.name for f in dataclasses.fields(meta_train.MetaTrainConfig)} - {"meta"}
+    meta = _make(MetaConfig, "meta-train", {k: v for k, v in values.items() if k not in outer}, name)
+    return _make(meta_train.MetaTrainConfig, "meta-train", {k: v for k, v in values.items() if k in outer} | {"meta": meta}, name)
+
+
+def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
+        on_step: Callable[[StepResult], None] = lambda r: None) -> list[StepResult]:
+    if force_from is not None and force_from not in ORDER:
+        raise FedL2PError(f"--force takes a stage name: {', '.join(ORDER)}")
+    forced = set(ORDER[ORDER.index(force_from):]) if force_from else set()
+    s, name = p.sections, p.name
+
+    def step(stage: str, label: str, fn: Callable[[bool], tuple[Artifact, bool]]) -> Artifact:
+        art, reused = fn(stage in forced)
+        r = StepResult(stage, label, art, reused)
+        p.results.append(r)
+        on_step(r)
+        return art
+
+    part = step("partition", "partition", lambda f: partition.run(_make(partition.PartitionConfig, "partition", s["partition"], name),
+                                                                  p.store, f, plot=True))
+    pre = step("pretrain", "pretrain", lambda f: pretrain.run(_make(pretrain.PretrainConfig, "pretrain", s["pretrain"], name),
+                                                               p.store, part.id, f, True, progress()))
+    st = step("stats", "stats", lambda f: stats.run(_make(stats.StatsConfig, "stats", s.get("stats", {}), name), p.store,
+                                                     part.id, pre.id, f, progress()))
+    metas = s.get("meta-train", [])
+    metas = [metas] if isinstance(metas, dict) else metas
+    meta_ids = []
+    for m in metas:
+        cfg = _meta_cfg(m, name)
+        art = step("meta-train", cfg.variant(), lambda f, cfg=cfg: meta_train.run(cfg, p.store, pre.id, st.id, f, True, progress()))
+        meta_ids.append(art.id)
+    if "personalize" not in s:
+        return p.results
+    pers = dict(s["personalize"])
+    pools = pers.pop("pools", ["seen"])
+    pers.pop("methods", None)
+    last = None
+    for pool in pools:
+        methods = list(personalize.BASELINES)
+        cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": methods}, name)
+        ids = [i for i in meta_ids if pool == "seen" or p.store.load("meta-train", i, verify=False).metrics.get("variant", "").startswith("fedl2p")]
+        last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress()))
+        if "analyze" in s and pool == s["analyze"].get("pool", pools[-1]):
+            acfg = {k: v for k, v in s["analyze"].items() if k != "pool"}
+            step("analyze", f"clusters ({pool})", lambda f, last=last, acfg=acfg: analyze.run(
+                _make(analyze.ClustersConfig, "analyze", acfg, name), p.store, last.id, f))
+    return p.results

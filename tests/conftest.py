@@ -1,0 +1,29 @@
+"""A tiny end-to-end store built once per session (sklearn digits, 3 generated domains, small-cnn)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedl2p_cli.algorithms.fedl2p import MetaConfig
+from fedl2p_cli.artifacts import Store
+from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
+
+torch.set_num_threads(2)
+
+TINY_PARTITION = dict(dataset="digits-c", alpha=0.5, clients=12, samples_per_client=40, unseen_fraction=0.25,
+                      corruptions=["clean", "invert", "contrast"], severity=4, seed=0)
+TINY_PRETRAIN = dict(rounds=3, fraction=0.5, batch_size=16, eval_every=1, seed=0)
+TINY_META = MetaConfig(epochs=1, batch_size=16, base_lr=0.01)
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("store"))
+    part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
+    pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, part.id, plot=False)
+    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id)
+    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store, pre.id, st.id)
+    pers, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0]),
+                              store, pre.id, st.id, [meta.id])
+    return {"store": store, "partition": part, "pretrain": pre, "stats": st, "meta": meta, "personalize": pers}

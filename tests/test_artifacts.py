@@ -1,0 +1,54 @@
+import pytest
+
+from fedl2p_cli.artifacts import Store, artifact_id
+from fedl2p_cli.errors import ArtifactError
+
+
+def make(store, config=None):
+    d = store.draft("partition", config or {"a": 1}, {})
+    d.path("data.bin").write_bytes(b"hello world" * 100)
+    d.metrics = {"x": 1.0}
+    return d.publish()
+
+
+def test_same_inputs_same_id_and_verify(tmp_path):
+    s = Store(tmp_path)
+    a = make(s)
+    assert a.id == artifact_id("partition", {"a": 1}, {})
+    assert artifact_id("partition", {"a": 2}, {}) != a.id
+    loaded = s.load("partition", a.id[:5])
+    assert loaded.metrics == {"x": 1.0}
+
+
+def test_one_corrupted_byte_fails_loading(tmp_path):
+    s = Store(tmp_path)
+    a = make(s)
+    p = a.path / "data.bin"
+    raw = bytearray(p.read_bytes())
+    raw[10] ^= 1
+    p.write_bytes(bytes(raw))
+    with pytest.raises(ArtifactError, match="sha256"):
+        s.load("partition", a.id)
+
+
+def test_crash_mid_write_leaves_no_artifact(tmp_path):
+    from fedl2p_cli.stages.common import build_or_reuse
+    s = Store(tmp_path)
+
+    def build(draft):
+        draft.path("half.bin").write_bytes(b"x")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        build_or_reuse(s, "partition", {"b": 1}, {}, build)
+    assert s.ids("partition") == []
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "partition").iterdir())
+
+
+def test_unknown_and_ambiguous_ids(tmp_path):
+    s = Store(tmp_path)
+    make(s)
+    with pytest.raises(ArtifactError, match="no partition artifact with id"):
+        s.resolve("partition", "zzzz")
+    with pytest.raises(ArtifactError, match="no pretrain artifact"):
+        s.resolve("pretrain", None)

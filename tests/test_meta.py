@@ -1,0 +1,124 @@
+import csv
+import math
+
+import pytest
+import torch
+
+from fedl2p_cli.algorithms import fedl2p as fedl2p_alg
+from fedl2p_cli.core.metanets import clamp_ste, hyperparameters, init_lambda, sgd_update
+from fedl2p_cli.engine.loop import Checkpoint
+from fedl2p_cli.io import weights
+from fedl2p_cli.stages import meta_train, partition
+
+from .conftest import TINY_META
+
+
+def test_initial_outputs_beta_half_lrnet_one():
+    lam = init_lambda(20, 82, 62, 1e-3, "both", 0)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        xi, x = torch.rand(20, generator=g) * 5, torch.randn(82, generator=g)
+        beta, eta = hyperparameters(lam, xi, x, 62, 1e-3, 1.0)
+        assert torch.allclose(beta, torch.full_like(beta, 0.5), atol=0.02)
+        assert torch.allclose(eta / 1e-3, torch.ones(62), atol=0.02)
+
+
+def test_straight_through_clamps_pass_gradients():
+    x = torch.tensor([-2.0, 0.5, 3.0], requires_grad=True)
+    y = clamp_ste(x, 0.0, 1.0)
+    assert torch.equal(y.detach(), torch.tensor([0.0, 0.5, 1.0]))
+    (g,) = torch.autograd.grad((y * torch.tensor([1.0, 2.0, 3.0])).sum(), x)
+    assert torch.equal(g, torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_meta_sgd_clips_and_uses_group_rates():
+    lam = {"bnnet.0.weight": torch.zeros(2), "lrnet.0.weight": torch.zeros(2), "eta": torch.zeros(2)}
+    g = {k: torch.tensor([5.0, -0.5]) for k in lam}
+    out = sgd_update(lam, g, {"bnnet": 1e-3, "lrnet": 1e-2, "eta": 1e-4})
+    assert torch.allclose(out["bnnet.0.weight"], torch.tensor([-1e-3, 5e-4]))
+    assert torch.allclose(out["lrnet.0.weight"], torch.tensor([-1e-2, 5e-3]))
+    assert torch.allclose(out["eta"], torch.tensor([-1e-4, 5e-5]))
+
+
+def test_unseen_clients_never_meta_trained(tiny_store):
+    art = tiny_store["meta"]
+    _, part = partition.load(tiny_store["store"], tiny_store["partition"].id)
+    unseen = set(part.pool(True))
+    assert unseen
+    rows = list(csv.DictReader(open(art.file("history.csv"))))
+    sampled = {int(c) for r in rows for c in r["sampled"].split()}
+    assert sampled and not (sampled & unseen)
+
+
+def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
+    store = tiny_store["store"]
+    cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
+    full, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+    lam_full = weights.load(full.file("lambda.safetensors"))
+    hist_full = list(csv.DictReader(open(full.file("history.csv"))))
+    # interrupt after round 2 through the progress hook, then resume into a fresh build
+    cfg2 = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
+
+    class Kill(Exception):
+        pass
+
+    class KillAt2:
+        n = 0
+
+        def start(self, *a):
+            pass
+
+        def advance(self, n=1, **k):
+            self.n += n
+            if self.n == 2:
+                raise Kill()
+
+        def stop(self):
+            pass
+
+    with pytest.raises(Kill):
+        meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True, progress=KillAt2())
+    assert Checkpoint(store.workdir("meta-train", full.id)).load().next_round == 2
+    resumed, _ = meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
+    lam_res = weights.load(resumed.file("lambda.safetensors"))
+    for k in lam_full:
+        assert torch.equal(lam_full[k], lam_res[k]), k
+    hist_res = list(csv.DictReader(open(resumed.file("history.csv"))))
+    assert [r["val_loss"] for r in hist_full] == [r["val_loss"] for r in hist_res]
+
+
+def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
+    real = fedl2p_alg.client_update
+    calls = {"n": 0}
+    from fedl2p_cli.engine.loop import sample_clients
+    _, part = partition.load(tiny_store["store"], tiny_store["partition"].id)
+    first_round = len(sample_clients(part.pool(False), 0.5, 7, 0))
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > first_round:  # round 1 is fine, then NaN
+            raise fedl2p_alg.Diverged("non-finite loss (val nan)")
+        return real(*a, **k)
+
+    monkeypatch.setattr(meta_train, "client_update", flaky)
+    cfg = meta_train.MetaTrainConfig(rounds=4, fraction=0.5, meta=TINY_META, seed=7)
+    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
+    assert "round 2" in art.metrics["diverged"]
+    assert art.metrics["rounds_run"] == 1
+    lam = weights.load(art.file("lambda.safetensors"))
+    assert all(torch.isfinite(v).all() for v in lam.values())
+
+
+def test_real_nan_is_detected(tiny_store):
+    """A huge base LR makes fine-tuning blow up: detected as divergence, never a NaN artifact."""
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=3,
+                                     meta=fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=1e6))
+    from fedl2p_cli.errors import FedL2PError
+    try:
+        art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
+    except FedL2PError as e:
+        assert "diverged" in str(e)
+    else:
+        lam = weights.load(art.file("lambda.safetensors"))
+        assert art.metrics["diverged"] and all(torch.isfinite(v).all() for v in lam.values())
+        assert math.isfinite(art.metrics["best_val_loss"])

@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+import torch
+
+from fedl2p_cli.data.datasets import Dataset
+from fedl2p_cli.data.partition import choose_unseen, dirichlet_partition, label_entropy
+from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.stages.partition import PartitionConfig, build_partition
+
+
+def synthetic(n=6000, k=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Dataset("syn", torch.randint(0, 80, (n, 1, 8, 8), generator=g, dtype=torch.uint8),
+                   torch.arange(n) % k, [str(i) for i in range(k)], (0.5,), (0.25,))
+
+
+def entropy_for(alpha):
+    ds = synthetic()
+    p = build_partition(PartitionConfig(dataset="digits", alpha=alpha, clients=50, samples_per_client=100, unseen_fraction=0), ds)
+    return label_entropy(p.label_hist).mean()
+
+
+def test_label_mix_concentrates_as_alpha_shrinks():
+    e_iid, e_1, e_01 = entropy_for(1000), entropy_for(1.0), entropy_for(0.1)
+    assert e_iid > 2.2 > e_1 > e_01  # max is log(10) = 2.30
+    assert e_01 < 0.5 * e_iid
+
+
+def test_equal_sizes_no_reuse_and_splits():
+    labels = np.arange(5000) % 10
+    splits = dirichlet_partition(labels, [np.arange(5000)], [40], 100, 0.3, 0.2, 0.2, seed=1)
+    all_idx = np.concatenate([s.indices() for s in splits])
+    assert all(len(s.indices()) == 100 for s in splits)
+    assert len(np.unique(all_idx)) == len(all_idx)  # no sample used twice
+    assert all(len(s.test) == 20 and len(s.val) == 16 and len(s.train) == 64 for s in splits)
+
+
+def test_val_and_test_follow_the_clients_label_mix():
+    labels = np.arange(20000) % 10
+    splits = dirichlet_partition(labels, [np.arange(20000)], [20], 500, 0.2, 0.2, 0.2, seed=2)
+    for s in splits:
+        tr = np.bincount(labels[s.train], minlength=10) / len(s.train)
+        te = np.bincount(labels[s.test], minlength=10) / len(s.test)
+        assert np.abs(tr - te).sum() < 0.4
+
+
+def test_same_seed_same_partition_and_different_seed_differs():
+    ds = synthetic()
+    cfg = PartitionConfig(dataset="digits", alpha=0.5, clients=20, samples_per_client=50, seed=3)
+    a, b = build_partition(cfg, ds), build_partition(cfg, ds)
+    assert torch.equal(a.source_index, b.source_index) and np.array_equal(a.unseen, b.unseen)
+    c = build_partition(PartitionConfig(dataset="digits", alpha=0.5, clients=20, samples_per_client=50, seed=4), ds)
+    assert not torch.equal(a.source_index, c.source_index)
+
+
+def test_generated_domains_are_disjoint_and_shifted():
+    ds = synthetic()
+    cfg = PartitionConfig(dataset="digits-c", alpha=1.0, clients=12, samples_per_client=60, corruptions=["clean", "invert", "contrast"])
+    p = build_partition(cfg, ds)
+    src = p.source_index.numpy()
+    assert len(np.unique(src)) == len(src)  # domains draw from disjoint pools
+    dom_of_sample = np.repeat(p.domain, 60)
+    means = [p.images[torch.from_numpy(dom_of_sample == d)].float().mean().item() for d in range(3)]
+    assert abs(means[0] - means[1]) > 5  # invert moves the pixel mean
+    stds = [p.images[torch.from_numpy(dom_of_sample == d)].float().std().item() for d in range(3)]
+    assert stds[2] < 0.8 * stds[0]  # contrast shrinks the spread
+
+
+def test_unseen_pools_per_domain_and_whole_domains():
+    dom = np.repeat(np.arange(4), 10)
+    u = choose_unseen(dom, 0.2, [], seed=0)
+    assert all(u[dom == d].sum() == 2 for d in range(4))
+    u2 = choose_unseen(dom, 0.0, [3], seed=0)
+    assert u2[dom == 3].all() and not u2[dom != 3].any()
+
+
+@pytest.mark.parametrize("kw", [dict(alpha=0), dict(alpha=-1), dict(clients=1000, samples_per_client=100)])
+def test_bad_input(kw):
+    with pytest.raises(FedL2PError):
+        build_partition(PartitionConfig(dataset="digits", **({"clients": 10, "samples_per_client": 50} | kw)), synthetic())

@@ -1,0 +1,117 @@
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedl2p_cli.core.bn import MixBN, BNPolicy
+from fedl2p_cli.core.finetune import ClientBN, Strategy, eval_policy, finetune, personalized_accuracy
+from fedl2p_cli.core.functional import forward
+from fedl2p_cli.core.metanets import init_lambda
+from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.io import weights
+from fedl2p_cli.stages import personalize, pretrain, stats
+from fedl2p_cli.algorithms.fedl2p import MetaConfig
+
+
+@pytest.fixture()
+def bn_model():
+    torch.manual_seed(0)
+    m = MixBN(3)
+    m.running_mean.copy_(torch.tensor([1.0, -1.0, 0.5]))
+    m.running_var.copy_(torch.tensor([4.0, 0.25, 1.0]))
+    return m
+
+
+def run(m, x, pol):
+    return forward(m, dict(m.named_parameters()), x, pol)
+
+
+def test_bn_g_uses_pretrained_statistics_in_training_and_inference(bn_model):
+    x = torch.randn(8, 3, 2, 2) * 3 + 2
+    ref = F.batch_norm(x, bn_model.running_mean, bn_model.running_var, bn_model.weight, bn_model.bias, False, 0, 1e-5)
+    s = Strategy(torch.zeros(1), torch.zeros(2))
+    assert torch.allclose(run(bn_model, x, BNPolicy(s.beta, train=True)), ref, atol=1e-6)
+    client = ClientBN([torch.tensor([9.0, 9.0, 9.0])], [torch.tensor([9.0, 9.0, 9.0])])
+    assert torch.allclose(run(bn_model, x, eval_policy(s, client)), ref, atol=1e-6)
+
+
+def test_bn_c_uses_batch_statistics_in_training_and_client_running_in_inference(bn_model):
+    x = torch.randn(8, 3, 2, 2) * 3 + 2
+    s = Strategy(torch.ones(1), torch.zeros(2))
+    train_ref = F.batch_norm(x, None, None, bn_model.weight, bn_model.bias, True, 0, 1e-5)
+    assert torch.allclose(run(bn_model, x, BNPolicy(s.beta, train=True)), train_ref, atol=1e-5)
+    cm, cv = torch.tensor([0.1, 0.2, 0.3]), torch.tensor([2.0, 3.0, 4.0])
+    eval_ref = F.batch_norm(x, cm, cv, bn_model.weight, bn_model.bias, False, 0, 1e-5)
+    assert torch.allclose(run(bn_model, x, eval_policy(s, ClientBN([cm], [cv]))), eval_ref, atol=1e-6)
+
+
+def test_bn_i_uses_the_test_batch_statistics(bn_model):
+    x = torch.randn(8, 3, 2, 2) * 3 + 2
+    s = Strategy(None, torch.zeros(2))
+    ref = F.batch_norm(x, None, None, bn_model.weight, bn_model.bias, True, 0, 1e-5)
+    assert torch.allclose(run(bn_model, x, eval_policy(s, ClientBN([torch.zeros(3)], [torch.ones(3)]))), ref, atol=1e-5)
+
+
+def test_mixing_is_eq2(bn_model):
+    x = torch.randn(8, 3, 2, 2)
+    cm, cv, b = torch.tensor([0.1, 0.2, 0.3]), torch.tensor([2.0, 3.0, 4.0]), 0.3
+    mean = (1 - b) * bn_model.running_mean + b * cm
+    var = (1 - b) * bn_model.running_var + b * cv
+    ref = F.batch_norm(x, mean, var, bn_model.weight, bn_model.bias, False, 0, 1e-5)
+    assert torch.allclose(run(bn_model, x, BNPolicy(torch.tensor([b]), [cm], [cv], train=False)), ref, atol=1e-6)
+
+
+def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
+    store = tiny_store["store"]
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, table = stats.load(store, tiny_store["stats"].id)
+    theta = {n: state[n] for n, _ in model.named_parameters()}
+    n_bn, n_p = table.xi.shape[1], len(theta)
+    lam = init_lambda(n_bn, table.x.shape[1], n_p, 0.01, "both", 0)
+    lam["bnnet.2.weight"].zero_()
+    lam["bnnet.2.bias"].fill_(-1.0)  # clamped to beta = 0
+    lam["lrnet.2.weight"].zero_()
+    lam["lrnet.2.bias"].fill_(1.0)   # LRNet = 1, so eta = eta~ = base LR
+    meta = personalize.MetaMethod("fedl2p", "x", lam, MetaConfig(base_lr=0.01))
+    cfg = personalize.PersonalizeConfig(methods=["ft-bng"], base_lr=0.01)
+    c = 0
+    strat = personalize.strategies(cfg, [meta], c, table, n_bn, n_p)
+    assert torch.equal(strat["fedl2p"].beta, torch.zeros(n_bn)) and torch.allclose(strat["fedl2p"].lr, strat["ft-bng"].lr)
+    from fedl2p_cli.io.partition_h5 import read
+    from fedl2p_cli.stages.partition import load as load_part
+    _, part = load_part(store, tiny_store["partition"].id)
+    data = part.client(c)
+    out = {}
+    for name in ("ft-bng", "fedl2p"):
+        ft = finetune(model, theta, *data.train, strat[name], table.client_bn(c), 2, 16, torch.Generator().manual_seed(0))
+        out[name] = (ft.params, personalized_accuracy(model, ft.params, *data.test, strat[name], ft.bn, 16))
+    for k in theta:
+        assert torch.equal(out["ft-bng"][0][k], out["fedl2p"][0][k]), k
+    assert out["ft-bng"][1] == out["fedl2p"][1]
+
+
+def test_results_and_summary(tiny_store):
+    art = tiny_store["personalize"]
+    _, r = personalize.load(tiny_store["store"], art.id)
+    assert r.methods == ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
+    assert r.acc_after.shape == (4, 1, len(r.client)) and not np.isnan(r.acc_after).any()
+    assert np.isnan(r.beta["ft-bni"]).all() and (r.beta["ft-bnc"] == 1).all()
+    assert ((r.beta["fedl2p"] >= 0) & (r.beta["fedl2p"] <= 1)).all()
+    md = art.file("summary.md").read_text()
+    assert "FT (BN C)" in md and "fedl2p" in md
+
+
+def test_bad_inputs(tiny_store):
+    store, pre, st = tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id
+    with pytest.raises(FedL2PError, match="unknown method"):
+        personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc", "nope"]), store, pre, st)
+    # meta-nets for another model shape
+    d = store.draft("meta-train", {"meta": MetaConfig().__dict__, "fake": 1}, {"pretrain": pre})
+    lam = init_lambda(5, 20, 40, 1e-3, "both", 0)
+    weights.save(d.path("lambda.safetensors"), lam)
+    d.metrics = {"variant": "fedl2p-other"}
+    other = d.publish()
+    with pytest.raises(FedL2PError, match="another model shape"):
+        personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"]), store, pre, st, [other.id])
+    import shutil
+    shutil.rmtree(other.path)
