@@ -132,6 +132,9 @@ class Store:
         aid = artifact_id(stage, config, parents)
         (self.root / stage).mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{aid}-", dir=self.root / stage))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a published artifact is an ordinary folder
         return Draft(self, stage, aid, config, parents, tmp)
 
     def workdir(self, stage: str, aid: str) -> Path:

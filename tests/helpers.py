@@ -39,3 +39,25 @@ def smooth_setup(n: int = 24, classes: int = 3, seed: int = 0, noisy: bool = Fal
     beta, eta = hyper(lam)
     assert 0.05 < beta.min() and beta.max() < 0.95 and eta.min() > 0  # inside the clamps: STE = true derivative
     return model, theta, lam, hyper, (x, y), bn
+
+
+class Killed(Exception):
+    """Raised by KillAfter to simulate a crash between rounds."""
+
+
+class KillAfter:
+    """A progress reporter that 'kills' the run once n rounds are done (their checkpoints are written)."""
+
+    def __init__(self, n: int):
+        self.n, self.done = n, 0
+
+    def start(self, *a):
+        pass
+
+    def advance(self, n: int = 1, **info):
+        self.done += n
+        if self.done == self.n:
+            raise Killed()
+
+    def stop(self):
+        pass

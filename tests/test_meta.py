@@ -11,6 +11,7 @@ from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train, partition
 
 from .conftest import TINY_META
+from .helpers import KillAfter, Killed
 
 
 def test_initial_outputs_beta_half_lrnet_one():
@@ -59,25 +60,8 @@ def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
     # interrupt after round 2 through the progress hook, then resume into a fresh build
     cfg2 = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
 
-    class Kill(Exception):
-        pass
-
-    class KillAt2:
-        n = 0
-
-        def start(self, *a):
-            pass
-
-        def advance(self, n=1, **k):
-            self.n += n
-            if self.n == 2:
-                raise Kill()
-
-        def stop(self):
-            pass
-
-    with pytest.raises(Kill):
-        meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True, progress=KillAt2())
+    with pytest.raises(Killed):
+        meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True, progress=KillAfter(2))
     assert Checkpoint(store.workdir("meta-train", full.id)).load().next_round == 2
     resumed, _ = meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
     lam_res = weights.load(resumed.file("lambda.safetensors"))

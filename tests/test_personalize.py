@@ -77,7 +77,6 @@ def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     c = 0
     strat = personalize.strategies(cfg, [meta], c, table, n_bn, n_p)
     assert torch.equal(strat["fedl2p"].beta, torch.zeros(n_bn)) and torch.allclose(strat["fedl2p"].lr, strat["ft-bng"].lr)
-    from fedl2p_cli.io.partition_h5 import read
     from fedl2p_cli.stages.partition import load as load_part
     _, part = load_part(store, tiny_store["partition"].id)
     data = part.client(c)

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +12,7 @@ from fedl2p_cli.models import registry
 from fedl2p_cli.stages import partition, pretrain
 
 from .conftest import TINY_PARTITION, TINY_PRETRAIN
+from .helpers import KillAfter, Killed
 
 
 def test_weighted_aggregation_exact():
@@ -77,28 +79,8 @@ def test_resume_equals_uninterrupted(tiny_store, tmp_path):
     full, hist = pretrain.train(cfg, part, None, pretrain.NoProgress())
     ck = Checkpoint(tmp_path / "ck")
 
-    class Kill(Exception):
-        pass
-
-    class KillAfter2:
-        def __init__(self):
-            self.n = 0
-
-        def start(self, *a):
-            pass
-
-        def advance(self, n=1, **k):
-            self.n += n
-            if self.n == 2:
-                raise Kill()
-
-        def stop(self):
-            pass
-
-    try:
-        pretrain.train(cfg, part, ck, KillAfter2())
-    except Kill:
-        pass
+    with pytest.raises(Killed):
+        pretrain.train(cfg, part, ck, KillAfter(2))
     assert ck.load().next_round == 2
     resumed, hist2 = pretrain.train(cfg, part, ck, pretrain.NoProgress())
     for k in full:

@@ -154,8 +154,9 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
     rows = {}
     for i, m in enumerate(r.methods):
         per_seed = np.nanmean(r.acc_after[i], axis=1) if not np.isnan(r.acc_after[i]).all() else np.full(len(r.seeds), np.nan)
-        rows[m] = {"mean": float(np.mean(per_seed)), "sd": float(np.std(per_seed)), "sparsity": float(np.nanmean(r.sparsity[m]))
-                   if not np.isnan(r.sparsity[m]).all() else None,
+        learned = m not in BASELINES and not np.isnan(r.sparsity[m]).all()
+        rows[m] = {"mean": float(np.mean(per_seed)), "sd": float(np.std(per_seed)),
+                   "sparsity": float(np.nanmean(r.sparsity[m])) if learned else None,
                    "per_domain": {domain_names[d]: float(np.nanmean(r.acc_after[i][:, r.domain == d]))
                                   for d in np.unique(r.domain) if not np.isnan(r.acc_after[i][:, r.domain == d]).all()}}
     base = [m for m in r.methods if m in BASELINES]

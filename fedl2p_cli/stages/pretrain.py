@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -169,7 +169,3 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict
     registry.set_state(model, state)
     return art, model, state
 
-
-def config_from(d: dict) -> PretrainConfig:
-    names = {f.name for f in fields(PretrainConfig)}
-    return PretrainConfig(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,34 @@
+# fedl2p: `make quickstart` runs the embedded benchmark, `make test` the test suite; both set everything up.
+PY     ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup data quickstart test bench bench-accuracy clean-artifacts
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+data:
+	@bash scripts/get-fmnist.sh
+
+quickstart: setup data
+	$(BIN)/fedl2p run pipelines/quickstart.toml
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup data
+	$(BIN)/python bench/bench.py
+
+bench-accuracy: setup data
+	$(BIN)/python bench/accuracy.py
+
+clean-artifacts:
+	find artifacts -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -1,0 +1,218 @@
+"""`make bench`: the numbers we steer by, as ratios measured in one run (robust on a noisy machine).
+
+Each measurement runs in its own subprocess so that its peak RSS is its own. Results go to
+bench/results.json and a table is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timeit(fn, reps: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+def bench_partition() -> dict:
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.stages import partition
+    with tempfile.TemporaryDirectory() as d:
+        t = time.perf_counter()
+        art, _ = partition.run(partition.PartitionConfig(dataset="fmnist", alpha=0.1, clients=1000, samples_per_client=60,
+                                                         unseen_fraction=0.1), Store(d))
+        secs = time.perf_counter() - t
+        size = sum(p.stat().st_size for p in art.path.iterdir()) / 2**20
+    return {"partition_1000_clients_s": secs, "partition_file_mb": size, "peak_rss_mb": peak_rss_mb()}
+
+
+def _embedded(d: str, clients: int = 70):
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.stages import partition
+    store = Store(d)
+    art, _ = partition.run(partition.PartitionConfig(dataset="fmnist-c", alpha=0.5, clients=clients), store)
+    return store, art, partition.load(store, art.id)[1]
+
+
+def bench_engine() -> dict:
+    from fedl2p_cli.stages import pretrain
+    with tempfile.TemporaryDirectory() as d:
+        _, _, part = _embedded(d)
+        cfg = pretrain.PretrainConfig(rounds=6, fraction=0.2, eval_every=1000)
+        _, hist = pretrain.train(cfg, part, None, pretrain.NoProgress())
+    rows = hist[1:]  # the first round pays one-off costs (tensor caches)
+    round_s = sum(h["round_s"] for h in rows)
+    client_s = sum(h["clients_s"] for h in rows)
+    return {"pretrain_round_s": round_s / len(rows), "engine_overhead_fraction": (round_s - client_s) / round_s,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def bench_stats() -> dict:
+    from fedl2p_cli.core.stats import client_stats
+    from fedl2p_cli.models import registry
+    with tempfile.TemporaryDirectory() as d:
+        _, _, part = _embedded(d)
+        xs = [part.client(c).train[0] for c in range(20)]
+    model = registry.build("small-cnn", 1, 10).eval()
+
+    @torch.no_grad()
+    def plain():
+        for x in xs:
+            for i in range(0, len(x), 512):
+                model(x[i:i + 512])
+
+    t_plain = timeit(plain, 5)
+    t_stats = timeit(lambda: [client_stats(model, x) for x in xs], 5)
+    return {"stats_throughput_vs_forward": t_plain / t_stats, "peak_rss_mb": peak_rss_mb()}
+
+
+def _hyper_setup(name: str):
+    from fedl2p_cli.core.bn import bn_layers
+    from fedl2p_cli.core.finetune import ClientBN, Strategy
+    from fedl2p_cli.core.metanets import hyperparameters, init_lambda
+    from fedl2p_cli.core.stats import stat_layers
+    from fedl2p_cli.models import registry
+    ch = 1 if name == "small-cnn" else 3
+    m = registry.build(name, ch, 10)
+    theta = registry.get_params(m)
+    n_bn, n_x, n_p = len(bn_layers(m)), 2 * len(stat_layers(m)), len(theta)
+    lam = init_lambda(n_bn, n_x, n_p, 1e-3, "both", 0)
+    xi, xs = torch.rand(n_bn), torch.randn(n_x)
+    hyper = lambda l: hyperparameters(l, xi, xs, n_p, 1e-3, 1.0)  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randn(32, ch, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g))
+    bn = ClientBN([b.running_mean.clone() for _, b in bn_layers(m)], [b.running_var.clone() for _, b in bn_layers(m)])
+    beta, eta = (t.detach() for t in hyper(lam))
+    return m, theta, lam, hyper, batch, bn, Strategy(beta, eta)
+
+
+def bench_hypergrad(name: str) -> dict:
+    from fedl2p_cli.core.finetune import ClientBN, sgd_step
+    from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
+    m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
+    reps = 10 if name == "small-cnn" else 2
+    t_sgd = timeit(lambda: sgd_step(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var))), reps * 2)
+    out = {"sgd_step_s": t_sgd}
+    for hess in ("fo", "exact"):
+        base = peak_rss_mb()
+        t = timeit(lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian=hess), reps)
+        out[f"hypergrad_{hess}_ratio"] = t / t_sgd
+        out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
+        out[f"rss_before_{hess}_mb"] = base
+    out["fomaml_ratio"] = timeit(lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn), reps) / t_sgd
+    return out
+
+
+def bench_meta_round() -> dict:
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.stages import meta_train, pretrain, stats
+    with tempfile.TemporaryDirectory() as d:
+        store, part_art, _ = _embedded(d)
+        pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
+        st, _ = stats.run(stats.StatsConfig(), store, part_art.id, pre.id)
+        cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01))
+        art, _ = meta_train.run(cfg, store, pre.id, st.id)
+        import csv
+        rows = list(csv.DictReader(open(art.file("history.csv"))))[1:]
+    keys = ("finetune_s", "hypergrad_s", "aggregate_s", "io_s")
+    tot = sum(float(r["round_s"]) for r in rows)
+    split = {k[:-2]: sum(float(r.get(k) or 0) for r in rows) / tot for k in keys}
+    split["other"] = 1 - sum(split.values())
+    return {"meta_round_s": tot / len(rows), "meta_round_split": split, "peak_rss_mb": peak_rss_mb()}
+
+
+def bench_stage_rss() -> dict:
+    """Peak RSS of each stage of a small embedded pipeline, each in a fresh process."""
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, FEDL2P_STORE=d)
+        steps = [("partition", ["partition", "--clients", "70"]), ("pretrain", ["pretrain", "--rounds", "3"]),
+                 ("stats", ["stats"]), ("meta-train", ["meta-train", "--rounds", "2", "--epochs", "2"]),
+                 ("personalize", ["personalize", "--seeds", "0", "--epochs", "1"])]
+        for name, args in steps:
+            code = ("import resource,sys; from fedl2p_cli.cli.main import app;\n"
+                    f"sys.argv=['fedl2p']+{args!r}\ntry:\n    app(standalone_mode=False)\nfinally:\n"
+                    "    print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)")
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+            line = [ln for ln in r.stdout.splitlines() if ln.startswith("RSS")]
+            out[name] = float(line[-1].split()[1]) if line else None
+    return {"stage_peak_rss_mb": out}
+
+
+MEASUREMENTS = {
+    "partition": bench_partition, "engine": bench_engine, "stats": bench_stats,
+    "hypergrad_small": lambda: bench_hypergrad("small-cnn"), "hypergrad_resnet18": lambda: bench_hypergrad("resnet18-cifar"),
+    "meta_round": bench_meta_round, "stage_rss": bench_stage_rss,
+}
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+        print("RESULT " + json.dumps(MEASUREMENTS[sys.argv[2]]()))
+        return
+    only = sys.argv[1:] or list(MEASUREMENTS)
+    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
+    for name in only:
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        results[name] = json.loads(line[-1][7:]) if line else {"error": r.stderr.strip().splitlines()[-1:]}
+        print(f"{name}: {time.perf_counter() - t:.0f}s {json.dumps(results[name])}", flush=True)
+    (HERE / "results.json").write_text(json.dumps(results, indent=2))
+    show(results)
+
+
+def show(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="fedl2p bench (ratios measured in one run)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_column("goal", justify="right")
+
+    def add(label, value, goal="", fmt="{:.3g}"):
+        t.add_row(label, "n/a" if value is None else fmt.format(value), goal)
+
+    g = lambda k, f: r.get(k, {}).get(f)  # noqa: E731
+    add("partition 1000 FMNIST clients (s)", g("partition", "partition_1000_clients_s"), "seconds")
+    add("  its peak RSS (MB)", g("partition", "peak_rss_mb"))
+    add("engine overhead per pretraining round", g("engine", "engine_overhead_fraction"), "< 0.10", "{:.1%}")
+    add("stats throughput / plain forward", g("stats", "stats_throughput_vs_forward"), ">= 0.8", "{:.2f}")
+    for key, label in (("hypergrad_small", "small-cnn"), ("hypergrad_resnet18", "resnet18-cifar")):
+        add(f"hypergradient fo / SGD step, {label}", g(key, "hypergrad_fo_ratio"), "<= 12", "{:.1f}x")
+        add(f"hypergradient exact / SGD step, {label}", g(key, "hypergrad_exact_ratio"), "", "{:.1f}x")
+        add(f"FOMAML+ / SGD step, {label}", g(key, "fomaml_ratio"), "", "{:.1f}x")
+        add(f"  peak RSS after exact, {label} (MB)", g(key, "hypergrad_exact_peak_rss_mb"))
+    split = g("meta_round", "meta_round_split") or {}
+    add("meta-train round (s)", g("meta_round", "meta_round_s"))
+    for k, v in split.items():
+        add(f"  share {k}", v, "", "{:.1%}")
+    for k, v in (g("stage_rss", "stage_peak_rss_mb") or {}).items():
+        add(f"peak RSS {k} (MB)", v)
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    main()
