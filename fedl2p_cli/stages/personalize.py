@@ -159,6 +159,10 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
                    "sparsity": float(np.nanmean(r.sparsity[m])) if learned else None,
                    "per_domain": {domain_names[d]: float(np.nanmean(r.acc_after[i][:, r.domain == d]))
                                   for d in np.unique(r.domain) if not np.isnan(r.acc_after[i][:, r.domain == d]).all()}}
+    for m in r.methods:
+        if m not in BASELINES and not np.isnan(r.beta[m]).all():
+            rows[m]["beta_per_domain"] = {domain_names[d]: [float(v) for v in np.nanmean(r.beta[m][r.domain == d], axis=0)]
+                                          for d in np.unique(r.domain)}
     base = [m for m in r.methods if m in BASELINES]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
     if base:
