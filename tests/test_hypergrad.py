@@ -37,12 +37,12 @@ def dense_pieces(model, theta, lam, hyper, tb, vb, bn, hessian="exact"):
     def lt(t, l):
         beta, eta = hyper(unflat(l, lam))
         th = unflat(t, theta)
-        if hessian == "fo":  # the inner gradient taken at a constant copy of theta (independent construction)
+        if hessian == "fo":  # the inner gradient as a constant in theta and beta (independent construction)
             from fedl2p_cli.core.bn import BNPolicy
             from fedl2p_cli.core.functional import ce_loss
             const = {k: v.detach().requires_grad_() for k, v in th.items()}
-            g = torch.autograd.grad(ce_loss(model, const, tb[0], tb[1], BNPolicy(beta, train=True)),
-                                    list(const.values()), create_graph=True)
+            g = torch.autograd.grad(ce_loss(model, const, tb[0], tb[1], BNPolicy(beta.detach(), train=True)),
+                                    list(const.values()))
             return ce_loss(model, {k: v - e * gk for (k, v), e, gk in zip(th.items(), eta, g)}, tb[0], tb[1],
                            BNPolicy(beta, train=True))
         return train_loss(model, th, beta, eta, tb)

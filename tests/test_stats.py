@@ -79,3 +79,16 @@ def test_corrupted_domains_get_larger_xi(tiny_store):
     # shrinks the spread far from it while clean sits close
     clean, contrast = xi[torch.from_numpy(t.domain == 0)].mean(), xi[torch.from_numpy(t.domain == 2)].mean()
     assert contrast > 2 * clean
+
+
+def test_grouped_clients_equal_one_at_a_time():
+    from fedl2p_cli.core.stats import many_client_stats
+    model = build("small-cnn", 1, 10)
+    xs = [torch.randn(40, 1, 32, 32) * (1 + i) + i for i in range(5)] + [torch.randn(30, 1, 32, 32)]
+    many = many_client_stats(model, xs, batch_size=128)
+    for x, got in zip(xs, many):
+        one = client_stats(model, x)
+        assert torch.allclose(got.x, one.x, rtol=1e-4, atol=1e-5)
+        assert torch.allclose(got.xi, one.xi, rtol=1e-4, atol=1e-5)
+        for a, b in zip(got.bn_var, one.bn_var):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -49,6 +49,10 @@ class Moments:
         m2 = self.m2.sum() + (self.n * (self.mean - mean).pow(2)).sum()
         return Moments(self.n * c, mean, m2)
 
+    def __getitem__(self, i: int) -> "Moments":
+        """One group's moments from grouped ([G, ...]) moments."""
+        return Moments(self.n, self.mean[i], self.m2[i])
+
 
 def stat_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every Conv, BN and Linear layer, in module (= forward) order."""
@@ -96,6 +100,41 @@ def layer_statistics(model: nn.Module, x: Tensor, batch_size: int = 512) -> tupl
     return per_layer, [channel[i] for i in range(len(layers)) if is_bn[i]]
 
 
+@torch.no_grad()
+def grouped_statistics(model: nn.Module, xs: list[Tensor]) -> tuple[list[Moments], list[Moments]]:
+    """Like `layer_statistics` for G clients of equal size n at once: one forward of the concatenated data, each
+    hooked input viewed as [G, n, ...] so every client's moments come from one fused reduction."""
+    g, n = len(xs), len(xs[0])
+    layers = stat_layers(model)
+    is_bn = [isinstance(m, MixBN) for _, m in layers]
+    out: dict[int, Moments] = {}
+
+    def hook(i: int):
+        def fn(_m, inp):
+            a = inp[0].reshape(g, n, *inp[0].shape[1:])
+            if is_bn[i]:
+                a = a.reshape(g, n, a.shape[2], -1)  # [G, n, C, H*W], a view: no copy of the activation
+                var, mean = torch.var_mean(a, dim=(1, 3), correction=0)
+                k = n * a.shape[3]
+                out[i] = Moments(float(k), mean.double(), var.double() * k)
+            else:
+                var, mean = torch.var_mean(a.reshape(g, -1), dim=1, correction=0)
+                k = a[0].numel()
+                out[i] = Moments(float(k), mean.double(), var.double() * k)
+        return fn
+
+    handles = [m.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(layers)]
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.cat(xs))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return [out[i] for i in range(len(layers))], [out[i] for i in range(len(layers)) if is_bn[i]]
+
+
 def kl_gauss(mu_p: Tensor, var_p: Tensor, mu_q: Tensor, var_q: Tensor) -> Tensor:
     """KL(N(mu_p, var_p) || N(mu_q, var_q)), elementwise."""
     return 0.5 * (torch.log(var_q / var_p) + (var_p + (mu_p - mu_q).pow(2)) / var_q - 1.0)
@@ -109,7 +148,30 @@ def sym_kl(mu_c: Tensor, var_c: Tensor, mu_pt: Tensor, var_pt: Tensor) -> Tensor
 
 def client_stats(model: nn.Module, x: Tensor, batch_size: int = 512) -> ClientStats:
     """The meta-nets' inputs for one client, from the pretrained model loaded into `model`."""
-    per_layer, bn = layer_statistics(model, x, batch_size)
+    return _finish(model, *layer_statistics(model, x, batch_size))
+
+
+def many_client_stats(model: nn.Module, xs: list[Tensor], batch_size: int = 512) -> list[ClientStats]:
+    """`client_stats` for many clients; runs of equal-sized clients share forward passes of ~batch_size samples."""
+    out: list[ClientStats] = []
+    i = 0
+    while i < len(xs):
+        n = len(xs[i])
+        g = 1
+        while i + g < len(xs) and len(xs[i + g]) == n and (g + 1) * n <= batch_size:
+            g += 1
+        if g == 1:
+            out.append(client_stats(model, xs[i], batch_size))
+        else:
+            per_layer, bn = grouped_statistics(model, xs[i:i + g])
+            out += [_finish(model, [m[j] if not isinstance(model_layer, MixBN) else m[j].pooled()
+                                    for m, (_, model_layer) in zip(per_layer, stat_layers(model))], [b[j] for b in bn])
+                    for j in range(g)]
+        i += g
+    return out
+
+
+def _finish(model: nn.Module, per_layer: list[Moments], bn: list[Moments]) -> ClientStats:
     xs = torch.stack([torch.stack([m.mean, m.var.sqrt()]) for m in per_layer]).flatten()
     bns = [m for m in model.modules() if isinstance(m, MixBN)]
     xi = torch.stack([sym_kl(c.mean, c.var, b.running_mean.double(), b.running_var.double()) for c, b in zip(bn, bns)])

@@ -86,6 +86,8 @@ def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress) -> tuple[dict, list[dict]]:
     model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
     seen, unseen = part.pool(False), part.pool(True)
+    for c in seen:  # build every client's tensors once, before the rounds
+        part.client(c)
     tests = {"seen": pool_tensors(part, seen, "test"), "unseen": pool_tensors(part, unseen, "test") if unseen else None}
     client_fn = ALGORITHMS[cfg.algo]
     local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.spec(cfg.model).head, cfg.algo == "fedbabu", cfg.pf_alpha)
