@@ -22,7 +22,7 @@ def meta_train(
     scale_by_psi: bool = typer.Option(False, help="Multiply p by psi as Lorraine et al. do (the paper's Alg. 2 does not)."),
     meta_grad: str = typer.Option("ift", help="ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F)."),
     hessian: str = typer.Option("fo", help="fo: Hessian of CE at theta' with the inner gradient held constant (second order, "
-                                "~4x an SGD step) | exact: full Hessian of L_T of Eq. 9-10 (third order, ~15-40x)."),
+                                "~10x an SGD step) | exact: full Hessian of L_T of Eq. 9-10 (third order, ~30-40x)."),
     nets: str = typer.Option("both", help="both | bnnet (LRs fixed at --base-lr) | lrnet (beta fixed at --beta)."),
     beta: float = typer.Option(1.0, help="Fixed beta when BNNet is off (1: client statistics, 0: pretrained)."),
     local: bool = typer.Option(False, "--local", help="L2P: each client learns its own lambda alone, same compute budget."),
