@@ -46,11 +46,14 @@ def test_fedbabu_head_is_bit_identical_to_init(tiny_store, tmp_path):
     art, _ = pretrain.run(pretrain.PretrainConfig(**(TINY_PRETRAIN | {"algo": "fedbabu", "rounds": 2})), store,
                           tiny_store["partition"].id, plot=False)
     state = weights.load(art.file("model.safetensors"))
-    init = registry.get_state(registry.build("small-cnn", 1, 10, 0))
-    for k in init:
-        if k.startswith("10."):
-            assert torch.equal(state[k], init[k]), k
-    assert not torch.equal(state["0.weight"], init["0.weight"])
+    model = registry.build("small-cnn", 1, 10, 0)
+    init = registry.get_state(model)
+    head = [k for k in init if k.startswith(registry.head_prefix(model))]
+    assert head == ["13.weight", "13.bias"]  # the classifier really is found
+    for k in head:
+        assert torch.equal(state[k], init[k]), k
+    body = [k for k in init if k.endswith("weight") and k not in head]
+    assert all(not torch.equal(state[k], init[k]) for k in body)  # everything else trained
 
 
 def test_perfedavg_hf_step_matches_hand_computation():

@@ -51,16 +51,23 @@ def resnet18(in_channels: int, num_classes: int, cifar: bool) -> nn.Module:
 @dataclass(frozen=True)
 class ModelSpec:
     factory: Callable[[int, int], nn.Module]
-    head: str  # parameter-name prefix of the classifier (frozen by FedBABU)
     about: str
 
 
 MODELS: dict[str, ModelSpec] = {
-    "small-cnn": ModelSpec(small_cnn, "10.", "3 conv-BN-ReLU blocks (16/32/64 ch) + linear; CPU-friendly"),
-    "resnet18-cifar": ModelSpec(lambda c, k: resnet18(c, k, cifar=True), "fc.", "ResNet-18, 3x3 stem, no max-pool (paper, CIFAR)"),
-    "resnet18": ModelSpec(lambda c, k: resnet18(c, k, cifar=False), "fc.", "ResNet-18, ImageNet layout (for --init torchvision weights)"),
-    "tiny-smooth": ModelSpec(tiny_smooth, "9.", "tiny Softplus/AvgPool model for float64 gradient checks"),
+    "small-cnn": ModelSpec(small_cnn, "3 conv-BN-ReLU blocks (16/32/64 ch) + linear; CPU-friendly"),
+    "resnet18-cifar": ModelSpec(lambda c, k: resnet18(c, k, cifar=True), "ResNet-18, 3x3 stem, no max-pool (paper, CIFAR)"),
+    "resnet18": ModelSpec(lambda c, k: resnet18(c, k, cifar=False), "ResNet-18, ImageNet layout (for --init torchvision weights)"),
+    "tiny-smooth": ModelSpec(tiny_smooth, "tiny Softplus/AvgPool model for float64 gradient checks"),
 }
+
+
+def head_prefix(model: nn.Module) -> str:
+    """Parameter-name prefix of the classifier (the last Linear layer): what FedBABU freezes."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not names:
+        raise FedL2PError("the model has no linear classifier")
+    return names[-1] + "."
 
 
 def spec(name: str) -> ModelSpec:

@@ -67,7 +67,7 @@ def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: tor
 def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
     state = weights.import_state_dict(Path(cfg.init))
     own = registry.get_state(model)
-    head = registry.spec(cfg.model).head
+    head = registry.head_prefix(model)
     missing = [k for k in own if k not in state]
     if missing:
         raise FedL2PError(f"--init weights do not fit model '{cfg.model}' (missing '{missing[0]}')")
@@ -90,7 +90,7 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
         part.client(c)
     tests = {"seen": pool_tensors(part, seen, "test"), "unseen": pool_tensors(part, unseen, "test") if unseen else None}
     client_fn = ALGORITHMS[cfg.algo]
-    local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.spec(cfg.model).head, cfg.algo == "fedbabu", cfg.pf_alpha)
+    local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.head_prefix(model), cfg.algo == "fedbabu", cfg.pf_alpha)
     st = (ckpt.load() if ckpt else None) or LoopState(0, registry.get_state(model))
     progress.start(f"pretrain {cfg.algo}", cfg.rounds)
     progress.advance(st.next_round)
