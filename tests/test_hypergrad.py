@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient, train_loss, val_loss
 

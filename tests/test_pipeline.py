@@ -1,4 +1,3 @@
-import time
 
 from fedl2p_cli.stages import pipeline
 from fedl2p_cli.stages.common import NoProgress
@@ -41,7 +40,6 @@ def test_second_run_reuses_everything(tmp_path):
     first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
     assert [r.stage for r in first] == ["partition", "pretrain", "stats", "meta-train", "personalize", "analyze", "personalize"]
     assert not any(r.reused for r in first)
-    t0 = time.perf_counter()
     second = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
     assert all(r.reused for r in second) and [r.artifact.id for r in first] == [r.artifact.id for r in second]
     forced = pipeline.run(pipeline.load(f, tmp_path / "store"), "personalize", NoProgress)
