@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -67,72 +69,65 @@ class ClientStats:
     xi: Tensor         # [B] symmetric KL per BN layer (BNNet input), forward order
 
 
+@contextmanager
+def _hooked_eval(model: nn.Module, make_hook: Callable[[int, bool], Callable]):
+    """Eval mode with a forward pre-hook on every stat layer (hook gets its index and whether it is BN); yields the
+    BN flags and restores hooks and mode afterwards."""
+    layers = stat_layers(model)
+    is_bn = [isinstance(m, MixBN) for _, m in layers]
+    handles = [m.register_forward_pre_hook(make_hook(i, is_bn[i])) for i, (_, m) in enumerate(layers)]
+    was_training = model.training
+    model.eval()
+    try:
+        yield is_bn
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+
 @torch.no_grad()
 def layer_statistics(model: nn.Module, x: Tensor, batch_size: int = 512) -> tuple[list[Moments], list[Moments]]:
     """One eval-mode pass: moments of every stat layer's input (all elements) and BN inputs (per channel)."""
-    layers = stat_layers(model)
-    scalar: dict[int, Moments] = {}
-    channel: dict[int, Moments] = {}
-    is_bn = [isinstance(m, MixBN) for _, m in layers]
+    acc: dict[int, Moments] = {}
 
-    def hook(i: int):
+    def hook(i: int, bn: bool):
         def fn(_m, inp):
             a = inp[0]
-            if is_bn[i]:
-                mo = Moments.of(a, [0] + list(range(2, a.dim())))
-                channel[i] = channel[i].merge(mo) if i in channel else mo
-            else:
-                mo = Moments.of(a, None)
-                scalar[i] = scalar[i].merge(mo) if i in scalar else mo
+            mo = Moments.of(a, [0] + list(range(2, a.dim())) if bn else None)
+            acc[i] = acc[i].merge(mo) if i in acc else mo
         return fn
 
-    handles = [m.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(layers)]
-    was_training = model.training
-    model.eval()
-    try:
+    with _hooked_eval(model, hook) as is_bn:
         for s in range(0, len(x), batch_size):
             model(x[s:s + batch_size])
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    per_layer = [channel[i].pooled() if is_bn[i] else scalar[i] for i in range(len(layers))]
-    return per_layer, [channel[i] for i in range(len(layers)) if is_bn[i]]
+    return [acc[i].pooled() if b else acc[i] for i, b in enumerate(is_bn)], [acc[i] for i, b in enumerate(is_bn) if b]
 
 
 @torch.no_grad()
-def grouped_statistics(model: nn.Module, xs: list[Tensor]) -> tuple[list[Moments], list[Moments]]:
-    """Like `layer_statistics` for G clients of equal size n at once: one forward of the concatenated data, each
-    hooked input viewed as [G, n, ...] so every client's moments come from one fused reduction."""
+def grouped_statistics(model: nn.Module, xs: list[Tensor]) -> list[tuple[list[Moments], list[Moments]]]:
+    """`layer_statistics` of G clients of equal size n in one forward of the concatenated data: each hooked input is
+    viewed as [G, n, ...] so every client's moments come from one fused reduction. One result per client."""
     g, n = len(xs), len(xs[0])
-    layers = stat_layers(model)
-    is_bn = [isinstance(m, MixBN) for _, m in layers]
-    out: dict[int, Moments] = {}
+    acc: dict[int, Moments] = {}
 
-    def hook(i: int):
+    def hook(i: int, bn: bool):
         def fn(_m, inp):
-            a = inp[0].reshape(g, n, *inp[0].shape[1:])
-            if is_bn[i]:
-                a = a.reshape(g, n, a.shape[2], -1)  # [G, n, C, H*W], a view: no copy of the activation
+            if bn:  # [G, n, C, H*W], a view: no copy of the activation
+                a = inp[0].reshape(g, n, inp[0].shape[1], -1)
                 var, mean = torch.var_mean(a, dim=(1, 3), correction=0)
                 k = n * a.shape[3]
-                out[i] = Moments(float(k), mean.double(), var.double() * k)
             else:
-                var, mean = torch.var_mean(a.reshape(g, -1), dim=1, correction=0)
-                k = a[0].numel()
-                out[i] = Moments(float(k), mean.double(), var.double() * k)
+                a = inp[0].reshape(g, -1)
+                var, mean = torch.var_mean(a, dim=1, correction=0)
+                k = a.shape[1]
+            acc[i] = Moments(float(k), mean.double(), var.double() * k)
         return fn
 
-    handles = [m.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(layers)]
-    was_training = model.training
-    model.eval()
-    try:
+    with _hooked_eval(model, hook) as is_bn:
         model(torch.cat(xs))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    return [out[i] for i in range(len(layers))], [out[i] for i in range(len(layers)) if is_bn[i]]
+    return [([acc[i][j].pooled() if b else acc[i][j] for i, b in enumerate(is_bn)],
+             [acc[i][j] for i, b in enumerate(is_bn) if b]) for j in range(g)]
 
 
 def kl_gauss(mu_p: Tensor, var_p: Tensor, mu_q: Tensor, var_q: Tensor) -> Tensor:
@@ -148,12 +143,13 @@ def sym_kl(mu_c: Tensor, var_c: Tensor, mu_pt: Tensor, var_pt: Tensor) -> Tensor
 
 def client_stats(model: nn.Module, x: Tensor, batch_size: int = 512) -> ClientStats:
     """The meta-nets' inputs for one client, from the pretrained model loaded into `model`."""
-    return _finish(model, *layer_statistics(model, x, batch_size))
+    return _finish(_bn_modules(model), *layer_statistics(model, x, batch_size))
 
 
 def many_client_stats(model: nn.Module, xs: list[Tensor], batch_size: int = 512) -> list[ClientStats]:
     """`client_stats` for many clients; runs of equal-sized clients share forward passes of ~batch_size samples."""
     out: list[ClientStats] = []
+    bns = _bn_modules(model)
     i = 0
     while i < len(xs):
         n = len(xs[i])
@@ -161,18 +157,18 @@ def many_client_stats(model: nn.Module, xs: list[Tensor], batch_size: int = 512)
         while i + g < len(xs) and len(xs[i + g]) == n and (g + 1) * n <= batch_size:
             g += 1
         if g == 1:
-            out.append(client_stats(model, xs[i], batch_size))
+            out.append(_finish(bns, *layer_statistics(model, xs[i], batch_size)))
         else:
-            per_layer, bn = grouped_statistics(model, xs[i:i + g])
-            out += [_finish(model, [m[j] if not isinstance(model_layer, MixBN) else m[j].pooled()
-                                    for m, (_, model_layer) in zip(per_layer, stat_layers(model))], [b[j] for b in bn])
-                    for j in range(g)]
+            out += [_finish(bns, *r) for r in grouped_statistics(model, xs[i:i + g])]
         i += g
     return out
 
 
-def _finish(model: nn.Module, per_layer: list[Moments], bn: list[Moments]) -> ClientStats:
+def _bn_modules(model: nn.Module) -> list[MixBN]:
+    return [m for m in model.modules() if isinstance(m, MixBN)]
+
+
+def _finish(bns: list[MixBN], per_layer: list[Moments], bn: list[Moments]) -> ClientStats:
     xs = torch.stack([torch.stack([m.mean, m.var.sqrt()]) for m in per_layer]).flatten()
-    bns = [m for m in model.modules() if isinstance(m, MixBN)]
     xi = torch.stack([sym_kl(c.mean, c.var, b.running_mean.double(), b.running_var.double()) for c, b in zip(bn, bns)])
     return ClientStats(xs.float(), [c.mean.float() for c in bn], [c.var.float() for c in bn], xi.float())

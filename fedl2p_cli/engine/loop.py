@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,14 +78,10 @@ class Timer:
     def add(self, name: str, seconds: float) -> None:
         self.t[name] = self.t.get(name, 0.0) + seconds
 
+    @contextmanager
     def section(self, name: str):
-        timer = self
-
-        class _S:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.add(name, time.perf_counter() - self.t0)
-
-        return _S()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol
 
-from ..artifacts import Artifact, Draft, Store
+from ..artifacts import Artifact, Draft, Store, artifact_id
 
 
 class Progress(Protocol):
@@ -38,7 +38,6 @@ def config_dict(cfg: Any, exclude: tuple[str, ...] = ()) -> dict:
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],
                    build: Callable[[Draft], None], force: bool = False) -> tuple[Artifact, bool]:
     """Return the artifact for these inputs, building it (atomically) only if it does not exist."""
-    from ..artifacts import artifact_id
     aid = artifact_id(stage, config, parents)
     if store.exists(stage, aid) and not force:
         return store.load(stage, aid), True

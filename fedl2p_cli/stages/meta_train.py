@@ -82,7 +82,7 @@ class Context:
                              self.cfg.meta, gen, timer)
 
 
-def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float, stats: StatsTable) -> dict:
+def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> dict:
     w = np.array([r.n for r in results], dtype=float)
     rec = {"round": rnd + 1, "clients": len(results),
            "val_loss": float(np.average([r.val_loss for r in results], weights=w)),
@@ -100,7 +100,7 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
     seen = ctx.part.pool(False)
     st = ckpt.load() or LoopState(0, {f"lam.{k}": v for k, v in lam0.items()} | {f"best.{k}": v for k, v in lam0.items()},
                                   extra={"best_val": math.inf, "best_round": 0, "stale": 0, "diverged": None})
-    progress.start("meta-train" + (f" ({cfg.variant()})"), cfg.rounds)
+    progress.start(f"meta-train ({cfg.variant()})", cfg.rounds)
     progress.advance(st.next_round)
     for rnd in range(st.next_round, cfg.rounds):
         if st.extra["diverged"] or (cfg.patience and st.extra["stale"] >= cfg.patience):
@@ -114,7 +114,7 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
             st.extra["diverged"] = f"round {rnd + 1}: {e}"
             ckpt.save(st)
             break
-        rec = _record(rnd, results, timer, t0, ctx.stats) | {"sampled": " ".join(map(str, sampled))}
+        rec = _record(rnd, results, timer, t0) | {"sampled": " ".join(map(str, sampled))}
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
             st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
             st.tensors |= {f"best.{k}": v for k, v in lam.items()}
@@ -157,7 +157,7 @@ def local(ctx: Context, lam0: Lambda, progress: Progress) -> tuple[Lambda, list[
             if r.val_loss < best_val:
                 best, best_val = lam, r.val_loss
             lam = r.lam
-            history.append({"client": c, **_record(s, [r], timer, t0, ctx.stats)})
+            history.append({"client": c, **_record(s, [r], timer, t0)})
         out |= {f"client{c}.{k}": v for k, v in best.items()}
         progress.advance(1)
     progress.stop()
