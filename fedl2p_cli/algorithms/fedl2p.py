@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..core.finetune import ClientBN, Strategy, eval_policy, finetune
 from ..core.functional import Params, evaluate, random_batch
 from ..core.hypergrad import fomaml_gradient, ift_hypergradient
-from ..core.metanets import DEFAULT_META_LR, Lambda, hyperparameters, sgd_update
+from ..core.metanets import DEFAULT_META_LR, Lambda, grad_report, hyperparameters, sgd_update
 from ..engine.loop import Timer
 from ..io.partition_h5 import ClientData
 
@@ -26,7 +26,7 @@ class Diverged(Exception):
 
 @dataclass
 class MetaConfig:
-    iterations: int = 1         # K
+    iterations: int = 3         # K (the authors' CIFAR-10 config: outer_loop_epochs 3)
     epochs: int = 5             # e, fine-tuning epochs per iteration
     batch_size: int = 32
     base_lr: float = 1e-3       # fine-tuning LR of the baselines and initial eta~
@@ -39,6 +39,8 @@ class MetaConfig:
     lr_bnnet: float = DEFAULT_META_LR["bnnet"]
     lr_lrnet: float = DEFAULT_META_LR["lrnet"]
     lr_eta: float = DEFAULT_META_LR["eta"]
+    client_bn: str = "precise"  # precise: recompute client BN statistics after fine-tuning | running (paper)
+    hidden_bias: str = "paper"  # paper: every meta-net bias is the constant (App. E) | zero: hidden biases 0
 
     @property
     def meta_lrs(self) -> dict[str, float]:
@@ -53,6 +55,7 @@ class ClientResult:
     train_loss: float
     beta: Tensor
     eta: Tensor
+    report: dict  # per-block meta-gradient norms before clipping and share clipped, mean over the K iterations
 
 
 def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
@@ -68,12 +71,12 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
     timer = timer or Timer()
     hyper = hyper_fn(xi, x, len(theta_g), cfg)
     (xt, yt), (xv, yv) = data.train, data.val
-    first_val = None
+    first_val, reports = None, []
     for _ in range(cfg.iterations):
         with torch.no_grad():
             beta, eta = hyper(lam)
         with timer.section("finetune"):
-            ft = finetune(model, theta_g, xt, yt, Strategy(beta, eta), bn0, cfg.epochs, cfg.batch_size, gen)
+            ft = finetune(model, theta_g, xt, yt, Strategy(beta, eta), bn0, cfg.epochs, cfg.batch_size, gen, cfg.client_bn)
         if first_val is None:
             with timer.section("finetune"):
                 first_val, _ = evaluate(model, ft.params, xv, yv, eval_policy(Strategy(beta, eta), ft.bn))
@@ -89,7 +92,9 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
                                      (xv[vi], yv[vi]), ft.bn)
         if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
             raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
+        reports.append(grad_report(mg.grads))
         lam = sgd_update(lam, mg.grads, cfg.meta_lrs)
     if not math.isfinite(first_val):
         raise Diverged(f"non-finite validation loss {first_val}")
-    return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1])
+    report = {k: sum(r[k] for r in reports) / len(reports) for k in reports[0]}
+    return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1], report)

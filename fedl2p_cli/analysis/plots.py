@@ -95,3 +95,44 @@ def distance_map(m: np.ndarray, names: list[str], title: str, path: Path) -> Non
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax)
     _save(fig, path)
+
+
+def learning_curves(history: list[dict], domains: list[str], path: Path) -> None:
+    """Is lambda learning, and what? Validation loss; beta per domain (colour) and BN layer (line style) as lambda
+    hands it to every seen client; mean eta per layer group; meta-gradient norm per block before clipping."""
+    r = [h["round"] for h in history]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ax = axes[0, 0]
+    ax.plot(r, [h["val_loss"] for h in history], label="mean val loss")
+    ax.plot(r, [h["train_loss"] for h in history], label="mean fine-tuning loss", alpha=0.6)
+    ax.set_title("losses of the sampled clients")
+    ax.legend(fontsize=7)
+    ax = axes[0, 1]
+    styles = ["-", "--", ":", "-."]
+    colors = plt.get_cmap("tab10")
+    for d, name in enumerate(domains):
+        layers = sorted(int(k.rsplit("_", 1)[1]) for k in history[0] if k.startswith(f"beta_{name}_"))
+        for j, b in enumerate(layers[:4] if len(layers) <= 4 else layers[::max(1, len(layers) // 4)][:4]):
+            ax.plot(r, [h[f"beta_{name}_{b}"] for h in history], color=colors(d % 10), ls=styles[j % 4],
+                    label=f"{name}" if j == 0 else None, lw=1.2)
+    ax.set_title("beta per domain (line style: BN layer)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=6, ncol=2)
+    ax = axes[1, 0]
+    groups = [k for k in history[-1] if k.startswith("etagroup_")]
+    for k in groups[:12]:
+        ax.plot(r, [h.get(k, np.nan) for h in history], label=k[9:], lw=1)
+    ax.set_yscale("log")
+    ax.set_title("mean learning rate per layer group")
+    ax.legend(fontsize=6, ncol=3)
+    ax = axes[1, 1]
+    for blk in ("bnnet", "lrnet", "eta"):
+        if f"gnorm_{blk}" in history[0]:
+            clipped = np.mean([h[f"clipped_{blk}"] for h in history])
+            ax.plot(r, [h[f"gnorm_{blk}"] for h in history], label=f"{blk} (clipped {100 * clipped:.1f}% of entries)")
+    ax.set_yscale("log")
+    ax.set_title("meta-gradient norm per block, before clipping")
+    ax.legend(fontsize=7)
+    for a in axes.flat:
+        a.set_xlabel("round")
+    _save(fig, path)

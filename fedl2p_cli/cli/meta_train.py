@@ -13,7 +13,8 @@ from . import options, render
 def meta_train(
     rounds: int = typer.Option(30, help="Communication rounds (paper: up to 500)."),
     fraction: float = typer.Option(0.1, help="Share r of the seen clients sampled per round."),
-    iterations: int = typer.Option(1, "--iterations", "-k", help="K: meta-iterations per client per round."),
+    iterations: int = typer.Option(3, "--iterations", "-k", help="K: meta-iterations per client per round (the authors' "
+                                   "CIFAR-10 config: 3)."),
     epochs: int = typer.Option(5, "--epochs", "-e", help="e: fine-tuning epochs per iteration (paper: 5 or 15)."),
     batch_size: int = typer.Option(32, help="Batch size of fine-tuning and of the hypergradient's batches."),
     base_lr: float = typer.Option(1e-3, help="Base fine-tuning LR: initial eta~ and the LR when LRNet is off."),
@@ -30,6 +31,17 @@ def meta_train(
     lr_lrnet: float = typer.Option(1e-3, help="SGD learning rate of LRNet."),
     lr_eta: float = typer.Option(1e-4, help="SGD learning rate of eta~."),
     patience: int = typer.Option(0, help="Stop after this many rounds without a lower mean validation loss (0: never)."),
+    client_bn: str = typer.Option("precise", help="Client BN statistics for the validation loss after fine-tuning: precise = "
+                                  "recomputed under the fine-tuned weights and the same beta (consistent with evaluation; not in "
+                                  "the paper) | running = the paper's momentum-0.1 running statistics (stale for layers >= 2)."),
+    hidden_bias: str = typer.Option("paper", help="Meta-net init: paper = every bias the constant 0.5 (BNNet) / 1.0 (LRNet), as "
+                                    "App. E and the authors' code | zero = hidden biases 0 (an ablation: input weights then "
+                                    "receive almost no gradient)."),
+    input_norm: str = typer.Option("none", help="none = raw xi and x as the paper | standardize = z-score every input feature "
+                                   "over the seen clients (not in the paper; the mean/SD are stored with lambda)."),
+    meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
+                                 "Adam on the mean client change (Reddi et al. 2021; not in the paper)."),
+    server_lr: float = typer.Option(1e-3, help="Step size of --meta-opt fedadam."),
     seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
@@ -37,11 +49,13 @@ def meta_train(
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
-    """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png."""
+    """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png,
+    learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""
     meta = MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
                       scale_by_psi=scale_by_psi, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
-                      lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta)
-    cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed, meta=meta)
+                      lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias)
+    cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
+                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)

@@ -24,6 +24,9 @@ def partition(
     seed: int = typer.Option(0, help="Seed of every random draw; the same seed gives an identical partition."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="FEDL2P_DATA", help="Where the dataset files are (see README)."),
     download: bool = typer.Option(False, help="Allow torchvision to download the dataset when it is not found."),
+    exclude: Optional[str] = typer.Option(None, "--exclude", help="A partition artifact id whose source images these clients "
+                                          "must not get (e.g. the partition a model was pretrained on, so that personalising "
+                                          "it to these clients uses images it never saw)."),
     plot: bool = typer.Option(True, help="Write label_mix.png, a heatmap of the clients' label mixes."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
@@ -31,7 +34,7 @@ def partition(
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
     cfg = stage.PartitionConfig(dataset, alpha, clients, samples_per_client, val_fraction, test_fraction, seed,
                                 unseen_fraction, options.csv_list(unseen_domains) or [], options.csv_list(corruptions),
-                                severity, str(data_dir) if data_dir else None, download)
+                                severity, str(data_dir) if data_dir else None, download, exclude)
     art, reused = stage.run(cfg, options.store(store), force, plot)
     show(art.metrics)
     render.artifact_line("partition", art.id, art.path, reused)

@@ -13,31 +13,34 @@ from . import options, render
 def personalize(
     unseen: bool = typer.Option(False, "--unseen", help="Evaluate the unseen pool (clients never used in meta-training)."),
     methods: str = typer.Option("ft-bnc,ft-bng,ft-bni,fedl2p", help="Comma-separated: ft-bnc (beta=1), ft-bng (beta=0), "
-                                "ft-bni (batch statistics), and meta-net variants by name (fedl2p, l2p, fedl2p-fomaml, "
+                                "ft-bni (batch statistics), ft-tuned (each client picks the best of {BN C, BN G, BN I} x "
+                                "{LR/10, LR, LR x10} and no fine-tuning on its own validation split; not in the paper, a "
+                                "stronger baseline), and meta-net variants by name (fedl2p, l2p, fedl2p-fomaml, "
                                 "fedl2p-bnnet, fedl2p-lrnet-b1, ...; the newest artifact of that variant)."),
     meta: Optional[List[str]] = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
     epochs: int = typer.Option(5, "--epochs", "-e", help="Fine-tuning epochs, the same budget for every method."),
     batch_size: int = typer.Option(32, help="Fine-tuning batch size (also the test batch size of BN I)."),
     base_lr: float = typer.Option(1e-3, help="Learning rate of the FT baselines."),
     seeds: str = typer.Option("0,1,2", help="Comma-separated seeds; the table reports mean ± SD over them."),
+    client_bn: str = typer.Option("precise", help="Client BN statistics used at test time by every method that mixes them "
+                                  "(BN C, FedL2P's beta): precise = recomputed after fine-tuning by one no-grad pass over the "
+                                  "client's train data under the same beta (PreciseBN; consistent, not in the paper) | running "
+                                  "= the paper's momentum-0.1 running statistics (started from stats.h5; stale for layers >= 2)."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
-    cfg = stage.PersonalizeConfig(unseen, options.csv_list(methods), epochs, batch_size, base_lr, options.int_list(seeds))
+    cfg = stage.PersonalizeConfig(unseen, options.csv_list(methods), epochs, batch_size, base_lr, options.int_list(seeds),
+                                  client_bn)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress())
     show(json.loads(art.file("summary.json").read_text()))
     render.artifact_line("personalize", art.id, art.path, reused)
 
 
 def show(s: dict) -> None:
-    rows = [["global model", f"{100 * s['global_acc']:.2f}", "", "", ""]]
-    for m, v in s["methods"].items():
-        rows.append([stage.LABELS.get(m, m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}",
-                     f"{100 * v['vs_best_baseline']:+.2f}" if "vs_best_baseline" in v else "",
-                     f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
-                     f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""])
+    rows = [["global model", f"{100 * s['global_acc']:.2f}", "", "", "", ""]]
+    rows += [stage.row_cells(m, v) for m, v in s["methods"].items()]
     render.table(f"personalised accuracy (%), {s['pool']} clients ({s['clients']}), seeds {s['seeds']}",
-                 ["method", "accuracy", "Δ vs best FT", "clients better", "sparsity"], rows)
+                 ["method", "accuracy", "Δ vs best FT", "Δ vs FT tuned", "clients better", "sparsity"], rows)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .bn import BNPolicy, update_running
-from .functional import Params, ce_loss, evaluate, shuffled_batches
+from .bn import BNPolicy, MixBN, update_running
+from .functional import Params, ce_loss, evaluate, forward, shuffled_batches
+
+CLIENT_BN = ("precise", "running")  # how the client's statistics for evaluation are obtained after fine-tuning
 
 
 @dataclass
@@ -52,7 +54,10 @@ def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
 
 
 def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN, epochs: int,
-             batch_size: int, gen: torch.Generator) -> FinetuneResult:
+             batch_size: int, gen: torch.Generator, client_bn: str = "precise") -> FinetuneResult:
+    """e epochs of SGD under (beta, eta). client_bn="precise" then recomputes the client's BN statistics under the
+    fine-tuned weights and the same beta (`precise_bn`); "running" keeps the momentum-0.1 running statistics
+    started from the stored ones (the paper's behaviour, stale for layers >= 2)."""
     bn = bn.copy()
     prev, last, losses = params, torch.arange(min(batch_size, len(y))), []
     s = Strategy(None if s.beta is None else s.beta.detach(), s.lr.detach())
@@ -61,7 +66,59 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
             prev, last = params, idx
             params, l = sgd_step(model, params, x[idx], y[idx], s, bn)
             losses.append(l)
+    if client_bn == "precise" and s.beta is not None:
+        bn = precise_bn(model, params, x, s.beta)
     return FinetuneResult(params, bn, prev, last, sum(losses) / max(len(losses), 1))
+
+
+class _Stop(Exception):
+    """Ends a statistics forward once the layer being measured has been seen."""
+
+
+class _LayerwisePolicy(BNPolicy):
+    """Layers before `target` normalise with the finished client statistics (mixed by beta); `target` accumulates
+    the moments of its input (float64 sums) and the forward stops there."""
+
+    def __init__(self, beta: Tensor, mean: list[Tensor], var: list[Tensor], target: int, acc: list[Tensor]):
+        super().__init__(beta, mean, var, train=False)
+        self.target, self.acc = target, acc
+
+    def normalize(self, m: MixBN, x: Tensor) -> Tensor:
+        if m.bn_index < self.target:
+            return super().normalize(m, x)
+        if m.bn_index == self.target:
+            dims = [0] + list(range(2, x.dim()))
+            xd = x.double()
+            self.acc[0] += xd.sum(dims)
+            self.acc[1] += xd.pow(2).sum(dims)
+            self.acc[2] += x.numel() // x.shape[1]
+        raise _Stop
+
+
+@torch.no_grad()
+def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk: int = 1024) -> ClientBN:
+    """The client's population BN statistics under `params` and `beta` (PreciseBN, Wu & Johnson 2021): layer b's
+    statistics are those of its input when every earlier layer normalises with its own client statistics mixed by
+    beta, i.e. exactly what a beta-mixed evaluation forward feeds it. Up to `chunk` samples: one full-batch
+    training-mode forward. Larger clients: one chunked pass per BN layer (each stops at its layer)."""
+    if len(x) <= chunk:
+        pol = BNPolicy(beta, train=True)
+        forward(model, params, x, pol)
+        order = sorted(pol.recorded)
+        return ClientBN([pol.recorded[i][0] for i in order], [pol.recorded[i][1] for i in order])
+    n_bn = len(beta)
+    mean: list[Tensor] = [torch.empty(0)] * n_bn
+    var: list[Tensor] = [torch.empty(0)] * n_bn
+    for b in range(n_bn):
+        acc: list = [0.0, 0.0, 0]
+        for i in range(0, len(x), chunk):
+            try:
+                forward(model, params, x[i:i + chunk], _LayerwisePolicy(beta, mean, var, b, acc))
+            except _Stop:
+                pass
+        mu = acc[0] / acc[2]
+        mean[b], var[b] = mu.float(), (acc[1] / acc[2] - mu * mu).clamp_min(0).float()
+    return ClientBN(mean, var)
 
 
 def eval_policy(s: Strategy, bn: ClientBN) -> BNPolicy:

@@ -12,6 +12,7 @@ HIDDEN = 100
 BETA_RANGE, LR_RANGE = (0.0, 1.0), (0.0, 1000.0)
 GROUPS = ("bnnet", "lrnet", "eta")
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}
+HIDDEN_BIAS = ("paper", "zero")  # App. E: every bias is the constant; "zero": hidden biases 0 (an ablation)
 
 
 def clamp_ste(x: Tensor, lo: float, hi: float) -> Tensor:
@@ -19,16 +20,21 @@ def clamp_ste(x: Tensor, lo: float, hi: float) -> Tensor:
     return x + (x.clamp(lo, hi) - x).detach()
 
 
-def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generator, gain: float = 0.1) -> Lambda:
-    """3-layer MLP d_in -> 100 -> 100 -> d_out; Xavier-normal (gain 0.1) weights. The output bias is the constant
-    that sets the initial output (App. E: 0.5 for BNNet, 1.0 for LRNet); hidden biases are 0 so that hidden units
-    do not shift it (with constant hidden biases LRNet would start +-20% off per tensor)."""
+def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generator, gain: float = 0.1,
+             hidden_bias: str = "paper") -> Lambda:
+    """3-layer MLP d_in -> 100 -> 100 -> d_out; Xavier-normal (gain 0.1) weights and, as App. E and the authors'
+    `weights_init` do, *every* bias set to the constant (0.5 BNNet, 1.0 LRNet). The constant hidden biases keep the
+    hidden units active, so gradient reaches the input weights (with zero hidden biases only the output bias learns).
+    `hidden_bias="zero"` is the ablation that zeroes the hidden biases."""
+    if hidden_bias not in HIDDEN_BIAS:
+        raise ValueError(f"hidden_bias must be one of {HIDDEN_BIAS}")
     dims = [d_in, HIDDEN, HIDDEN, d_out]
     out: Lambda = {}
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         std = gain * math.sqrt(2.0 / (a + b))
         out[f"{prefix}.{i}.weight"] = torch.randn(b, a, generator=gen) * std
-        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias) if i == len(dims) - 2 else 0.0)
+        last = i == len(dims) - 2
+        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias) if last or hidden_bias == "paper" else 0.0)
     return out
 
 
@@ -41,14 +47,15 @@ def mlp(lam: Lambda, prefix: str, x: Tensor) -> Tensor:
     return h
 
 
-def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, seed: int) -> Lambda:
+def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, seed: int,
+                hidden_bias: str = "paper") -> Lambda:
     """nets: 'both', 'bnnet' (LRs fixed at base_lr) or 'lrnet' (beta fixed)."""
     gen = torch.Generator().manual_seed(seed)
     lam: Lambda = {}
     if nets in ("both", "bnnet"):
-        lam |= init_mlp("bnnet", n_bn, n_bn, 0.5, gen)
+        lam |= init_mlp("bnnet", n_bn, n_bn, 0.5, gen, hidden_bias=hidden_bias)
     if nets in ("both", "lrnet"):
-        lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen)
+        lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen, hidden_bias=hidden_bias)
         lam["eta"] = torch.full((n_params,), float(base_lr))
     return lam
 
@@ -74,3 +81,52 @@ def group_of(name: str) -> str:
 def sgd_update(lam: Lambda, grads: Lambda, lrs: dict[str, float], clip: float = 1.0) -> Lambda:
     """lambda <- lambda - zeta * clip(g, [-1, 1]), with a learning rate per group."""
     return {k: v - lrs[group_of(k)] * grads[k].clamp(-clip, clip) for k, v in lam.items()}
+
+
+def grad_report(grads: Lambda, clip: float = 1.0) -> dict[str, float]:
+    """Per block (BNNet, LRNet, eta~): L2 norm of the meta-gradient before clipping, and the share of its entries
+    that the element-wise clip changes. Shows whether (and where) the meta-nets receive signal."""
+    out: dict[str, float] = {}
+    for g in GROUPS:
+        vals = [v.reshape(-1) for k, v in grads.items() if group_of(k) == g]
+        if vals:
+            flat = torch.cat(vals)
+            out[f"gnorm_{g}"] = float(flat.norm())
+            out[f"clipped_{g}"] = float((flat.abs() > clip).float().mean())
+    return out
+
+
+class ServerAdam:
+    """FedAdam (Reddi et al., 2021) on lambda: the server treats -(mean client change) as a pseudo-gradient and
+    applies Adam with its own step size. Not in the FedL2P paper (whose server takes the plain FedAvg of lambda):
+    it is the optional meta-optimizer `--meta-opt fedadam`. Adam normalises each entry's step, so input weights
+    whose hypergradients are 1e-4 of the output bias's still move; the moments persist across rounds (they are
+    part of the checkpoint)."""
+
+    def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8):
+        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
+
+    def step(self, lam: Lambda, averaged: Lambda, state: dict[str, Tensor], t: int) -> tuple[Lambda, dict[str, Tensor]]:
+        """t counts server steps from 1. state holds m.<key> and v.<key>; returns the new lambda and state."""
+        new_lam, new_state = {}, {}
+        for k, v in lam.items():
+            g = v - averaged[k]
+            m = self.b1 * state.get(f"m.{k}", torch.zeros_like(v)) + (1 - self.b1) * g
+            s = self.b2 * state.get(f"v.{k}", torch.zeros_like(v)) + (1 - self.b2) * g * g
+            mh, sh = m / (1 - self.b1 ** t), s / (1 - self.b2 ** t)
+            new_lam[k] = v - self.lr * mh / (sh.sqrt() + self.eps)
+            new_state[f"m.{k}"], new_state[f"v.{k}"] = m, s
+        return new_lam, new_state
+
+
+def input_normalizer(xi: Tensor, x: Tensor) -> dict[str, Tensor]:
+    """Per-feature mean and SD over the seen clients' (xi, x), for `--input-norm standardize` (not in the paper:
+    xi spans 0.02-1.5 across layers and x spans orders of magnitude, against weights of ~0.01)."""
+    return {"xi_mean": xi.mean(0), "xi_sd": xi.std(0, unbiased=False).clamp_min(1e-6),
+            "x_mean": x.mean(0), "x_sd": x.std(0, unbiased=False).clamp_min(1e-6)}
+
+
+def normalize_inputs(norm: dict[str, Tensor] | None, xi: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    if not norm:
+        return xi, x
+    return (xi - norm["xi_mean"]) / norm["xi_sd"], (x - norm["x_mean"]) / norm["x_sd"]

@@ -9,6 +9,8 @@ Layout (plain h5py):
   /beta/<m>    float32 [C, B]         beta used (NaN rows for BN I)
   /eta/<m>     float32 [C, |P|]       per-tensor learning rate used
   /sparsity/<m> float64 [C]           share of parameters (elements) whose learning rate is 0
+  /candidates  float64 [S, C, K, 3]   only with ft-tuned: per seed, client and candidate recipe
+                                      (core.selection.candidates() order) its val loss, val accuracy, test accuracy
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Results:
     eta: dict[str, np.ndarray]
     sparsity: dict[str, np.ndarray]
     attrs: dict
+    candidates: np.ndarray | None = None
 
 
 def write(path: Path, r: Results) -> None:
@@ -44,6 +47,8 @@ def write(path: Path, r: Results) -> None:
         f["client"], f["domain"], f["acc_before"], f["acc_after"] = r.client, r.domain, r.acc_before, r.acc_after
         for m in r.methods:
             f[f"beta/{m}"], f[f"eta/{m}"], f[f"sparsity/{m}"] = r.beta[m], r.eta[m], r.sparsity[m]
+        if r.candidates is not None:
+            f["candidates"] = r.candidates
 
 
 def read(path: Path) -> Results:
@@ -52,4 +57,5 @@ def read(path: Path) -> Results:
         return Results(methods, json.loads(f.attrs["seeds"]), str(f.attrs["pool"]), f["client"][...], f["domain"][...],
                        f["acc_before"][...], f["acc_after"][...], {m: f[f"beta/{m}"][...] for m in methods},
                        {m: f[f"eta/{m}"][...] for m in methods}, {m: f[f"sparsity/{m}"][...] for m in methods},
-                       {k: f.attrs[k] for k in f.attrs if k not in ("methods", "seeds", "pool")})
+                       {k: f.attrs[k] for k in f.attrs if k not in ("methods", "seeds", "pool")},
+                       f["candidates"][...] if "candidates" in f else None)

@@ -27,7 +27,7 @@ def features(stats_table, results, method: str | None) -> tuple[dict[str, np.nda
     clients = results.client
     rows = np.array([stats_table.row(int(c)) for c in clients])
     feats = {"xi": stats_table.xi.numpy()[rows], "x": stats_table.x.numpy()[rows]}
-    metas = [m for m in results.methods if m not in personalize_stage.BASELINES]
+    metas = [m for m in results.methods if m not in personalize_stage.HANDMADE]
     if method is not None and method not in metas:
         raise FedL2PError(f"method '{method}' has no learned beta/eta in this personalize artifact (has: {', '.join(metas) or 'none'})")
     method = method or (metas[0] if metas else None)

@@ -12,8 +12,10 @@ import torch
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import weighted_average
+from ..core.finetune import CLIENT_BN
 from ..core.hypergrad import HESSIANS
-from ..core.metanets import Lambda, init_lambda
+from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
+                             normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients
 from ..errors import FedL2PError
 from ..io import weights
@@ -25,6 +27,9 @@ from .common import NoProgress, Progress, build_or_reuse
 from .pretrain import write_history
 
 NETS = ("both", "bnnet", "lrnet")
+INPUT_NORMS = ("none", "standardize")
+META_OPTS = ("fedavg", "fedadam")
+NORM_PREFIX = "input_norm."
 
 
 @dataclass
@@ -35,6 +40,9 @@ class MetaTrainConfig:
     local: bool = False      # L2P: every client learns its own lambda, no aggregation
     patience: int = 0        # stop after this many rounds without a better mean validation loss (0: never)
     seed: int = 0
+    input_norm: str = "none"     # standardize: z-score xi and x over the seen clients (not in the paper)
+    meta_opt: str = "fedavg"     # fedavg: the paper's server | fedadam: Adam on the mean client change (not in the paper)
+    server_lr: float = 1e-3      # FedAdam step size
     meta: MetaConfig = field(default_factory=MetaConfig)
 
     def variant(self) -> str:
@@ -48,6 +56,14 @@ class MetaTrainConfig:
             name += "-bnnet"
         elif self.nets == "lrnet":
             name += f"-lrnet-b{self.meta.fixed_beta:g}"
+        if self.input_norm == "standardize":
+            name += "-std"
+        if self.meta_opt == "fedadam":
+            name += "-adam"
+        if self.meta.hidden_bias == "zero":
+            name += "-zerobias"
+        if self.meta.client_bn == "running":
+            name += "-runningbn"
         return name
 
 
@@ -64,6 +80,12 @@ def check(cfg: MetaTrainConfig) -> None:
         raise FedL2PError(f"--fraction must be in (0, 1], got {cfg.fraction}")
     if not 0 <= cfg.meta.fixed_beta <= 1:
         raise FedL2PError(f"--beta must be in [0, 1], got {cfg.meta.fixed_beta}")
+    for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
+                         ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS)):
+        if val not in ok:
+            raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
+    if not (math.isfinite(cfg.server_lr) and cfg.server_lr > 0):
+        raise FedL2PError(f"--server-lr must be a positive number, got {cfg.server_lr}")
 
 
 @dataclass
@@ -75,11 +97,35 @@ class Context:
     part: object
     stats: StatsTable
     cfg: MetaTrainConfig
+    norm: dict | None = None  # input standardisation, from the seen clients (None: raw inputs, as the paper)
+
+    def inputs(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return normalize_inputs(self.norm, *self.stats.inputs(c))
 
     def update(self, c: int, lam: Lambda, gen: torch.Generator, timer: Timer) -> ClientResult:
-        xi, x = self.stats.inputs(c)
+        xi, x = self.inputs(c)
         return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
                              self.cfg.meta, gen, timer)
+
+    def snapshot(self, lam: Lambda) -> dict:
+        """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
+        group (top-level module). Cheap (meta-net forwards only); makes the learning visible."""
+        seen = self.part.pool(False)
+        n_p = len(self.theta_g)
+        with torch.no_grad():
+            outs = [hyperparameters(lam, *self.inputs(c), n_p, self.cfg.meta.base_lr, self.cfg.meta.fixed_beta) for c in seen]
+        beta = torch.stack([o[0] for o in outs])
+        eta = torch.stack([o[1] for o in outs]).mean(0)
+        dom = torch.as_tensor(self.part.domain[seen])
+        rec = {}
+        for d, name in enumerate(self.part.domain_names):
+            if (dom == d).any():
+                rec |= {f"beta_{name}_{i}": float(b) for i, b in enumerate(beta[dom == d].mean(0))}
+        groups: dict[str, list[float]] = {}
+        for name, e in zip(self.theta_g, eta):
+            groups.setdefault(name.split(".")[0], []).append(float(e))
+        rec |= {f"etagroup_{g}": float(np.mean(v)) for g, v in groups.items()}
+        return rec
 
 
 def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> dict:
@@ -91,6 +137,7 @@ def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> d
     eta = torch.stack([r.eta for r in results]).mean(0)
     rec |= {f"beta_{i}": float(b) for i, b in enumerate(beta)}
     rec |= {f"eta_{i}": float(e) for i, e in enumerate(eta)}
+    rec |= {k: float(np.mean([r.report[k] for r in results])) for k in results[0].report}
     rec |= {f"{k}_s": v for k, v in timer.t.items()} | {"round_s": time.perf_counter() - t0}
     return rec
 
@@ -114,7 +161,7 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
             st.extra["diverged"] = f"round {rnd + 1}: {e}"
             ckpt.save(st)
             break
-        rec = _record(rnd, results, timer, t0) | {"sampled": " ".join(map(str, sampled))}
+        rec = _record(rnd, results, timer, t0) | {"sampled": " ".join(map(str, sampled))} | ctx.snapshot(lam)
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
             st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
             st.tensors |= {f"best.{k}": v for k, v in lam.items()}
@@ -122,6 +169,10 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
             st.extra["stale"] += 1
         with timer.section("aggregate"):
             new = weighted_average([r.lam for r in results], [r.n for r in results])
+            if cfg.meta_opt == "fedadam":
+                state = {k[5:]: v for k, v in st.tensors.items() if k.startswith("opt.")}
+                new, state = ServerAdam(cfg.server_lr).step(lam, new, state, rnd + 1)
+                st.tensors |= {f"opt.{k}": v for k, v in state.items()}
         st.tensors |= {f"lam.{k}": v for k, v in new.items()}
         st.history.append(rec)
         st.next_round = rnd + 1
@@ -189,8 +240,13 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
         theta_g = {n: state[n] for n, _ in model.named_parameters()}
-        lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed)
-        ctx = Context(model, theta_g, part, table, cfg)
+        lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed,
+                           cfg.meta.hidden_bias)
+        norm = None
+        if cfg.input_norm == "standardize":
+            rows = [table.row(c) for c in part.pool(False)]
+            norm = input_normalizer(table.xi[rows], table.x[rows])
+        ctx = Context(model, theta_g, part, table, cfg, norm)
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
@@ -198,18 +254,24 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             lam, history, extra = local(ctx, lam0, progress or NoProgress())
         else:
             lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress())
-        weights.save(draft.path("lambda.safetensors"), lam, {"variant": cfg.variant()})
+        stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
+        weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})
         write_history(draft.path("history.csv"), history)
         curve = summarize_rounds(history, cfg.local)
         draft.metrics = {"variant": cfg.variant(), "rounds_run": len(curve), "first_val_loss": curve[0]["val_loss"],
                          "last_val_loss": curve[-1]["val_loss"], "best_val_loss": min(h["val_loss"] for h in curve),
                          "best_round": extra.get("best_round"), "diverged": extra.get("diverged")}
-        from ..analysis.plots import meta_curves
+        from ..analysis.plots import learning_curves, meta_curves
         meta_curves(curve, draft.path("val_loss.png"))
+        if not cfg.local:
+            learning_curves(history, part.domain_names, draft.path("learning.png"))
 
     return build_or_reuse(store, "meta-train", config, parents, build, force)
 
 
-def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda]:
+def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:
+    """lambda, and the input standardisation it was trained with (None: raw inputs)."""
     art = store.load("meta-train", ref)
-    return art, weights.load(art.file("lambda.safetensors"))
+    stored = weights.load(art.file("lambda.safetensors"))
+    norm = {k[len(NORM_PREFIX):]: v for k, v in stored.items() if k.startswith(NORM_PREFIX)}
+    return art, {k: v for k, v in stored.items() if not k.startswith(NORM_PREFIX)}, norm or None

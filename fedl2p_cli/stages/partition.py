@@ -34,6 +34,7 @@ class PartitionConfig:
     severity: int = 3
     data_dir: str | None = None  # a location, not part of the artifact's identity
     download: bool = False
+    exclude: str | None = None   # a partition id: its source images are not given to these clients
 
 
 def _domains(cfg: PartitionConfig, ds: datasets.Dataset) -> tuple[list[str], list[np.ndarray], bool]:
@@ -50,10 +51,12 @@ def _domains(cfg: PartitionConfig, ds: datasets.Dataset) -> tuple[list[str], lis
     return ["all"], [np.arange(len(ds))], False
 
 
-def build_partition(cfg: PartitionConfig, ds: datasets.Dataset) -> partition_h5.Partition:
+def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> partition_h5.Partition:
     if cfg.clients <= 0:
         raise FedL2PError(f"--clients must be positive, got {cfg.clients}")
     names, pools, generated = _domains(cfg, ds)
+    if excluded is not None and len(excluded):  # e.g. the images a model was pretrained on
+        pools = [p[~np.isin(p, excluded)] for p in pools]
     if cfg.clients < len(names):
         raise FedL2PError(f"{len(names)} domains need at least as many clients, got --clients {cfg.clients}")
     unknown = [d for d in cfg.unseen_domains if d not in names]
@@ -113,10 +116,17 @@ def check(cfg: PartitionConfig) -> None:
 
 def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False) -> tuple[Artifact, bool]:
     check(cfg)
+    excluded = None
+    if cfg.exclude:
+        ex_art, ex = load(store, cfg.exclude)
+        if GENERATED.get(ex.dataset, ex.dataset) != GENERATED.get(cfg.dataset, cfg.dataset):
+            raise FedL2PError(f"--exclude {ex_art.id} partitions '{ex.dataset}', not the same source images as '{cfg.dataset}'")
+        cfg.exclude, excluded = ex_art.id, ex.source_index.numpy()
+
     def build(draft: Draft) -> None:
         ds = datasets.load(GENERATED.get(cfg.dataset, cfg.dataset), Path(cfg.data_dir) if cfg.data_dir else None,
                            cfg.download, cfg.corruptions, cfg.severity)
-        part = build_partition(cfg, ds)
+        part = build_partition(cfg, ds, excluded)
         partition_h5.write(draft.path("partition.h5"), part)
         draft.metrics = summary(part)
         if plot:

@@ -11,7 +11,10 @@ import torch
 from ..algorithms.fedl2p import hyper_fn
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Draft, Store
-from ..core.finetune import Strategy, finetune, personalized_accuracy
+from ..core.finetune import CLIENT_BN, Strategy, finetune, personalized_accuracy
+from ..core.functional import evaluate
+from ..core.metanets import normalize_inputs
+from ..core.selection import NO_FT, candidates, select_by_validation
 from ..engine.loop import generator
 from ..errors import FedL2PError
 from ..io import results_h5
@@ -23,8 +26,10 @@ from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse
 from .pretrain import global_accuracy
 
-BASELINES = ("ft-bnc", "ft-bng", "ft-bni")
-LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)"}
+BASELINES = ("ft-bnc", "ft-bng", "ft-bni")   # the paper's hand-made strategies ("best FT" is the best of these)
+TUNED = "ft-tuned"                            # each client picks policy and LR on its own validation split
+HANDMADE = (*BASELINES, TUNED)
+LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)", TUNED: "FT tuned (val)"}
 
 
 @dataclass
@@ -35,6 +40,7 @@ class PersonalizeConfig:
     batch_size: int = 32
     base_lr: float = 1e-3
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    client_bn: str = "precise"  # precise: client BN statistics recomputed after fine-tuning | running (the paper's)
 
 
 @dataclass
@@ -43,6 +49,7 @@ class MetaMethod:
     art_id: str
     lam: dict
     meta: MetaConfig
+    norm: dict | None = None
 
 
 def check(cfg: PersonalizeConfig) -> None:
@@ -50,6 +57,8 @@ def check(cfg: PersonalizeConfig) -> None:
         raise FedL2PError("--epochs must be positive, --batch-size >= 2, --base-lr > 0 and --seeds non-empty")
     if len(set(cfg.methods)) != len(cfg.methods):
         raise FedL2PError("--methods lists a method twice")
+    if cfg.client_bn not in CLIENT_BN:
+        raise FedL2PError(f"unknown --client-bn '{cfg.client_bn}'; choose one of: {', '.join(CLIENT_BN)}")
 
 
 def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pretrain_id: str, table: StatsTable) -> list[MetaMethod]:
@@ -57,19 +66,19 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
     arts = [store.load("meta-train", r) for r in meta_refs]
     known = {a.metrics.get("variant") for a in arts}
     for m in cfg.methods:
-        if m in BASELINES or m in known:
+        if m in HANDMADE or m in known:
             continue
         cands = [a for a in store.iter("meta-train") if a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id]
         if not cands:
-            raise FedL2PError(f"unknown method '{m}': not a baseline ({', '.join(BASELINES)}) and no meta-train artifact "
+            raise FedL2PError(f"unknown method '{m}': not a baseline ({', '.join(HANDMADE)}) and no meta-train artifact "
                               f"of that variant for pretrained model {pretrain_id}")
         arts.append(store.load("meta-train", max(cands, key=lambda a: a.manifest["created"]).id))
     out = []
     for a in arts:
-        _, lam = meta_stage.load_lambda(store, a.id)
+        _, lam, norm = meta_stage.load_lambda(store, a.id)
         check_shapes(a, lam, table)
         meta = MetaConfig(**a.config["meta"])
-        out.append(MetaMethod(a.metrics["variant"], a.id, lam, meta))
+        out.append(MetaMethod(a.metrics["variant"], a.id, lam, meta, norm))
     return out
 
 
@@ -86,17 +95,10 @@ def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
 
 def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: StatsTable, n_bn: int,
                n_p: int) -> dict[str, Strategy | None]:
-    lr = torch.full((n_p,), cfg.base_lr)
-    out: dict[str, Strategy | None] = {}
-    for m in cfg.methods:
-        if m == "ft-bnc":
-            out[m] = Strategy(torch.ones(n_bn), lr)
-        elif m == "ft-bng":
-            out[m] = Strategy(torch.zeros(n_bn), lr)
-        elif m == "ft-bni":
-            out[m] = Strategy(None, lr)
-    xi, x = table.inputs(c)
+    """The fixed strategy of every method but ft-tuned (which picks its own per client and seed)."""
+    out: dict[str, Strategy | None] = {m: _tuned_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if m in BASELINES}
     for mm in metas:
+        xi, x = normalize_inputs(mm.norm, *table.inputs(c))
         lam = mm.lam
         if any(k.startswith("client") for k in lam):  # L2P: per-client lambda; none for clients it never saw
             prefix = f"client{c}."
@@ -110,13 +112,37 @@ def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: S
     return out
 
 
+def _tuned_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int) -> Strategy:
+    lr = torch.full((n_p,), base_lr * factor)
+    return Strategy({"ft-bnc": torch.ones(n_bn), "ft-bng": torch.zeros(n_bn), "ft-bni": None}[name], lr)
+
+
+def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn: int, n_p: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every ft-tuned candidate's (validation loss, validation accuracy, test accuracy) for one client and seed;
+    candidate order as `selection.candidates()`. Rows are [val_loss, val_acc, test_acc]."""
+    out = np.zeros((len(candidates()), 3))
+    for i, (name, f) in enumerate(candidates()):
+        if name == NO_FT:
+            vl, va = evaluate(model, theta_g, *data.val)
+            out[i] = vl, va, evaluate(model, theta_g, *data.test)[1]
+            continue
+        s = _tuned_strategy(name, f, cfg.base_lr, n_bn, n_p)
+        ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
+        vl, va = personalized_accuracy(model, ft.params, *data.val, s, ft.bn, cfg.batch_size)
+        out[i] = vl, va, personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
+    return out
+
+
 def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table: StatsTable, metas: list[MetaMethod],
                   clients: list[int], progress: Progress) -> results_h5.Results:
     _, model, state = pretrain_stage.load(store, pre_id)
+    model.eval()
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     n_bn, n_p = table.xi.shape[1], len(theta_g)
-    methods = list(dict.fromkeys([m for m in cfg.methods if m in BASELINES] + [mm.name for mm in metas]))
+    tuned = TUNED in cfg.methods
+    methods = list(dict.fromkeys([m for m in cfg.methods if m in HANDMADE] + [mm.name for mm in metas]))
     acc = np.full((len(methods), len(cfg.seeds), len(clients)), np.nan)
+    cand = np.full((len(cfg.seeds), len(clients), len(candidates()), 3), np.nan) if tuned else None
     beta = {m: np.full((len(clients), n_bn), np.nan, dtype=np.float32) for m in methods}
     eta = {m: np.full((len(clients), n_p), np.nan, dtype=np.float32) for m in methods}
     sparsity = {m: np.full(len(clients), np.nan) for m in methods}
@@ -126,6 +152,7 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
     for j, c in enumerate(clients):
         data = part.client(c)
         before[j] = global_accuracy(model, state, *data.test)
+        model.eval()
         strat = strategies(cfg, metas, c, table, n_bn, n_p)
         for i, m in enumerate(methods):
             s = strat.get(m)
@@ -135,18 +162,23 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
             eta[m][j] = s.lr.numpy()
             sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
         for k, seed in enumerate(cfg.seeds):
+            gen_for = lambda: generator(seed, c, 7)  # noqa: E731  the same batch order for every method: paired
             for i, m in enumerate(methods):
                 s = strat.get(m)
                 if s is None:
                     continue
-                gen = generator(seed, c, 7)  # the same batch order for every method: a paired comparison
-                ft = finetune(model, theta_g, *data.train, s, table.client_bn(c), cfg.epochs, cfg.batch_size, gen)
+                ft = finetune(model, theta_g, *data.train, s, table.client_bn(c), cfg.epochs, cfg.batch_size, gen_for(),
+                              cfg.client_bn)
                 acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
+            if tuned:
+                cand[k, j] = tune_client(cfg, model, theta_g, data, table.client_bn(c), gen_for, n_bn, n_p)
+                pick = select_by_validation(cand[k, j, :, 1], cand[k, j, :, 0])
+                acc[methods.index(TUNED), k, j] = cand[k, j, pick, 2]
             progress.advance(1)
     progress.stop()
     return results_h5.Results(methods, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
                               part.domain[clients], before, acc, beta, eta, sparsity,
-                              {"epochs": cfg.epochs, "base_lr": cfg.base_lr})
+                              {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn}, cand)
 
 
 def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
@@ -174,19 +206,29 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
                 diff = np.nanmean(r.acc_after[i] - r.acc_after[bi], axis=0)  # per client, over seeds
                 rows[m]["vs_best_baseline"] = float(np.nanmean(diff))
                 rows[m]["clients_better"] = float(np.mean(diff[~np.isnan(diff)] > 0))
+    if TUNED in r.methods:
+        ti = r.methods.index(TUNED)
+        for i, m in enumerate(r.methods):
+            if m not in HANDMADE and not np.isnan(r.acc_after[i]).all():
+                rows[m]["vs_ft_tuned"] = float(np.nanmean(r.acc_after[i] - r.acc_after[ti]))
     return out
 
 
 def markdown(s: dict) -> str:
     lines = [f"Personalised test accuracy, {s['pool']} clients ({s['clients']}), mean ± SD over seeds {s['seeds']}", "",
-             "| method | accuracy (%) | Δ vs best FT | clients better | sparsity |", "|---|---|---|---|---|",
-             f"| global model | {100 * s['global_acc']:.2f} | | | |"]
+             "| method | accuracy (%) | Δ vs best FT | Δ vs FT tuned | clients better | sparsity |", "|---|---|---|---|---|---|",
+             f"| global model | {100 * s['global_acc']:.2f} | | | | |"]
     for m, v in s["methods"].items():
-        d = f"{100 * v['vs_best_baseline']:+.2f}" if "vs_best_baseline" in v else ""
-        cb = f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else ""
-        sp = f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""
-        lines.append(f"| {LABELS.get(m, m)} | {100 * v['mean']:.2f} ± {100 * v['sd']:.2f} | {d} | {cb} | {sp} |")
+        lines.append("| " + " | ".join(row_cells(m, v)) + " |")
     return "\n".join(lines) + "\n"
+
+
+def row_cells(m: str, v: dict) -> list[str]:
+    """One summary row: label, mean ± SD, Δ vs best FT, Δ vs ft-tuned, share of clients better, sparsity."""
+    fmt = lambda k: f"{100 * v[k]:+.2f}" if k in v else ""  # noqa: E731
+    return [LABELS.get(m, m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
+            f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
+            f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""]
 
 
 def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:

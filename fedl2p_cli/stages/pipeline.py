@@ -81,10 +81,23 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         on_step(r)
         return art
 
-    part = step("partition", "partition", lambda f: partition.run(_make(partition.PartitionConfig, "partition", s["partition"], name),
+    pre_sec = dict(s["pretrain"])
+    own = pre_sec.pop("partition", None)  # [pretrain.partition]: the model is pretrained on other clients
+    if own is not None and not isinstance(own, dict):
+        raise FedL2PError(f"pipeline {name}: [pretrain] partition must be a table ([pretrain.partition])")
+    pre_part = None
+    if own is not None:
+        pre_part = step("partition", "partition (pretraining clients)", lambda f: partition.run(
+            _make(partition.PartitionConfig, "pretrain.partition", own, name), p.store, f, plot=True))
+    part_sec = dict(s["partition"])
+    if part_sec.get("exclude") == "pretrain":  # the clients get no image the model was pretrained on
+        if pre_part is None:
+            raise FedL2PError(f"pipeline {name}: exclude = \"pretrain\" needs a [pretrain.partition] section")
+        part_sec["exclude"] = pre_part.id
+    part = step("partition", "partition", lambda f: partition.run(_make(partition.PartitionConfig, "partition", part_sec, name),
                                                                   p.store, f, plot=True))
-    pre = step("pretrain", "pretrain", lambda f: pretrain.run(_make(pretrain.PretrainConfig, "pretrain", s["pretrain"], name),
-                                                               p.store, part.id, f, True, progress()))
+    pre = step("pretrain", "pretrain", lambda f: pretrain.run(_make(pretrain.PretrainConfig, "pretrain", pre_sec, name),
+                                                               p.store, (pre_part or part).id, f, True, progress()))
     st = step("stats", "stats", lambda f: stats.run(_make(stats.StatsConfig, "stats", s.get("stats", {}), name), p.store,
                                                      part.id, pre.id, f, progress()))
     metas = s.get("meta-train", [])
@@ -98,10 +111,14 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         return p.results
     pers = dict(s["personalize"])
     pools = pers.pop("pools", ["seen"])
-    pers.pop("methods", None)
+    handmade = pers.pop("methods", list(personalize.BASELINES))
+    bad = [m for m in handmade if m not in personalize.HANDMADE] if isinstance(handmade, list) else [handmade]
+    if bad:
+        raise FedL2PError(f"pipeline {name}: [personalize] methods lists '{bad[0]}'; hand-made methods are: "
+                          f"{', '.join(personalize.HANDMADE)} (meta-net variants come from [[meta-train]])")
     last = None
     for pool in pools:
-        methods = list(personalize.BASELINES)
+        methods = list(handmade)
         cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": methods}, name)
         ids = [i for i in meta_ids if pool == "seen" or p.store.load("meta-train", i, verify=False).metrics.get("variant", "").startswith("fedl2p")]
         last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress()))
