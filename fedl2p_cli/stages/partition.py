@@ -37,13 +37,16 @@ class PartitionConfig:
     exclude: str | None = None   # a partition id: its source images are not given to these clients
 
 
-def _domains(cfg: PartitionConfig, ds: datasets.Dataset) -> tuple[list[str], list[np.ndarray], bool]:
-    """Domain names, each domain's pool of source indices, and whether corruptions are generated here."""
+def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
+    """Domain names, each domain's pool of source indices (without `excluded`), and whether corruptions are
+    generated here."""
     generated = cfg.dataset in GENERATED or (cfg.corruptions is not None and cfg.dataset in ("fmnist", "digits", "cifar10"))
     if generated:
         names = cfg.corruptions or corr.DEFAULT_DOMAINS
         corr.check(names, cfg.severity)
         perm = np.random.default_rng(cfg.seed).permutation(len(ds))
+        if excluded is not None:  # before the split, so every domain keeps an equal share
+            perm = perm[~np.isin(perm, excluded)]
         return list(names), np.array_split(perm, len(names)), True
     if ds.domains is not None:
         dom = ds.domains.numpy()
@@ -54,8 +57,8 @@ def _domains(cfg: PartitionConfig, ds: datasets.Dataset) -> tuple[list[str], lis
 def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> partition_h5.Partition:
     if cfg.clients <= 0:
         raise FedL2PError(f"--clients must be positive, got {cfg.clients}")
-    names, pools, generated = _domains(cfg, ds)
-    if excluded is not None and len(excluded):  # e.g. the images a model was pretrained on
+    names, pools, generated = _domains(cfg, ds, excluded)
+    if excluded is not None and not generated:  # e.g. the images a model was pretrained on
         pools = [p[~np.isin(p, excluded)] for p in pools]
     if cfg.clients < len(names):
         raise FedL2PError(f"{len(names)} domains need at least as many clients, got --clients {cfg.clients}")

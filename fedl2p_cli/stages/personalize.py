@@ -163,17 +163,20 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
             sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
         for k, seed in enumerate(cfg.seeds):
             gen_for = lambda: generator(seed, c, 7)  # noqa: E731  the same batch order for every method: paired
+            if tuned:  # its grid contains the FT baselines at the base LR (same batches): their rows come from it
+                cand[k, j] = tune_client(cfg, model, theta_g, data, table.client_bn(c), gen_for, n_bn, n_p)
+                pick = select_by_validation(cand[k, j, :, 1], cand[k, j, :, 0])
+                acc[methods.index(TUNED), k, j] = cand[k, j, pick, 2]
+                for m in BASELINES:
+                    if m in methods:
+                        acc[methods.index(m), k, j] = cand[k, j, candidates().index((m, 1.0)), 2]
             for i, m in enumerate(methods):
                 s = strat.get(m)
-                if s is None:
+                if s is None or (tuned and m in BASELINES):
                     continue
                 ft = finetune(model, theta_g, *data.train, s, table.client_bn(c), cfg.epochs, cfg.batch_size, gen_for(),
                               cfg.client_bn)
                 acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
-            if tuned:
-                cand[k, j] = tune_client(cfg, model, theta_g, data, table.client_bn(c), gen_for, n_bn, n_p)
-                pick = select_by_validation(cand[k, j, :, 1], cand[k, j, :, 0])
-                acc[methods.index(TUNED), k, j] = cand[k, j, pick, 2]
             progress.advance(1)
     progress.stop()
     return results_h5.Results(methods, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
