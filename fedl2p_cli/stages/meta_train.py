@@ -181,9 +181,7 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
         rec |= {"aggregate_s": timer.t.get("aggregate", 0.0), "io_s": timer.t.get("io", 0.0)}
         progress.advance(1, val=rec["val_loss"], best=st.extra["best_val"])
     progress.stop()
-    if not st.history:
-        raise FedL2PError(f"meta-training diverged before any round finished ({st.extra['diverged']}); "
-                          "lower the meta learning rates or --base-lr")
+    # diverged in round 1: the best lambda so far is the initial one (kept, with the warning in the metrics)
     best = {k[5:]: v for k, v in st.tensors.items() if k.startswith("best.")}
     return best, st.history, st.extra
 
@@ -258,9 +256,13 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})
         write_history(draft.path("history.csv"), history)
         curve = summarize_rounds(history, cfg.local)
-        draft.metrics = {"variant": cfg.variant(), "rounds_run": len(curve), "first_val_loss": curve[0]["val_loss"],
-                         "last_val_loss": curve[-1]["val_loss"], "best_val_loss": min(h["val_loss"] for h in curve),
+        draft.metrics = {"variant": cfg.variant(), "rounds_run": len(curve),
+                         "first_val_loss": curve[0]["val_loss"] if curve else None,
+                         "last_val_loss": curve[-1]["val_loss"] if curve else None,
+                         "best_val_loss": min(h["val_loss"] for h in curve) if curve else None,
                          "best_round": extra.get("best_round"), "diverged": extra.get("diverged")}
+        if not curve:
+            return
         from ..analysis.plots import learning_curves, meta_curves
         meta_curves(curve, draft.path("val_loss.png"))
         if not cfg.local:
