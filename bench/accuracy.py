@@ -44,7 +44,7 @@ META_COMMON = {"rounds": 20, "fraction": 0.25, "iterations": 3, "epochs": EPOCHS
                "seed": 0}
 # The paper's algorithm (IFT) and FOMAML+ with the paper's defaults (meta-LRs 1e-3, 1e-3, 1e-4), and the
 # options this project adds to make the meta-nets learn in that budget (each named in the method's variant).
-VARIANTS = [{}, {"meta_grad": "fomaml"},
+VARIANTS = [{}, {"psi_power": 5}, {"meta_grad": "fomaml"},
             {"meta_grad": "fomaml", "input_norm": "standardize", "meta_opt": "fedadam", "server_lr": 1e-3}]
 
 CELLS = {"fs-1000": ("feature", 1000.0), "fs-0.1": ("feature", 0.1), "ls-1000": ("label", 1000.0),
@@ -76,7 +76,11 @@ def run_cell(cell: str, full: bool = True) -> None:
     secs = sections(cell, full)
     p = pipeline.Pipeline(f"accuracy-{cell}", secs, pipeline.Store(STORE))
     t0 = time.time()
-    pipeline.run(p, None, RichProgress)
+    try:
+        pipeline.run(p, None, RichProgress)
+    except Exception as e:  # one failed cell must not hide the others; say which and why, at once
+        print(f"[{cell}] FAILED: {e.__class__.__name__}: {e}", flush=True)
+        return
     print(f"[{cell}] done in {time.time() - t0:.0f} s", flush=True)
 
 

@@ -170,3 +170,19 @@ def test_fomaml_against_finite_differences(setup):
         e[i] = h
         fd = (f(l0 + e) - f(l0 - e)) / (2 * h)
         assert abs(fd - got[i].item()) < 1e-7 + 1e-4 * abs(fd), (i, fd, got[i].item())
+
+
+def test_power_iteration_psi_is_the_neumann_series_at_one_over_lambda_max(setup):
+    """psi_power: the result equals the dense formula with psi = 1/lambda_max, lambda_max from torch.linalg.eigvalsh
+    of the dense Hessian (independent of the power iteration)."""
+    model, theta, lam, hyper, tb, vb, bn, (H, J, v, direct) = setup
+    lam_max = torch.linalg.eigvalsh(H).abs().max().item()
+    psi = 1.0 / lam_max
+    assert psi < 10.0  # the cap min(10, 1/lambda_max) is not what decides here
+    p, vv = v.clone(), v.clone()
+    for _ in range(3):
+        vv = vv - psi * H @ vv
+        p = p + vv
+    oracle = direct - J.T @ p
+    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=3, psi=10.0, hessian="exact", psi_power=200)
+    assert torch.allclose(flat(got.grads), oracle, rtol=1e-4, atol=1e-8)

@@ -39,6 +39,7 @@ class MetaConfig:
     lr_bnnet: float = DEFAULT_META_LR["bnnet"]
     lr_lrnet: float = DEFAULT_META_LR["lrnet"]
     lr_eta: float = DEFAULT_META_LR["eta"]
+    psi_power: int = 0          # >0: psi = min(psi, 1/lambda_max(H_T)) by that many power iterations (not in the paper)
     client_bn: str = "precise"  # precise: recompute client BN statistics after fine-tuning | running (paper)
     hidden_bias: str = "paper"  # paper: every meta-net bias is the constant (App. E) | zero: hidden biases 0
 
@@ -86,7 +87,7 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             if cfg.meta_grad == "ift":
                 ti = random_batch(len(yt), cfg.batch_size, gen)
                 mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
-                                       cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian)
+                                       cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power)
             else:
                 mg = fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
                                      (xv[vi], yv[vi]), ft.bn)

@@ -56,6 +56,8 @@ class MetaTrainConfig:
             name += "-bnnet"
         elif self.nets == "lrnet":
             name += f"-lrnet-b{self.meta.fixed_beta:g}"
+        if self.meta.psi_power > 0 and self.meta.meta_grad == "ift":
+            name += "-psipow"
         if self.input_norm == "standardize":
             name += "-std"
         if self.meta_opt == "fedadam":
@@ -74,8 +76,8 @@ def check(cfg: MetaTrainConfig) -> None:
         raise FedL2PError(f"unknown --meta-grad '{cfg.meta.meta_grad}'; choose ift or fomaml")
     if cfg.meta.hessian not in HESSIANS:
         raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
-    if cfg.rounds <= 0 or cfg.meta.iterations <= 0 or cfg.meta.epochs <= 0 or cfg.meta.q < 0:
-        raise FedL2PError("--rounds, --iterations and --epochs must be positive and --q non-negative")
+    if cfg.rounds <= 0 or cfg.meta.iterations <= 0 or cfg.meta.epochs <= 0 or cfg.meta.q < 0 or cfg.meta.psi_power < 0:
+        raise FedL2PError("--rounds, --iterations and --epochs must be positive and --q and --psi-power non-negative")
     if not 0 < cfg.fraction <= 1:
         raise FedL2PError(f"--fraction must be in (0, 1], got {cfg.fraction}")
     if not 0 <= cfg.meta.fixed_beta <= 1:
