@@ -1,5 +1,4 @@
 import csv
-import math
 
 import pytest
 import torch
