@@ -241,7 +241,8 @@ def beta_report(done: list[list[dict]]) -> str:
                           "| domain | " + " | ".join(f"bn{i}" for i in range(len(next(iter(v['beta_per_domain'].values()))))) + " |",
                           "|---" * (1 + len(next(iter(v['beta_per_domain'].values())))) + "|"]
                 lines += [f"| {d} | " + " | ".join(f"{b:.3f}" for b in bs) + " |" for d, bs in v["beta_per_domain"].items()]
-                lines.append("")
+                spread = np.ptp(np.array(list(v["beta_per_domain"].values())), axis=0)
+                lines += ["| spread (max − min) | " + " | ".join(f"{b:.3f}" for b in spread) + " |", ""]
             if "sweep" in r:
                 lines += [f"What the data asks for, feature shift α = {r['alpha']:g}: test accuracy (%) of FT with one fixed β "
                           "in every BN layer (seen clients, seed 0, base LR)", "",
