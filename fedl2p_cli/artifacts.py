@@ -189,6 +189,12 @@ class Store:
 
     @staticmethod
     def verify(art: Artifact) -> None:
+        """Every file's sha256, and the manifest itself: its id must be recomputable from its stage, config and
+        parents (an edited config or parent list, or a renamed folder, fails)."""
+        m = art.manifest
+        if artifact_id(m.get("stage", ""), m.get("config", {}), m.get("parents", {})) != art.id or art.path.name != art.id:
+            raise ArtifactError(f"artifact {art.path.parent.name}/{art.path.name}: its manifest does not match its id (config "
+                                f"or parents edited?); delete it and re-run `fedl2p {art.path.parent.name}`")
         for name, digest in art.manifest["files"].items():
             p = art.path / name
             if not p.is_file():

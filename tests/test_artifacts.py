@@ -52,3 +52,20 @@ def test_unknown_and_ambiguous_ids(tmp_path):
         s.resolve("partition", "zzzz")
     with pytest.raises(ArtifactError, match="no pretrain artifact"):
         s.resolve("pretrain", None)
+
+
+@pytest.mark.parametrize("edit", ["config", "parents"])
+def test_edited_manifest_fails_verification(tmp_path, edit):
+    import json
+    s = Store(tmp_path)
+    a = make(s)
+    s.load("partition", a.id)  # untouched: verifies
+    mf = a.path / "manifest.json"
+    m = json.loads(mf.read_text())
+    if edit == "config":
+        m["config"]["rounds"] = 500
+    else:
+        m["parents"]["pretrain"] = "0123456789ab"
+    mf.write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="manifest does not match its id"):
+        s.load("partition", a.id)
