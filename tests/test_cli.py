@@ -26,6 +26,12 @@ def cases(tmp):
         (["partition", "--dataset", "digits-c", "--corruptions", "clean,fog"], "unknown corruption"),
         (["partition", "--dataset", "cifar10", "--data-dir", str(tmp / "missing")], "CIFAR-10 not found"),
         (["partition", "--dataset", "image-folder", "--data-dir", str(tmp / "missing")], "image-folder needs"),
+        (["partition", "--dataset", "fmnist", "--data-dir", str(tmp / "missing")], "does not exist"),
+        (["partition", "--dataset", "digits", "--exclude", "zzzz"], "no partition artifact with id"),
+        (["meta-train", "--client-bn", "stale"], "unknown --client-bn"),
+        (["meta-train", "--meta-opt", "adamw"], "unknown --meta-opt"),
+        (["meta-train", "--psi-power", "-1"], "--psi-power non-negative"),
+        (["personalize", "--client-bn", "stale"], "unknown --client-bn"),
         (["pretrain", "--from", "zzzz"], "no partition artifact with id"),
         (["pretrain", "--algo", "sgd"], "unknown algorithm"),
         (["pretrain", "--model", "vgg"], "unknown model"),
@@ -46,7 +52,7 @@ def test_bad_input_gives_one_line(tiny_store, tmp_path):
     for args, expect in cases(tmp_path):
         r = fedl2p(*args, store=root)
         err = r.stderr.strip()
-        assert r.returncode != 0, args
+        assert r.returncode == 2, args
         assert "Traceback" not in r.stderr + r.stdout, (args, r.stderr)
         assert len(err.splitlines()) == 1 and expect in err, (args, err)
     assert snapshot(root) == before

@@ -71,10 +71,12 @@ def _read_idx(path: Path) -> np.ndarray:
 
 def _find_fmnist(data_dir: Path | None) -> Path:
     names = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-    candidates = []
+    if data_dir is not None and not data_dir.is_dir():  # an explicit folder is never silently replaced by another
+        raise DataError(f"--data-dir {data_dir} does not exist")
     if data_dir is not None:
-        candidates += [data_dir, data_dir / "fashion-mnist", data_dir / "FashionMNIST" / "raw"]
-    candidates.append(DEBIAN_FMNIST)
+        candidates = [data_dir, data_dir / "fashion-mnist", data_dir / "FashionMNIST" / "raw"]
+    else:
+        candidates = [DEBIAN_FMNIST]
     for c in candidates:
         if all((c / n).exists() or (c / f"{n}.gz").exists() for n in names):
             return c
