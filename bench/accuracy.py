@@ -129,16 +129,19 @@ def collect(cell: str) -> list[dict] | None:
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     rows = []
-    for art in store.iter("personalize"):
-        if art.config.get("seeds") != SEEDS or "ft-tuned" not in art.config.get("methods", []):
-            continue
-        part_id = art.parents["partition"]
-        want = {k: v for k, v in sections(cell)["partition"].items() if k != "exclude"}
-        got = store.load("partition", part_id, verify=False).config
-        if any(got.get(k) != v for k, v in want.items()):
+    want = {k: v for k, v in sections(cell)["partition"].items() if k != "exclude"}
+
+    def ours(art) -> bool:
+        got = store.load("partition", art.parents["partition"], verify=False).config
+        return art.config.get("seeds") == SEEDS and all(got.get(k) == v for k, v in want.items())
+
+    arts = [a for a in store.iter("personalize") if ours(a)]
+    for art in arts:
+        if "ft-tuned" not in art.config.get("methods", []):
             continue
         _, r = pers_stage.load(store, art.id)
         s = json.loads(art.file("summary.json").read_text())
+        merge_extras(store, art, r, s, arts)
         row = {"cell": cell, "kind": CELLS[cell][0], "alpha": CELLS[cell][1], "pool": s["pool"], "clients": s["clients"],
                "global": s["global_acc"], "methods": s["methods"], "best_baseline": s.get("best_baseline"),
                "personalize": art.id, "pretrain": art.parents["pretrain"]}
@@ -150,6 +153,29 @@ def collect(cell: str) -> list[dict] | None:
         rows.append(row)
     pools = {r["pool"] for r in rows}
     return rows if {"seen", "unseen"} <= pools else None
+
+
+def merge_extras(store, main, r, s: dict, arts: list) -> None:
+    """Learned methods evaluated by another personalize artifact on the same clients, seeds and batches (same
+    pretrained model, stats, pool, epochs, LR and client statistics) join the main table, with their paired deltas."""
+    from fedl2p_cli.stages import personalize as pers_stage
+    same = ("unseen", "epochs", "batch_size", "base_lr", "client_bn")
+    for a in arts:
+        if a.id == main.id or a.parents["stats"] != main.parents["stats"] or any(a.config.get(k) != main.config.get(k) for k in same):
+            continue
+        _, x = pers_stage.load(store, a.id)
+        if not np.array_equal(x.client, r.client):
+            continue
+        xs = json.loads(a.file("summary.json").read_text())
+        best = r.methods.index(s["best_baseline"])
+        tuned = r.methods.index("ft-tuned")
+        for i, m in enumerate(x.methods):
+            if m in pers_stage.HANDMADE or m in s["methods"] or np.isnan(x.acc_after[i]).all():
+                continue
+            v = xs["methods"][m]
+            v["vs_best_baseline"] = float(np.nanmean(np.nanmean(x.acc_after[i] - r.acc_after[best], axis=0)))
+            v["vs_ft_tuned"] = float(np.nanmean(x.acc_after[i] - r.acc_after[tuned]))
+            s["methods"][m] = v
 
 
 def cluster_rows(cell: str, row: dict) -> dict:
