@@ -23,7 +23,8 @@ def meta_train(
     psi_power: int = typer.Option(0, help="0: the paper's fixed psi. N > 0: estimate the top eigenvalue of the training-loss "
                                   "Hessian by N power iterations (N extra Hessian-vector products) and use psi = min(--psi, "
                                   "1/lambda_max), so the Neumann series converges (not in the paper: measured lambda_max 70-145 "
-                                  "here, where psi 0.1 made hypergradient norms reach 1e5-1e6 with 50-90% of entries clipped)."),
+                                  "here, where psi 0.1 made hypergradient norms reach 1e5-1e6 with 50-90% of entries clipped). Combine with "
+                                  "--scale-by-psi: unscaled, p is ~1/psi = lambda_max times H^-1 v."),
     scale_by_psi: bool = typer.Option(False, help="Multiply p by psi as Lorraine et al. do (the paper's Alg. 2 does not)."),
     meta_grad: str = typer.Option("ift", help="ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F)."),
     hessian: str = typer.Option("fo", help="fo: Hessian of CE at theta' with the inner gradient held constant (second order, "
