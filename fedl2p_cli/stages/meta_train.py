@@ -124,8 +124,10 @@ class Context:
             if (dom == d).any():
                 rec |= {f"beta_{name}_{i}": float(b) for i, b in enumerate(beta[dom == d].mean(0))}
         groups: dict[str, list[float]] = {}
+        kinds = {n: m.__class__.__name__ for n, m in self.model.named_children()}
         for name, e in zip(self.theta_g, eta):
-            groups.setdefault(name.split(".")[0], []).append(float(e))
+            top = name.split(".")[0]
+            groups.setdefault(f"{top}-{kinds.get(top, '')}".rstrip("-"), []).append(float(e))
         rec |= {f"etagroup_{g}": float(np.mean(v)) for g, v in groups.items()}
         return rec
 
