@@ -229,6 +229,26 @@ def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, list[float]]:
     return {d: [float(v) for v in np.mean(rows, axis=0)] for d, rows in acc.items()}
 
 
+def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
+    """The same cell personalised with the paper's running client statistics (`client_bn = "running"`) next to the
+    default recomputed ones: FT baselines and the meta-net variants, same clients, seeds and batches."""
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.stages import personalize as pers_stage
+    store = Store(STORE)
+    main = store.load("personalize", row["personalize"], verify=False)
+    metas = [v for k, v in main.parents.items() if k.startswith("meta-train:")]
+    out = {}
+    for client_bn in ("precise", "running"):
+        cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(pers_stage.BASELINES),
+                                           epochs=EPOCHS, batch_size=32, base_lr=BASE_LR, seeds=SEEDS, client_bn=client_bn)
+        if client_bn == "precise":
+            out[client_bn] = {m: v["mean"] for m, v in row["methods"].items() if m != "ft-tuned"}
+            continue
+        art, _ = pers_stage.run(cfg, store, main.parents["pretrain"], main.parents["stats"], metas)
+        out[client_bn] = {m: v["mean"] for m, v in json.loads(art.file("summary.json").read_text())["methods"].items()}
+    return out
+
+
 def report(done: list[list[dict]]) -> str:
     from fedl2p_cli.stages.personalize import LABELS
     rows = [r for cell in done for r in cell]
@@ -279,6 +299,14 @@ def beta_report(done: list[list[dict]]) -> str:
                 lines += [f"| {d} | " + " | ".join(f"{100 * a:.2f}" for a in accs) + f" | {SWEEP[int(np.argmax(accs))]:g} |"
                           for d, accs in r["sweep"].items()]
                 lines.append("")
+            if "client_bn" in r:
+                cmp_ = r["client_bn"]
+                ms = list(cmp_["running"])
+                lines += [f"Client BN statistics, feature shift α = {r['alpha']:g}, seen clients: test accuracy (%) with the "
+                          "paper's running statistics vs recomputed ones (PreciseBN), same clients, seeds and batches", "",
+                          "| client statistics | " + " | ".join(ms) + " |", "|---" * (1 + len(ms)) + "|"]
+                lines += [f"| {k} | " + " | ".join(f"{100 * cmp_[k].get(m, np.nan):.2f}" for m in ms) + " |" for k in cmp_]
+                lines.append("")
             if "ari" in r:
                 lines += [f"ARI vs true domains, feature shift α = {r['alpha']:g} (seen clients): "
                           + ", ".join(f"{k} {a:.3f}" for k, a in r["ari"].items()), ""]
@@ -310,6 +338,7 @@ def main() -> None:
             if r["kind"] == "feature" and r["pool"] == "seen":
                 r["ari"] = cluster_rows(c, r)
                 r["sweep"] = beta_sweep(r["personalize"])
+                r["client_bn"] = stats_comparison(r)
             if r["kind"] == "label":
                 key = r["pretrain_partition"]
                 central.setdefault(key, central_accuracy(key, PRETRAIN))
