@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedl2p_cli.core.finetune import precise_bn
-from fedl2p_cli.core.metanets import ServerAdam, hyperparameters, input_normalizer, normalize_inputs
+from fedl2p_cli.core.metanets import ServerAdam, hyperparameters, init_lambda, input_normalizer, normalize_inputs
 from fedl2p_cli.core.selection import candidates, select_by_validation
 from fedl2p_cli.io import results_h5
 from fedl2p_cli.models.registry import build, get_params
@@ -185,3 +185,17 @@ seeds = [0]
     st = next(r.artifact for r in res if r.stage == "stats")
     assert st.parents == {"partition": parts[1].id, "pretrain": pre.id}
     assert next(r for r in res if r.stage == "personalize").artifact.parents["partition"] == parts[1].id
+
+
+def test_keep_last_returns_the_final_aggregate_and_best_the_scored_broadcast(tiny_store):
+    """One round: 'best' keeps the lambda the clients received (the initial one); 'last' the aggregate they sent back."""
+    store = tiny_store["store"]
+    got = {}
+    for keep in ("best", "last"):
+        cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep=keep, seed=5, meta=TINY_META)
+        art, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+        got[keep] = meta_train.load_lambda(store, art.id)[1]
+    _, table = stats.load(store, tiny_store["stats"].id)
+    lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(table.param_names), TINY_META.base_lr, "both", 5)
+    assert all(torch.equal(got["best"][k], lam0[k]) for k in lam0)
+    assert any(not torch.equal(got["last"][k], lam0[k]) for k in lam0)

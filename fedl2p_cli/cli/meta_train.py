@@ -47,6 +47,10 @@ def meta_train(
     meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
                                  "Adam on the mean client change (Reddi et al. 2021; not in the paper)."),
     server_lr: float = typer.Option(1e-3, help="Step size of --meta-opt fedadam."),
+    keep: str = typer.Option("best", help="Which lambda the artifact keeps: best = the paper's, the broadcast lambda of the round "
+                             "whose sampled clients had the lowest mean validation loss | last = the final aggregate (not in "
+                             "the paper: with few clients per round and domains of unequal difficulty, 'best' mostly picks the "
+                             "round that sampled easy clients)."),
     seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
@@ -60,7 +64,7 @@ def meta_train(
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
-                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, meta=meta)
+                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)

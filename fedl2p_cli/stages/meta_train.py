@@ -28,6 +28,7 @@ from .pretrain import write_history
 
 NETS = ("both", "bnnet", "lrnet")
 INPUT_NORMS = ("none", "standardize")
+KEEPS = ("best", "last")
 META_OPTS = ("fedavg", "fedadam")
 NORM_PREFIX = "input_norm."
 
@@ -43,6 +44,7 @@ class MetaTrainConfig:
     input_norm: str = "none"     # standardize: z-score xi and x over the seen clients (not in the paper)
     meta_opt: str = "fedavg"     # fedavg: the paper's server | fedadam: Adam on the mean client change (not in the paper)
     server_lr: float = 1e-3      # FedAdam step size
+    keep: str = "best"           # best: the paper's lowest-mean-val-loss round | last: the final aggregate (not in the paper)
     meta: MetaConfig = field(default_factory=MetaConfig)
 
     def variant(self) -> str:
@@ -62,6 +64,8 @@ class MetaTrainConfig:
             name += "-std"
         if self.meta_opt == "fedadam":
             name += "-adam"
+        if self.keep == "last" and not self.local:
+            name += "-last"
         if self.meta.hidden_bias == "zero":
             name += "-zerobias"
         if self.meta.client_bn == "running":
@@ -83,7 +87,8 @@ def check(cfg: MetaTrainConfig) -> None:
     if not 0 <= cfg.meta.fixed_beta <= 1:
         raise FedL2PError(f"--beta must be in [0, 1], got {cfg.meta.fixed_beta}")
     for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
-                         ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS)):
+                         ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
+                         ("--keep", cfg.keep, KEEPS)):
         if val not in ok:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
     if not (math.isfinite(cfg.server_lr) and cfg.server_lr > 0):
@@ -186,7 +191,8 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
         progress.advance(1, val=rec["val_loss"], best=st.extra["best_val"])
     progress.stop()
     # diverged in round 1: the best lambda so far is the initial one (kept, with the warning in the metrics)
-    best = {k[5:]: v for k, v in st.tensors.items() if k.startswith("best.")}
+    prefix = "lam." if cfg.keep == "last" and not st.extra["diverged"] else "best."
+    best = {k[len(prefix):]: v for k, v in st.tensors.items() if k.startswith(prefix)}
     return best, st.history, st.extra
 
 
