@@ -358,7 +358,8 @@ def main() -> None:
                 if not cache.is_file():
                     cache.write_text(json.dumps(beta_sweep(r["personalize"])))
                 r["sweep"] = json.loads(cache.read_text())
-                r["client_bn"] = stats_comparison(r)
+                if c == "fs-1000":  # one cell: each comparison re-runs every method's fine-tuning
+                    r["client_bn"] = stats_comparison(r)
             if r["kind"] == "label":
                 key = r["pretrain_partition"]
                 central.setdefault(key, central_accuracy(key, PRETRAIN))
