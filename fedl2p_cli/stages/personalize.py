@@ -96,7 +96,7 @@ def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
 def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: StatsTable, n_bn: int,
                n_p: int) -> dict[str, Strategy | None]:
     """The fixed strategy of every method but ft-tuned (which picks its own per client and seed)."""
-    out: dict[str, Strategy | None] = {m: _tuned_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if m in BASELINES}
+    out: dict[str, Strategy | None] = {m: fixed_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if m in BASELINES}
     for mm in metas:
         xi, x = normalize_inputs(mm.norm, *table.inputs(c))
         lam = mm.lam
@@ -112,7 +112,7 @@ def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: S
     return out
 
 
-def _tuned_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int) -> Strategy:
+def fixed_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int) -> Strategy:
     lr = torch.full((n_p,), base_lr * factor)
     return Strategy({"ft-bnc": torch.ones(n_bn), "ft-bng": torch.zeros(n_bn), "ft-bni": None}[name], lr)
 
@@ -126,7 +126,7 @@ def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn
             vl, va = evaluate(model, theta_g, *data.val)
             out[i] = vl, va, evaluate(model, theta_g, *data.test)[1]
             continue
-        s = _tuned_strategy(name, f, cfg.base_lr, n_bn, n_p)
+        s = fixed_strategy(name, f, cfg.base_lr, n_bn, n_p)
         ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
         vl, va = personalized_accuracy(model, ft.params, *data.val, s, ft.bn, cfg.batch_size)
         out[i] = vl, va, personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
