@@ -3,16 +3,22 @@
 An artifact is `<root>/<stage>/<id>/` with `manifest.json` and the stage's files. Stages write into a
 temporary sibling folder and publish it with one `os.replace`, so a crash never leaves a half artifact
 under a real id. Long stages keep resumable checkpoints in `<root>/<stage>/.work-<id>/`.
+
+While an artifact is being built its builder holds an exclusive lock (`.lock-<id>`, flock): a second process
+asking for the same artifact is refused instead of writing into the same checkpoints, and temporary folders
+whose builder is gone (killed) are recognised by their free lock and removed by the next build in that stage.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -128,6 +134,50 @@ class Store:
         self.root = Path(root) if root is not None else default_root()
 
     # -- writing -------------------------------------------------------------------------------
+    @contextmanager
+    def building(self, stage: str, aid: str) -> Iterator[None]:
+        """Hold the artifact's build lock; clean temporary folders left by dead builders; on the way out remove
+        the folders this build created if they stayed empty (a refused build leaves the store as it was)."""
+        made = [p for p in (self.root, self.root / stage) if not p.exists()]
+        (self.root / stage).mkdir(parents=True, exist_ok=True)
+        lock = self.root / stage / f".lock-{aid}"
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ArtifactError(f"another fedl2p process is building {stage}/{aid} in {self.root}; wait for it to "
+                                    "finish (it resumes from the same checkpoints)") from None
+            self._clean_stale(stage, aid)
+            yield
+        finally:
+            if lock.exists():
+                lock.unlink(missing_ok=True)
+            os.close(fd)
+            for p in reversed(made):
+                try:
+                    p.rmdir()  # only if empty
+                except OSError:
+                    pass
+
+    def _clean_stale(self, stage: str, own: str) -> None:
+        """Remove `.tmp-<id>-*` folders whose builder is dead: ours (we hold the lock), and any other id whose
+        lock nobody holds. A live builder holds its lock, so its folder is never touched."""
+        for tmp in (self.root / stage).glob(".tmp-*"):
+            aid = tmp.name.split("-")[1]
+            if aid == own:
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            other = self.root / stage / f".lock-{aid}"
+            fd = os.open(other, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # alive
+            finally:
+                os.close(fd)  # releases the lock if we took it
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def draft(self, stage: str, config: dict, parents: dict[str, str]) -> Draft:
         aid = artifact_id(stage, config, parents)
         (self.root / stage).mkdir(parents=True, exist_ok=True)

@@ -11,3 +11,8 @@ class ArtifactError(FedL2PError):
 
 class DataError(FedL2PError):
     """A dataset cannot be found or read."""
+
+
+from .core.config import ConfigError  # noqa: E402  (core raises it without importing this module)
+
+USER_ERRORS = (FedL2PError, ConfigError)

@@ -7,11 +7,12 @@ client's new lambda, its sample count and metrics, ready to run inside any feder
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between, validate
 from ..core.finetune import ClientBN, Strategy, eval_policy, finetune
 from ..core.functional import Params, evaluate, random_batch
 from ..core.hypergrad import fomaml_gradient, ift_hypergradient
@@ -26,20 +27,20 @@ class Diverged(Exception):
 
 @dataclass
 class MetaConfig:
-    iterations: int = 3         # K (the authors' CIFAR-10 config: outer_loop_epochs 3)
-    epochs: int = 5             # e, fine-tuning epochs per iteration
-    batch_size: int = 32
-    base_lr: float = 1e-3       # fine-tuning LR of the baselines and initial eta~
-    q: int = 3                  # Neumann terms
-    psi: float = 0.1
+    iterations: int = field(default=3, metadata=AT_LEAST_1)         # K (the authors' CIFAR-10 config: outer_loop_epochs 3)
+    epochs: int = field(default=5, metadata=AT_LEAST_1)             # e, fine-tuning epochs per iteration
+    batch_size: int = field(default=32, metadata=between(2))
+    base_lr: float = field(default=1e-3, metadata=POSITIVE)       # fine-tuning LR of the baselines and initial eta~
+    q: int = field(default=3, metadata=NON_NEGATIVE)                  # Neumann terms
+    psi: float = field(default=0.1, metadata=POSITIVE)
     scale_by_psi: bool = False  # Lorraine et al.'s psi * p (the paper's Alg. 2 omits it)
     meta_grad: str = "ift"      # ift | fomaml (FOMAML+, App. F)
     hessian: str = "fo"         # fo (inner gradient held constant in theta) | exact (see core.hypergrad)
-    fixed_beta: float = 1.0     # beta when BNNet is not learned
-    lr_bnnet: float = DEFAULT_META_LR["bnnet"]
-    lr_lrnet: float = DEFAULT_META_LR["lrnet"]
-    lr_eta: float = DEFAULT_META_LR["eta"]
-    psi_power: int = 0          # >0: psi = min(psi, 1/lambda_max(H_T)) by that many power iterations (not in the paper)
+    fixed_beta: float = field(default=1.0, metadata=UNIT | {"option": "--beta"})     # beta when BNNet is not learned
+    lr_bnnet: float = field(default=DEFAULT_META_LR["bnnet"], metadata=NON_NEGATIVE)
+    lr_lrnet: float = field(default=DEFAULT_META_LR["lrnet"], metadata=NON_NEGATIVE)
+    lr_eta: float = field(default=DEFAULT_META_LR["eta"], metadata=NON_NEGATIVE)
+    psi_power: int = field(default=0, metadata=NON_NEGATIVE)          # >0: psi = min(psi, 1/lambda_max(H_T)) by that many power iterations (not in the paper)
     client_bn: str = "precise"  # precise: recompute client BN statistics after fine-tuning | running (paper)
     hidden_bias: str = "paper"  # paper: every meta-net bias is the constant (App. E) | zero: hidden biases 0
 

@@ -6,8 +6,9 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
 
-from ..errors import FedL2PError
+from ..errors import USER_ERRORS
 from . import analyze, artifacts, meta_train, partition, personalize, pretrain, render, stats
 from .run import run
 
@@ -35,24 +36,34 @@ app.add_typer(analyze.app, name="analyze")
 app.add_typer(artifacts.app, name="artifacts")
 
 
-def main() -> None:
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run the command line and return its exit code. The one place where errors become what the user sees:
+    a problem the user can fix is one line and exit 2, a bug one line and exit 1 (the traceback with
+    FEDL2P_DEBUG=1). Tests call this in-process; `main` is the console entry point."""
     debug = bool(os.environ.get("FEDL2P_DEBUG"))
     try:
-        app()
-    except FedL2PError as e:
-        render.err_console.print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(2)
+        app(argv, prog_name="fedl2p")
+    except SystemExit as e:  # click's own exit: 0, or 2 for a usage error it has printed
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except USER_ERRORS as e:
+        render.err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        return 2
     except KeyboardInterrupt:
         render.err_console.print("interrupted; re-run the same command to resume", highlight=False)
-        sys.exit(130)
+        return 130
     except OSError as e:
         if debug:
             raise
-        render.err_console.print(f"[red]error:[/red] {e.__class__.__name__}: {e}", highlight=False)
-        sys.exit(2)
+        render.err_console.print(f"[red]error:[/red] {e.__class__.__name__}: {escape(str(e))}", highlight=False)
+        return 2
     except Exception as e:  # a bug: still one line, the traceback on request
         if debug:
             raise
-        render.err_console.print(f"[red]internal error:[/red] {e.__class__.__name__}: {e} (set FEDL2P_DEBUG=1 for the traceback)",
+        render.err_console.print(f"[red]internal error:[/red] {e.__class__.__name__}: {escape(str(e))} (set FEDL2P_DEBUG=1 for the traceback)",
                                  highlight=False)
-        sys.exit(1)
+        return 1
+    return 0
+
+
+def main() -> None:
+    sys.exit(run_cli())

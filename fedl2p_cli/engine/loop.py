@@ -6,8 +6,6 @@ run replays exactly what an uninterrupted one would have done.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,28 +43,32 @@ class LoopState:
 
 
 class Checkpoint:
-    """Round checkpoints in a work folder: tensors as safetensors, the rest as JSON, both atomic."""
+    """Round checkpoints in a work folder: ONE safetensors file holding the tensors and, in its metadata, the
+    round counter, history and extra state, written beside and published by one os.replace. A kill at any
+    moment leaves either the previous checkpoint or the new one, never tensors of one round paired with the
+    bookkeeping of another."""
+
+    NAME = "checkpoint.safetensors"
 
     def __init__(self, folder: Path):
         self.folder = folder
 
     def save(self, st: LoopState) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        weights.save(self.folder / "ckpt.safetensors", st.tensors)
-        tmp = self.folder / "ckpt.json.part"
-        tmp.write_text(json.dumps({"next_round": st.next_round, "history": st.history, "extra": st.extra}))
-        os.replace(tmp, self.folder / "ckpt.json")
+        weights.save(self.folder / self.NAME, st.tensors,
+                     {"next_round": st.next_round, "history": st.history, "extra": st.extra})
 
     def load(self) -> LoopState | None:
-        j, t = self.folder / "ckpt.json", self.folder / "ckpt.safetensors"
-        if not (j.is_file() and t.is_file()):
+        for part in self.folder.glob("*.part"):  # a write cut by a kill (the caller holds the artifact's lock)
+            part.unlink(missing_ok=True)
+        path = self.folder / self.NAME
+        if not path.is_file():
             return None
-        meta = json.loads(j.read_text())
-        return LoopState(meta["next_round"], weights.load(t), meta["history"], meta["extra"])
+        tensors, meta = weights.load_with_meta(path)
+        return LoopState(meta["next_round"], tensors, meta["history"], meta["extra"])
 
     def clear(self) -> None:
-        for name in ("ckpt.json", "ckpt.safetensors"):
-            (self.folder / name).unlink(missing_ok=True)
+        (self.folder / self.NAME).unlink(missing_ok=True)
 
 
 class Timer:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import ArtifactError, FedL2PError
@@ -25,6 +26,16 @@ def load(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except Exception as e:
         raise ArtifactError(f"cannot read weights {path}: {e.__class__.__name__}") from None
+
+
+def load_with_meta(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Tensors and the JSON metadata written by `save` (one file: both come from the same atomic write)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+            return {k: f.get_tensor(k) for k in f.keys()}, meta
+    except Exception as e:
+        raise ArtifactError(f"cannot read checkpoint {path}: {e.__class__.__name__}") from None
 
 
 def import_state_dict(path: Path) -> dict[str, torch.Tensor]:

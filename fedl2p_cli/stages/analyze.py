@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..analysis.clusters import distance_map, spectral_ari
 from ..artifacts import Artifact, Draft, Store
+from ..core.config import NON_NEGATIVE, validate
 from ..errors import FedL2PError
 from . import partition as partition_stage
 from . import personalize as personalize_stage
@@ -19,7 +20,7 @@ from .common import build_or_reuse
 @dataclass
 class ClustersConfig:
     method: str | None = None  # which meta-net method's beta/eta (default: the first non-baseline)
-    seed: int = 0
+    seed: int = field(default=0, metadata=NON_NEGATIVE)
 
 
 def features(stats_table, results, method: str | None) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
@@ -46,12 +47,14 @@ def markdown(table: dict, names: list[str], method: str | None) -> str:
 
 
 def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False) -> tuple[Artifact, bool]:
+    validate(cfg)
     pers_art, results = personalize_stage.load(store, personalize_ref)
     stats_art, table = stats_stage.load(store, pers_art.parents["stats"])
     part_art, part = partition_stage.load(store, stats_art.parents["partition"])
     if len(np.unique(results.domain)) < 2:
         raise FedL2PError(f"partition {part_art.id} has a single domain among these clients; clustering by domain needs two or more "
                           "(use a feature-shift partition, e.g. --dataset fmnist-c)")
+    features(table, results, cfg.method)  # an unknown --method fails here, before anything is written
     parents = {"personalize": pers_art.id, "stats": stats_art.id}
 
     def build(draft: Draft) -> None:

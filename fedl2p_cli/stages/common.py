@@ -41,10 +41,13 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
     aid = artifact_id(stage, config, parents)
     if store.exists(stage, aid) and not force:
         return store.load(stage, aid), True
-    draft = store.draft(stage, config, parents)
-    try:
-        build(draft)
-        return draft.publish(), False
-    except BaseException:
-        draft.discard()
-        raise
+    with store.building(stage, aid):
+        if store.exists(stage, aid) and not force:  # another process finished it while we waited for nothing
+            return store.load(stage, aid), True
+        draft = store.draft(stage, config, parents)
+        try:
+            build(draft)
+            return draft.publish(), False
+        except BaseException:
+            draft.discard()
+            raise

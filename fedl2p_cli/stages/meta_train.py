@@ -18,6 +18,7 @@ from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, i
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients
 from ..errors import FedL2PError
+from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, validate
 from ..io import weights
 from ..io.stats_h5 import StatsTable
 from . import partition as partition_stage
@@ -35,15 +36,15 @@ NORM_PREFIX = "input_norm."
 
 @dataclass
 class MetaTrainConfig:
-    rounds: int = 30
-    fraction: float = 0.1
+    rounds: int = field(default=30, metadata=AT_LEAST_1)
+    fraction: float = field(default=0.1, metadata=FRACTION)
     nets: str = "both"
     local: bool = False      # L2P: every client learns its own lambda, no aggregation
-    patience: int = 0        # stop after this many rounds without a better mean validation loss (0: never)
-    seed: int = 0
+    patience: int = field(default=0, metadata=NON_NEGATIVE)        # stop after this many rounds without a better mean validation loss (0: never)
+    seed: int = field(default=0, metadata=NON_NEGATIVE)
     input_norm: str = "none"     # standardize: z-score xi and x over the seen clients (not in the paper)
     meta_opt: str = "fedavg"     # fedavg: the paper's server | fedadam: Adam on the mean client change (not in the paper)
-    server_lr: float = 1e-3      # FedAdam step size
+    server_lr: float = field(default=1e-3, metadata=POSITIVE)      # FedAdam step size
     keep: str = "best"           # best: the paper's lowest-mean-val-loss round | last: the final aggregate (not in the paper)
     meta: MetaConfig = field(default_factory=MetaConfig)
 
@@ -74,25 +75,18 @@ class MetaTrainConfig:
 
 
 def check(cfg: MetaTrainConfig) -> None:
+    validate(cfg)
     if cfg.nets not in NETS:
         raise FedL2PError(f"unknown --nets '{cfg.nets}'; choose one of: {', '.join(NETS)}")
     if cfg.meta.meta_grad not in ("ift", "fomaml"):
         raise FedL2PError(f"unknown --meta-grad '{cfg.meta.meta_grad}'; choose ift or fomaml")
     if cfg.meta.hessian not in HESSIANS:
         raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
-    if cfg.rounds <= 0 or cfg.meta.iterations <= 0 or cfg.meta.epochs <= 0 or cfg.meta.q < 0 or cfg.meta.psi_power < 0:
-        raise FedL2PError("--rounds, --iterations and --epochs must be positive and --q and --psi-power non-negative")
-    if not 0 < cfg.fraction <= 1:
-        raise FedL2PError(f"--fraction must be in (0, 1], got {cfg.fraction}")
-    if not 0 <= cfg.meta.fixed_beta <= 1:
-        raise FedL2PError(f"--beta must be in [0, 1], got {cfg.meta.fixed_beta}")
     for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
                          ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
                          ("--keep", cfg.keep, KEEPS)):
         if val not in ok:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
-    if not (math.isfinite(cfg.server_lr) and cfg.server_lr > 0):
-        raise FedL2PError(f"--server-lr must be a positive number, got {cfg.server_lr}")
 
 
 @dataclass
@@ -196,15 +190,17 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
     return best, st.history, st.extra
 
 
-def local(ctx: Context, lam0: Lambda, progress: Progress) -> tuple[Lambda, list[dict], dict]:
-    """L2P: each seen client runs the same number of meta-iterations it would get in expectation, alone."""
+def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> tuple[Lambda, list[dict], dict]:
+    """L2P: each seen client runs the same number of meta-iterations it would get in expectation, alone.
+    Checkpointed after every client (`next_round` counts finished clients)."""
     cfg = ctx.cfg
     seen = ctx.part.pool(False)
     steps = max(1, round(cfg.rounds * cfg.fraction))
-    out: Lambda = {}
-    history, diverged = [], []
+    st = ckpt.load() or LoopState(0, {}, extra={"diverged": []})
+    out, history, diverged = st.tensors, st.history, st.extra["diverged"]
     progress.start("L2P (per-client meta-learning)", len(seen))
-    for c in seen:
+    progress.advance(st.next_round)
+    for i, c in enumerate(seen[st.next_round:], start=st.next_round):
         lam, best, best_val = dict(lam0), dict(lam0), math.inf
         for s in range(steps):
             timer, t0 = Timer(), time.perf_counter()
@@ -218,6 +214,7 @@ def local(ctx: Context, lam0: Lambda, progress: Progress) -> tuple[Lambda, list[
             lam = r.lam
             history.append({"client": c, **_record(s, [r], timer, t0)})
         out |= {f"client{c}.{k}": v for k, v in best.items()}
+        ckpt.save(LoopState(i + 1, out, history, {"diverged": diverged}))
         progress.advance(1)
     progress.stop()
     return out, history, {"diverged": "; ".join(diverged) or None, "steps_per_client": steps}
@@ -259,7 +256,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if not resume:
             ckpt.clear()
         if cfg.local:
-            lam, history, extra = local(ctx, lam0, progress or NoProgress())
+            lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
             lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress())
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}

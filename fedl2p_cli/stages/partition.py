@@ -13,6 +13,7 @@ from ..data import corruptions as corr
 from ..data import datasets
 from ..data.partition import choose_unseen, dirichlet_partition, label_entropy
 from ..errors import FedL2PError
+from ..core.config import AT_LEAST_1, BELOW_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..io import partition_h5
 from .common import build_or_reuse, config_dict
 
@@ -22,16 +23,16 @@ GENERATED = {"fmnist-c": "fmnist", "digits-c": "digits"}
 @dataclass
 class PartitionConfig:
     dataset: str = "fmnist-c"
-    alpha: float = 0.1
-    clients: int = 70
-    samples_per_client: int = 200
-    val_fraction: float = 0.2
-    test_fraction: float = 0.2
-    seed: int = 0
-    unseen_fraction: float = 0.2
+    alpha: float = field(default=0.1, metadata=POSITIVE)
+    clients: int = field(default=70, metadata=AT_LEAST_1)
+    samples_per_client: int = field(default=200, metadata=between(3))
+    val_fraction: float = field(default=0.2, metadata=BELOW_1)
+    test_fraction: float = field(default=0.2, metadata=between(0, 1, lo_open=True, hi_open=True))
+    seed: int = field(default=0, metadata=NON_NEGATIVE)
+    unseen_fraction: float = field(default=0.2, metadata=BELOW_1)
     unseen_domains: list[str] = field(default_factory=list)
     corruptions: list[str] | None = None  # generated domains (fmnist-c, digits-c) or CIFAR-10-C types
-    severity: int = 3
+    severity: int = field(default=3, metadata=between(1, 5))
     data_dir: str | None = None  # a location, not part of the artifact's identity
     download: bool = False
     exclude: str | None = None   # a partition id: its source images are not given to these clients
@@ -101,14 +102,9 @@ def summary(p: partition_h5.Partition) -> dict:
 
 def check(cfg: PartitionConfig) -> None:
     """Reject bad input before anything is read or written."""
+    validate(cfg)
     if cfg.dataset not in datasets.DATASETS:
         raise FedL2PError(f"unknown dataset '{cfg.dataset}'; choose one of: {', '.join(datasets.DATASETS)}")
-    if cfg.alpha <= 0:
-        raise FedL2PError(f"--alpha must be > 0 (large values such as 1000 are ~IID), got {cfg.alpha}")
-    if cfg.clients <= 0 or cfg.samples_per_client < 3:
-        raise FedL2PError("--clients must be positive and --samples-per-client at least 3")
-    if not 0 <= cfg.val_fraction < 1 or not 0 < cfg.test_fraction < 1 or not 0 <= cfg.unseen_fraction < 1:
-        raise FedL2PError("--val-fraction and --unseen-fraction must be in [0,1), --test-fraction in (0,1)")
     if cfg.dataset in GENERATED or (cfg.corruptions and cfg.dataset != "cifar10-c"):
         corr.check(cfg.corruptions or corr.DEFAULT_DOMAINS, cfg.severity)
     elif cfg.dataset == "cifar10-c":

@@ -16,6 +16,7 @@ from ..core.functional import evaluate
 from ..core.metanets import normalize_inputs
 from ..core.selection import NO_FT, candidates, select_by_validation
 from ..engine.loop import generator
+from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
@@ -36,10 +37,10 @@ LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)", T
 class PersonalizeConfig:
     unseen: bool = False
     methods: list[str] = field(default_factory=lambda: [*BASELINES, "fedl2p"])
-    epochs: int = 5
-    batch_size: int = 32
-    base_lr: float = 1e-3
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    epochs: int = field(default=5, metadata=AT_LEAST_1)
+    batch_size: int = field(default=32, metadata=between(2))
+    base_lr: float = field(default=1e-3, metadata=POSITIVE)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata=NON_NEGATIVE)
     client_bn: str = "precise"  # precise: client BN statistics recomputed after fine-tuning | running (the paper's)
 
 
@@ -53,8 +54,9 @@ class MetaMethod:
 
 
 def check(cfg: PersonalizeConfig) -> None:
-    if cfg.epochs <= 0 or cfg.batch_size < 2 or cfg.base_lr <= 0 or not cfg.seeds:
-        raise FedL2PError("--epochs must be positive, --batch-size >= 2, --base-lr > 0 and --seeds non-empty")
+    validate(cfg)
+    if not cfg.seeds:
+        raise FedL2PError("--seeds must list at least one seed")
     if len(set(cfg.methods)) != len(cfg.methods):
         raise FedL2PError("--methods lists a method twice")
     if cfg.client_bn not in CLIENT_BN:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Store
+from ..core.config import ConfigError, key_name, validate
 from ..errors import FedL2PError
 from . import analyze, meta_train, partition, personalize, pretrain, stats
 from .common import Progress
@@ -39,9 +40,45 @@ def _make(cls: type, section: str, values: dict, name: str) -> Any:
     if unknown:
         raise FedL2PError(f"pipeline {name}: unknown key '{unknown[0]}' in [{section}] (known: {', '.join(sorted(names))})")
     try:
-        return cls(**values)
-    except TypeError as e:
-        raise FedL2PError(f"pipeline {name}: bad [{section}]: {e}") from None
+        cfg = cls(**values)
+        validate(cfg, key_name)
+    except (TypeError, ConfigError) as e:
+        raise FedL2PError(f"pipeline {name}: [{section}] {e}") from None
+    return cfg
+
+
+def _table(value: Any, section: str, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise FedL2PError(f"pipeline {name}: [{section}] must be a table of settings, got {value!r}")
+    return value
+
+
+def check_sections(p: Pipeline) -> None:
+    """Every section's config built and validated before the first stage runs: a typo in [personalize] must not
+    cost a pretraining run, and a refused pipeline writes nothing."""
+    s, name = p.sections, p.name
+    pre = dict(_table(s["pretrain"], "pretrain", name))
+    own = pre.pop("partition", None)
+    if own is not None:
+        _make(partition.PartitionConfig, "pretrain.partition", _table(own, "pretrain.partition", name), name)
+    part = dict(_table(s["partition"], "partition", name))
+    if part.get("exclude") == "pretrain" and own is None:
+        raise FedL2PError(f"pipeline {name}: exclude = \"pretrain\" needs a [pretrain.partition] section")
+    _make(partition.PartitionConfig, "partition", part, name)
+    _make(pretrain.PretrainConfig, "pretrain", pre, name)
+    _make(stats.StatsConfig, "stats", _table(s.get("stats", {}), "stats", name), name)
+    metas = s.get("meta-train", [])
+    for m in [metas] if isinstance(metas, dict) else metas if isinstance(metas, list) else [metas]:
+        _meta_cfg(_table(m, "meta-train", name), name)
+    if "personalize" in s:
+        pers = dict(_table(s["personalize"], "personalize", name))
+        pools = pers.pop("pools", ["seen"])
+        if not isinstance(pools, list) or not pools or any(x not in ("seen", "unseen") for x in pools):
+            raise FedL2PError(f"pipeline {name}: [personalize] pools must be a list of \"seen\" and/or \"unseen\", got {pools!r}")
+        pers.pop("methods", None)  # checked against the hand-made methods when the stage runs
+        _make(personalize.PersonalizeConfig, "personalize", pers, name)
+    if "analyze" in s:
+        _make(analyze.ClustersConfig, "analyze", {k: v for k, v in _table(s["analyze"], "analyze", name).items() if k != "pool"}, name)
 
 
 def load(path: Path, store_override: Path | None = None) -> Pipeline:
@@ -72,6 +109,7 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
     if force_from is not None and force_from not in ORDER:
         raise FedL2PError(f"--force takes a stage name: {', '.join(ORDER)}")
     forced = set(ORDER[ORDER.index(force_from):]) if force_from else set()
+    check_sections(p)
     s, name = p.sections, p.name
 
     def step(stage: str, label: str, fn: Callable[[bool], tuple[Artifact, bool]]) -> Artifact:

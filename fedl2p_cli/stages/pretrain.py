@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,6 +14,7 @@ from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
 from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients, step_lr
 from ..errors import FedL2PError
+from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..models import registry
@@ -25,29 +26,24 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 class PretrainConfig:
     algo: str = "fedavg"
     model: str = "small-cnn"
-    rounds: int = 30
-    fraction: float = 0.1
-    local_epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.1
-    pf_alpha: float = 0.01
-    eval_every: int = 5
-    seed: int = 0
+    rounds: int = field(default=30, metadata=AT_LEAST_1)
+    fraction: float = field(default=0.1, metadata=FRACTION)
+    local_epochs: int = field(default=1, metadata=AT_LEAST_1)
+    batch_size: int = field(default=32, metadata=between(2))
+    lr: float = field(default=0.1, metadata=POSITIVE)
+    pf_alpha: float = field(default=0.01, metadata=POSITIVE)
+    eval_every: int = field(default=5, metadata=AT_LEAST_1)
+    seed: int = field(default=0, metadata=NON_NEGATIVE)
     init: str | None = None       # import a state dict instead of training
     init_sha256: str | None = None
     reset_head: bool = False
 
 
 def check(cfg: PretrainConfig) -> None:
+    validate(cfg)
     if cfg.init is None and cfg.algo not in ALGORITHMS:
         raise FedL2PError(f"unknown algorithm '{cfg.algo}'; choose one of: {', '.join(ALGORITHMS)}")
     registry.spec(cfg.model)
-    if cfg.init is None and cfg.rounds <= 0:
-        raise FedL2PError(f"--rounds must be positive, got {cfg.rounds}")
-    if not 0 < cfg.fraction <= 1:
-        raise FedL2PError(f"--fraction must be in (0, 1], got {cfg.fraction}")
-    if cfg.batch_size < 2 or cfg.lr <= 0 or cfg.local_epochs <= 0:
-        raise FedL2PError("--batch-size must be >= 2, --lr > 0 and --local-epochs > 0")
 
 
 def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:

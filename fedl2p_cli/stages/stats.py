@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -11,6 +11,7 @@ from ..artifacts import Artifact, Draft, Store
 from ..core.bn import bn_layers
 from ..core.stats import many_client_stats, stat_layers
 from ..errors import ArtifactError
+from ..core.config import AT_LEAST_1, validate
 from ..io import stats_h5
 from ..models.registry import param_names
 from . import partition as partition_stage
@@ -20,7 +21,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 @dataclass
 class StatsConfig:
-    batch_size: int = 512  # only speed; the statistics are merged exactly
+    batch_size: int = field(default=512, metadata=AT_LEAST_1)  # only speed; the statistics are merged exactly
 
 
 def compute(model: torch.nn.Module, part, clients: list[int], batch_size: int, progress: Progress) -> dict:
@@ -48,6 +49,7 @@ def summary(t: stats_h5.StatsTable, domain_names: list[str]) -> dict:
 
 def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretrain_ref: str | None = None,
         force: bool = False, progress: Progress | None = None) -> tuple[Artifact, bool]:
+    validate(cfg)
     pre_art = store.load("pretrain", pretrain_ref)
     part_id = partition_ref or pre_art.parents["partition"]
     part_art = store.load("partition", part_id)

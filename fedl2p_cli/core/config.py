@@ -1,0 +1,109 @@
+"""Config validation derived from the config dataclasses themselves: each field's type annotation and, where a
+field declares one, its range (`field(metadata=between(...))`). The CLI and pipeline files build the same
+dataclasses, so one check serves both; it runs before anything is read or written."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Callable
+
+
+RANGE = "range"
+
+
+class ConfigError(ValueError):
+    """A config value of the wrong type or out of range (the CLI shows it as one line, exit 2)."""
+
+
+def between(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> dict:
+    """Field metadata: the accepted closed/open interval (None: unbounded on that side)."""
+    return {RANGE: (lo, hi, lo_open, hi_open)}
+
+
+POSITIVE = between(0, lo_open=True)        # > 0
+AT_LEAST_1 = between(1)
+NON_NEGATIVE = between(0)
+FRACTION = between(0, 1, lo_open=True)     # (0, 1]
+UNIT = between(0, 1)                       # [0, 1]
+BELOW_1 = between(0, 1, hi_open=True)      # [0, 1)
+
+
+def option_name(f: dataclasses.Field) -> str:
+    """The command-line spelling: the field's own (`option` metadata, e.g. fixed_beta is --beta) or --field-name."""
+    return f.metadata.get("option") or "--" + f.name.replace("_", "-")
+
+
+def key_name(f: dataclasses.Field) -> str:
+    """The pipeline-file spelling: the field name."""
+    return f.name
+
+
+def _describe(rng: tuple) -> str:
+    lo, hi, lo_open, hi_open = rng
+    if hi is None:
+        return f"{'>' if lo_open else '>='} {lo:g}"
+    if lo is None:
+        return f"{'<' if hi_open else '<='} {hi:g}"
+    return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+
+def _in_range(v: float, rng: tuple) -> bool:
+    lo, hi, lo_open, hi_open = rng
+    return ((lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi)))
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:  # TOML `alpha = 1` is an int: accepted
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if dataclasses.is_dataclass(tp):
+        return isinstance(value, tp)
+    return True
+
+
+def _type_word(tp: Any) -> str:
+    words = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_word(a) for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp)
+        return f"a list of {_type_word(item).removeprefix('an ').removeprefix('a ')}s"
+    return words.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -> None:
+    """Raise ConfigError naming the first field whose value has the wrong type, is not finite, or is out of its
+    declared range. Nested config dataclasses are validated too."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, tp = getattr(cfg, f.name), hints[f.name]
+        if not _type_ok(value, tp):
+            raise ConfigError(f"{name(f)} must be {_type_word(tp)}, got {value!r}")
+        if dataclasses.is_dataclass(value):
+            validate(value, name)
+            continue
+        rng = f.metadata.get(RANGE)
+        numbers = value if isinstance(value, list) else [value]
+        for v in numbers:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{name(f)} must be a finite number, got {v}")
+            if rng is not None and isinstance(v, (int, float)) and not _in_range(v, rng):
+                raise ConfigError(f"{name(f)} must be {_describe(rng)}, got {v:g}")
