@@ -169,7 +169,11 @@ class Store:
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue
             other = self.root / stage / f".lock-{aid}"
-            fd = os.open(other, os.O_CREAT | os.O_RDWR, 0o644)
+            try:  # a builder creates its lock before its folder: no lock file, no builder
+                fd = os.open(other, os.O_RDWR)
+            except FileNotFoundError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -177,6 +181,7 @@ class Store:
             finally:
                 os.close(fd)  # releases the lock if we took it
             shutil.rmtree(tmp, ignore_errors=True)
+            other.unlink(missing_ok=True)
 
     def draft(self, stage: str, config: dict, parents: dict[str, str]) -> Draft:
         aid = artifact_id(stage, config, parents)
