@@ -204,8 +204,16 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     ref_root, kill_root = tmp_path / "ref", tmp_path / "kill"
     shutil.copytree(tiny_store["store"].root, ref_root)
     shutil.copytree(tiny_store["store"].root, kill_root)
-    assert fedl2p(*args, store=ref_root).returncode == 0
-    ref_id = next(i for i in Store(ref_root).ids("meta-train") if i not in Store(kill_root).ids("meta-train"))
+    # the uninterrupted reference in-process (a run is bit-identical across processes; the ids must agree)
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.stages import meta_train
+    ref_cfg = meta_train.MetaTrainConfig(rounds=6, fraction=0.5, seed=3, meta=MetaConfig(epochs=1, batch_size=16, base_lr=0.01))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the CLI (--threads 1): float reductions depend on the thread count
+    try:
+        ref_id = meta_train.run(ref_cfg, Store(ref_root), *ids.values())[0].id
+    finally:
+        torch.set_num_threads(threads)
     env = dict(os.environ, FEDL2P_STORE=str(kill_root))
     proc = subprocess.Popen([sys.executable, "-m", "fedl2p_cli", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -227,6 +235,7 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     assert not Store(kill_root).exists("meta-train", ref_id)
     r = fedl2p(*args, store=kill_root)
     assert r.returncode == 0, r.stderr
+    assert Store(kill_root).ids("meta-train") == Store(ref_root).ids("meta-train")  # the same artifact id as the reference
     got = Store(kill_root).load("meta-train", ref_id)
     ref = Store(ref_root).load("meta-train", ref_id)
     assert got.file("lambda.safetensors").read_bytes() == ref.file("lambda.safetensors").read_bytes()

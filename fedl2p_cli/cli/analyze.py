@@ -6,8 +6,9 @@ from typing import Optional
 
 import typer
 
-from ..stages import analyze as stage
 from . import options, render
+
+stage = options.lazy("fedl2p_cli.stages.analyze")
 
 app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=True)
 

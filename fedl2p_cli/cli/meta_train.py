@@ -5,9 +5,9 @@ from typing import Optional
 
 import typer
 
-from ..algorithms.fedl2p import MetaConfig
-from ..stages import meta_train as stage
 from . import options, render
+
+stage = options.lazy("fedl2p_cli.stages.meta_train")
 
 
 def meta_train(
@@ -60,7 +60,7 @@ def meta_train(
 ) -> None:
     """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png,
     learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""
-    meta = MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
+    meta = stage.MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,

@@ -6,8 +6,9 @@ from typing import List, Optional
 
 import typer
 
-from ..stages import personalize as stage
 from . import options, render
+
+stage = options.lazy("fedl2p_cli.stages.personalize")
 
 
 def personalize(

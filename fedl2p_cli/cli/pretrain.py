@@ -5,8 +5,9 @@ from typing import Optional
 
 import typer
 
-from ..stages import pretrain as stage
 from . import options, render
+
+stage = options.lazy("fedl2p_cli.stages.pretrain")
 
 
 def pretrain(

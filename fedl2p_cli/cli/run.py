@@ -6,8 +6,9 @@ from typing import Optional
 
 import typer
 
-from ..stages import pipeline
 from . import options, personalize, render
+
+pipeline = options.lazy("fedl2p_cli.stages.pipeline")
 
 
 def run(
