@@ -127,6 +127,59 @@ def bench_hypergrad(name: str) -> dict:
     return out
 
 
+def interleaved(fns: dict, reps: int) -> dict[str, float]:
+    """Median seconds per call of each function, timed in turns (a, b, c, a, b, c, ...) so that a slow phase of a
+    shared machine hits every function alike; one warm-up call each first."""
+    import statistics
+    for f in fns.values():
+        f()
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_steps(name: str, threads: int) -> dict:
+    """Issue 13's micro-benchmark: our client work / a plain PyTorch training step on the same model and batch.
+    Plain step: the model as an ordinary nn.Module (no policy active, so every BN layer runs F.batch_norm exactly as
+    nn.BatchNorm2d does), loss.backward() and torch.optim.SGD. Ours: one fine-tuning step (`core.finetune.sgd_step`)
+    under BN C (beta 1), BN G (beta 0), BN I and a mixed beta 0.5; the hypergradient (fo, exact) and FOMAML+."""
+    import torch.nn.functional as F
+    from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
+    from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
+    torch.set_num_threads(threads)
+    m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
+    x, y = batch
+    plain = m.train()
+    opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
+
+    def plain_step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(plain(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    nb = len(s.beta)
+
+    def ours(beta):
+        st = Strategy(beta, s.lr)
+        return lambda: sgd_step(m, theta, x, y, st, ClientBN(list(bn.mean), list(bn.var)))
+
+    fns = {"plain": plain_step, "bnc": ours(torch.ones(nb)), "bng": ours(torch.zeros(nb)), "bni": ours(None),
+           "mixed": ours(torch.full((nb,), 0.5)),
+           "hyper_fo": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="fo"),
+           "fomaml": lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn)}
+    if name == "small-cnn":  # third order: ~40x a step; on ResNet-18 that is minutes per sample on this CPU
+        fns["hyper_exact"] = lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="exact")
+    t = interleaved(fns, 15 if name == "small-cnn" else 3)
+    return {"plain_step_s": t["plain"], **{f"{k}_ratio": v / t["plain"] for k, v in t.items() if k != "plain"},
+            "peak_rss_mb": peak_rss_mb()}
+
+
 def bench_meta_round() -> dict:
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
     from fedl2p_cli.stages import meta_train, pretrain, stats
@@ -167,6 +220,7 @@ MEASUREMENTS = {
     "partition": bench_partition, "engine": bench_engine, "stats": bench_stats,
     "hypergrad_small": lambda: bench_hypergrad("small-cnn"), "hypergrad_resnet18": lambda: bench_hypergrad("resnet18-cifar"),
     "meta_round": bench_meta_round, "stage_rss": bench_stage_rss,
+    **{f"steps_{m}_t{n}": (lambda m=m, n=n: bench_steps(m, n)) for m in ("small-cnn", "resnet18-cifar") for n in (1, 2)},
 }
 
 
@@ -209,6 +263,13 @@ def show(r: dict) -> None:
         add(f"hypergradient exact / SGD step, {label}", g(key, "hypergrad_exact_ratio"), "", "{:.1f}x")
         add(f"FOMAML+ / SGD step, {label}", g(key, "fomaml_ratio"), "", "{:.1f}x")
         add(f"  peak RSS after exact, {label} (MB)", g(key, "hypergrad_exact_peak_rss_mb"))
+    for key in [k for k in r if k.startswith("steps_")]:
+        label = key[len("steps_"):].replace("_t", ", threads ")
+        add(f"plain PyTorch SGD step, {label} (ms)", 1e3 * g(key, "plain_step_s") if g(key, "plain_step_s") else None)
+        for part, goal in (("bnc", "<= 1.2"), ("mixed", "<= 1.2"), ("bng", ""), ("bni", ""), ("hyper_fo", "<= 8"),
+                           ("hyper_exact", ""), ("fomaml", "")):
+            if g(key, f"{part}_ratio") is not None:
+                add(f"  ours {part} / plain step", g(key, f"{part}_ratio"), goal, "{:.2f}x")
     split = g("meta_round", "meta_round_split") or {}
     add("meta-train round (s)", g("meta_round", "meta_round_s"))
     for k, v in split.items():
