@@ -65,8 +65,32 @@ class BNPolicy:
     client_var: list[Tensor] | None = None
     train: bool = True
     recorded: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
+    fused: bool = False  # first-order fine-tuning only (see _fused): not for graphs differentiated twice
+
+    def _fused(self, m: MixBN, x: Tensor) -> Tensor | None:
+        """BN C / BN I (beta 1 or none) and BN G (beta 0) layers through F.batch_norm's fused kernels, the path a
+        plain nn.BatchNorm takes; the batch moments are recorded through its running-statistics output (momentum 1:
+        mean and unbiased variance). None for a mixed beta, which takes the general path."""
+        b = None if self.beta is None else float(self.beta[m.bn_index])
+        if b is not None and b not in (0.0, 1.0):
+            return None
+        n = x.numel() // x.shape[1]
+        if b == 0.0:
+            if self.train:
+                with torch.no_grad():
+                    var, mean = torch.var_mean(x, [0] + list(range(2, x.dim())), correction=0)
+                self.recorded[m.bn_index] = (mean, var, n)
+            return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps)
+        mean, var = torch.empty_like(m.running_mean), torch.empty_like(m.running_var)
+        out = F.batch_norm(x, mean, var, m.weight, m.bias, True, 1.0, m.eps)
+        self.recorded[m.bn_index] = (mean, var * ((n - 1) / n), n)
+        return out
 
     def normalize(self, m: MixBN, x: Tensor) -> Tensor:
+        if self.fused and self.train:
+            out = self._fused(m, x)
+            if out is not None:
+                return out
         i = m.bn_index
         if self.train or self.client_mean is None:
             cm, cv = batch_moments(x)
@@ -80,7 +104,8 @@ class BNPolicy:
             b = self.beta[i]
             mean = (1 - b) * m.running_mean + b * cm
             var = (1 - b) * m.running_var + b * cv
-        return (x - _expand(mean, x)) * _expand(torch.rsqrt(var + m.eps) * m.weight, x) + _expand(m.bias, x)
+        scale = torch.rsqrt(var + m.eps) * m.weight  # per channel; then one fused pass over x: x * scale + shift
+        return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
 
 
 @contextmanager

@@ -44,7 +44,7 @@ class FinetuneResult:
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
     """theta <- theta - eta * grad CE(f_{theta,beta}(x), y), and the client's running statistics move."""
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    pol = BNPolicy(s.beta, train=True)
+    pol = BNPolicy(s.beta, train=True, fused=True)  # first order: BN C/G/I layers take the fused kernels
     loss = ce_loss(model, leaves, x, y, pol)
     grads = torch.autograd.grad(loss, list(leaves.values()))
     with torch.no_grad():
