@@ -23,7 +23,7 @@ quickstart: $(STAMP) data
 	$(BIN)/fedl2p run pipelines/quickstart.toml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2  # two worker processes of one torch thread each (tests/conftest.py)
 
 bench: $(STAMP) data
 	$(BIN)/python bench/bench.py

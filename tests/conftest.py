@@ -9,7 +9,10 @@ from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
 
-torch.set_num_threads(2)
+import os
+
+# under pytest-xdist (`make test`: two workers) one torch thread per worker, else two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 TINY_PARTITION = dict(dataset="digits-c", alpha=0.5, clients=12, samples_per_client=40, unseen_fraction=0.25,
                       corruptions=["clean", "invert", "contrast"], severity=4, seed=0)

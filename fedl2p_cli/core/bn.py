@@ -81,7 +81,7 @@ class BNPolicy:
                     var, mean = torch.var_mean(x, [0] + list(range(2, x.dim())), correction=0)
                 self.recorded[m.bn_index] = (mean, var, n)
             return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps)
-        mean, var = torch.empty_like(m.running_mean), torch.empty_like(m.running_var)
+        mean, var = torch.zeros_like(m.running_mean), torch.zeros_like(m.running_var)  # not empty: 0 * NaN garbage = NaN
         out = F.batch_norm(x, mean, var, m.weight, m.bias, True, 1.0, m.eps)
         self.recorded[m.bn_index] = (mean, var * ((n - 1) / n), n)
         return out
