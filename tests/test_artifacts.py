@@ -69,3 +69,17 @@ def test_edited_manifest_fails_verification(tmp_path, edit):
     mf.write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="manifest does not match its id"):
         s.load("partition", a.id)
+
+
+def test_layering_algorithms_import_only_core():
+    """algorithms/ holds strategies and client updates over core/ alone; core/ imports nothing of the package
+    outside core/ (read from the import statements themselves)."""
+    import ast
+    from pathlib import Path
+    pkg = Path(__file__).resolve().parent.parent / "fedl2p_cli"
+    for layer, allowed in (("algorithms", {"core"}), ("core", {"core"})):
+        for f in (pkg / layer).glob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level > 0:
+                    target = (node.module or "").split(".")[0] if node.level == 2 else layer
+                    assert target in allowed, f"{layer}/{f.name} imports from {'.' * node.level}{node.module}"

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between, validate
+from ..core.client import ClientData, Timer
+from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between
 from ..core.finetune import ClientBN, Strategy, eval_policy, finetune
 from ..core.functional import Params, evaluate, random_batch
 from ..core.hypergrad import fomaml_gradient, ift_hypergradient
 from ..core.metanets import DEFAULT_META_LR, Lambda, grad_report, hyperparameters, sgd_update
-from ..engine.loop import Timer
-from ..io.partition_h5 import ClientData
 
 
 class Diverged(Exception):

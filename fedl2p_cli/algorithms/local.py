@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ..core.functional import random_batch, shuffled_batches
-from ..models.registry import get_state, set_state
+from ..core.functional import get_state, random_batch, set_state, shuffled_batches
 
 State = dict[str, Tensor]
 

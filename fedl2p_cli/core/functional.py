@@ -51,3 +51,15 @@ def evaluate(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPoli
         correct += (logits.argmax(1) == yb).sum().item()
     n = max(len(y), 1)
     return total_loss / n, correct / n
+
+
+def get_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers (the running statistics), detached copies."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def set_state(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(state[k])
+    return model

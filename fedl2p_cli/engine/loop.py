@@ -6,14 +6,13 @@ run replays exactly what an uninterrupted one would have done.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..core.client import Timer  # noqa: F401  (re-exported: stages time their rounds with it)
 from ..io import weights
 
 
@@ -69,21 +68,3 @@ class Checkpoint:
 
     def clear(self) -> None:
         (self.folder / self.NAME).unlink(missing_ok=True)
-
-
-class Timer:
-    """Accumulates named wall-clock sections (for the round time split)."""
-
-    def __init__(self) -> None:
-        self.t: dict[str, float] = {}
-
-    def add(self, name: str, seconds: float) -> None:
-        self.t[name] = self.t.get(name, 0.0) + seconds
-
-    @contextmanager
-    def section(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - t0)

@@ -23,20 +23,9 @@ import torch
 
 from ..data.datasets import normalize
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+from ..core.client import Batch, ClientData  # noqa: F401  (re-exported)
 
 
-@dataclass
-class ClientData:
-    """One client's normalised tensors."""
-
-    train: Batch
-    val: Batch
-    test: Batch
-
-    @property
-    def n_train(self) -> int:
-        return int(self.train[1].numel())
 
 
 @dataclass

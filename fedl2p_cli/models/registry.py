@@ -10,6 +10,7 @@ from torch import nn
 
 from ..core.bn import MixBN, index_bn_layers
 from ..errors import FedL2PError
+from ..core.functional import get_state, set_state  # noqa: F401  (re-exported)
 
 
 def small_cnn(in_channels: int, num_classes: int, width: int = 16, act: type[nn.Module] = nn.ReLU,
@@ -89,13 +90,3 @@ def get_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def get_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters and buffers (the running statistics), detached copies."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def set_state(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            v.copy_(state[k])
-    return model

@@ -1,0 +1,86 @@
+"""Meta-train variants on one bench-accuracy cell, side by side: `python bench/ablate.py CELL VARIANT ...`.
+
+Each VARIANT is `key=value[,key=value...]` over meta-train settings (those of a `[[meta-train]]` table, e.g.
+`meta_grad=fomaml,nets=bnnet,keep=last`); it is added to the cell's common meta-train settings (20 rounds, K = 3,
+e = 5, base LR 0.01). Every variant is meta-trained in its own process and personalised on the seen pool with the
+FT baselines (3 seeds, the same clients and batches as the cell), reusing the cell's partition, pretrained model and
+statistics. Prints one row per variant: accuracy, paired difference to the best FT, and the learned beta per domain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import accuracy  # noqa: E402  (the cells' definitions)
+
+
+def parse(text: str) -> dict:
+    out = {}
+    for kv in text.split(","):
+        k, _, v = kv.partition("=")
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def run_variant(cell: str, variant: dict) -> dict:
+    import torch
+    torch.set_num_threads(1)
+    from fedl2p_cli.cli.render import RichProgress
+    from fedl2p_cli.stages import pipeline
+    from fedl2p_cli.stages import personalize as pers_stage
+    secs = accuracy.sections(cell)
+    secs["meta-train"] = [accuracy.META_COMMON | variant]
+    secs["personalize"] = dict(secs["personalize"], pools=["seen"], methods=["ft-bnc", "ft-bng", "ft-bni"])
+    store = pipeline.Store(accuracy.STORE)
+    try:
+        res = pipeline.run(pipeline.Pipeline(f"ablate-{cell}", secs, store), None, RichProgress)
+    except Exception as e:  # one failed variant must not hide the others
+        return {"variant": variant, "error": f"{e.__class__.__name__}: {e}"}
+    art = [r.artifact for r in res if r.stage == "personalize"][-1]
+    _, r = pers_stage.load(store, art.id)
+    s = json.loads(art.file("summary.json").read_text())
+    meta = [m for m in s["methods"] if m not in pers_stage.HANDMADE][0]
+    i, b = r.methods.index(meta), r.methods.index(s["best_baseline"])
+    diff = np.nanmean(r.acc_after[i] - r.acc_after[b], axis=1)  # per seed, paired on clients
+    beta = r.beta[meta]  # [clients, layers]
+    per_dom = {str(d): [round(float(x), 3) for x in beta[r.domain == d].mean(0)] for d in np.unique(r.domain)}
+    return {"variant": variant, "method": meta, "mean": s["methods"][meta]["mean"], "sd": s["methods"][meta]["sd"],
+            "best_ft": s["best_baseline"], "best_ft_mean": s["methods"][s["best_baseline"]]["mean"],
+            "vs_best_ft": float(diff.mean()), "vs_best_ft_sd": float(diff.std()), "beta_per_domain": per_dom,
+            "personalize": art.id}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cell", choices=list(accuracy.CELLS))
+    ap.add_argument("variants", nargs="+", help="key=value[,key=value...] meta-train settings per variant")
+    ap.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    args = ap.parse_args()
+    variants = [parse(v) for v in args.variants]
+    with mp.get_context("spawn").Pool(args.jobs) as pool:
+        rows = pool.starmap(run_variant, [(args.cell, v) for v in variants], chunksize=1)
+    print(f"\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) |\n|---|---|---|---|---|")
+    for r in rows:
+        v = ",".join(f"{k}={x}" for k, x in r["variant"].items())
+        if "error" in r:
+            print(f"| {v} | FAILED: {r['error']} | | | |")
+            continue
+        print(f"| {v} | {r['method']} | {100 * r['mean']:.2f} ± {100 * r['sd']:.2f} | {r['best_ft']} {100 * r['best_ft_mean']:.2f} "
+              f"| {100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f} |")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""What a client update receives and how it reports time: plain containers, no I/O (algorithms/ import only core/)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class ClientData:
+    """One client's normalised tensors."""
+
+    train: Batch
+    val: Batch
+    test: Batch
+
+    @property
+    def n_train(self) -> int:
+        return int(self.train[1].numel())
+
+
+class Timer:
+    """Accumulates named wall-clock sections (for the round time split)."""
+
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.t[name] = self.t.get(name, 0.0) + seconds
+
+    @contextmanager
+    def section(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
