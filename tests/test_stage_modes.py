@@ -136,3 +136,27 @@ def test_a_second_builder_of_the_same_artifact_is_refused(tmp_path):
         os.close(fd)
     art, reused = build_or_reuse(store, "partition", {"a": 2}, {}, _dummy)
     assert not reused and art.id == aid
+
+
+def test_two_workers_write_the_same_artifact_as_one(tiny_store, tmp_path):
+    """--workers 2: a round's clients in two processes of one thread; same id, same lambda bytes, same history
+    (apart from wall-clock columns) as one process at one thread."""
+    import shutil
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=21, meta=TINY_META)
+    roots = []
+    for workers in (1, 2):
+        root = tmp_path / f"w{workers}"
+        shutil.copytree(tiny_store["store"].root, root)
+        cfg.workers = workers
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            art, _ = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id)
+        finally:
+            torch.set_num_threads(threads)
+        roots.append(art)
+    one, two = roots
+    assert one.id == two.id
+    assert one.file("lambda.safetensors").read_bytes() == two.file("lambda.safetensors").read_bytes()
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows]  # noqa: E731
+    assert strip(history(one)) == strip(history(two))

@@ -52,6 +52,9 @@ def meta_train(
                              "the paper: with few clients per round and domains of unequal difficulty, 'best' mostly picks the "
                              "round that sampled easy clients)."),
     seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
+    workers: int = typer.Option(1, help="Processes that run a round's clients in parallel, one torch thread each (spawned "
+                                "once per run; each loads the data once). The artifact is the same as with 1 (bit for bit; "
+                                "not part of its id). Use up to the number of cores; see README 'Threads'."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
@@ -64,7 +67,7 @@ def meta_train(
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
-                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, meta=meta)
+                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)

@@ -17,6 +17,7 @@ from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients
+from ..engine.workers import ClientPool
 from ..errors import FedL2PError
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, validate
 from ..io import weights
@@ -46,6 +47,7 @@ class MetaTrainConfig:
     meta_opt: str = "fedavg"     # fedavg: the paper's server | fedadam: Adam on the mean client change (not in the paper)
     server_lr: float = field(default=1e-3, metadata=POSITIVE)      # FedAdam step size
     keep: str = "best"           # best: the paper's lowest-mean-val-loss round | last: the final aggregate (not in the paper)
+    workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
     meta: MetaConfig = field(default_factory=MetaConfig)
 
     def variant(self) -> str:
@@ -145,7 +147,28 @@ def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> d
     return rec
 
 
-def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> tuple[Lambda, list[dict], dict]:
+def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig) -> Context:
+    """Everything a client update reads, from the store (also each worker's initializer)."""
+    store = Store(root)
+    _, part = partition_stage.load(store, partition_id)
+    _, model, state = pretrain_stage.load(store, pretrain_id)
+    _, table = stats_stage.load(store, stats_id)
+    theta_g = {n: state[n] for n, _ in model.named_parameters()}
+    norm = None
+    if cfg.input_norm == "standardize":
+        rows = [table.row(c) for c in part.pool(False)]
+        norm = input_normalizer(table.xi[rows], table.x[rows])
+    return Context(model, theta_g, part, table, cfg, norm)
+
+
+def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResult, dict]:
+    """One client's update in round rnd, with its own generator (seed, rnd, c): the same wherever it runs."""
+    timer = Timer()
+    return ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer), timer.t
+
+
+def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool: ClientPool | None = None
+              ) -> tuple[Lambda, list[dict], dict]:
     cfg = ctx.cfg
     seen = ctx.part.pool(False)
     st = ckpt.load() or LoopState(0, {f"lam.{k}": v for k, v in lam0.items()} | {f"best.{k}": v for k, v in lam0.items()},
@@ -159,11 +182,15 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) 
         lam = {k[4:]: v for k, v in st.tensors.items() if k.startswith("lam.")}
         sampled = sample_clients(seen, cfg.fraction, cfg.seed, rnd)
         try:
-            results = [ctx.update(c, lam, generator(cfg.seed, rnd, c), timer) for c in sampled]
+            done = pool.map([(c, lam, rnd) for c in sampled]) if pool else [client_task(ctx, c, lam, rnd) for c in sampled]
         except Diverged as e:
             st.extra["diverged"] = f"round {rnd + 1}: {e}"
             ckpt.save(st)
             break
+        results = [r for r, _ in done]
+        for _, t in done:  # the clients' own time split, wherever they ran
+            for k, v in t.items():
+                timer.add(k, v)
         rec = _record(rnd, results, timer, t0) | {"sampled": " ".join(map(str, sampled))} | ctx.snapshot(lam)
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
             st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
@@ -237,28 +264,24 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    config = asdict(cfg) | {"variant": cfg.variant()}
+    config = {k: v for k, v in asdict(cfg).items() if k != "workers"} | {"variant": cfg.variant()}
 
     def build(draft: Draft) -> None:
-        _, part = partition_stage.load(store, parents["partition"])
-        _, model, state = pretrain_stage.load(store, pre_art.id)
+        ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
+        ctx = make_context(*ids, cfg)
+        part, norm = ctx.part, ctx.norm
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
-        theta_g = {n: state[n] for n, _ in model.named_parameters()}
-        lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed,
+        lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(ctx.theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed,
                            cfg.meta.hidden_bias)
-        norm = None
-        if cfg.input_norm == "standardize":
-            rows = [table.row(c) for c in part.pool(False)]
-            norm = input_normalizer(table.xi[rows], table.x[rows])
-        ctx = Context(model, theta_g, part, table, cfg, norm)
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
         if cfg.local:
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
-            lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress())
+            with ClientPool(cfg.workers, make_context, (*ids, cfg), client_task, ctx) as pool:
+                lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool)
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})
         write_history(draft.path("history.csv"), history)
