@@ -198,6 +198,34 @@ def bench_meta_round() -> dict:
     return {"meta_round_s": tot / len(rows), "meta_round_split": split, "peak_rss_mb": peak_rss_mb()}
 
 
+def bench_workers() -> dict:
+    """Client updates per second in meta-training (small CNN, embedded data, e = 5, K = 3): one process at one
+    thread (today's default), one process at two threads, and --workers 2 (two processes of one thread). Timed from
+    the rounds' own wall clock (history round_s), so the workers' one-off start-up is reported apart."""
+    import csv
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.stages import meta_train, pretrain, stats
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        store, part_art, _ = _embedded(d)
+        pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
+        st, _ = stats.run(stats.StatsConfig(), store, part_art.id, pre.id)
+        for label, workers, threads in (("1 process, 1 thread", 1, 1), ("1 process, 2 threads", 1, 2),
+                                        ("2 workers, 1 thread each", 2, 1)):
+            torch.set_num_threads(threads)
+            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, workers=workers, seed=len(out),
+                                             meta=MetaConfig(epochs=5, base_lr=0.01))
+            t = time.perf_counter()
+            art, _ = meta_train.run(cfg, store, pre.id, st.id)
+            total = time.perf_counter() - t
+            rows = list(csv.DictReader(open(art.file("history.csv"))))
+            rounds_s = sum(float(r["round_s"]) for r in rows)
+            updates = sum(int(r["clients"]) for r in rows)
+            out[label] = {"updates_per_s": updates / rounds_s, "startup_s": total - rounds_s}
+    base = out["1 process, 1 thread"]["updates_per_s"]
+    return {"workers": out, "speedup": {k: v["updates_per_s"] / base for k, v in out.items()}}
+
+
 def bench_stage_rss() -> dict:
     """Peak RSS of each stage of a small embedded pipeline, each in a fresh process."""
     out = {}
@@ -219,7 +247,7 @@ def bench_stage_rss() -> dict:
 MEASUREMENTS = {
     "partition": bench_partition, "engine": bench_engine, "stats": bench_stats,
     "hypergrad_small": lambda: bench_hypergrad("small-cnn"), "hypergrad_resnet18": lambda: bench_hypergrad("resnet18-cifar"),
-    "meta_round": bench_meta_round, "stage_rss": bench_stage_rss,
+    "meta_round": bench_meta_round, "stage_rss": bench_stage_rss, "workers": bench_workers,
     **{f"steps_{m}_t{n}": (lambda m=m, n=n: bench_steps(m, n)) for m in ("small-cnn", "resnet18-cifar") for n in (1, 2)},
 }
 
@@ -270,6 +298,9 @@ def show(r: dict) -> None:
                            ("hyper_exact", ""), ("fomaml", "")):
             if g(key, f"{part}_ratio") is not None:
                 add(f"  ours {part} / plain step", g(key, f"{part}_ratio"), goal, "{:.2f}x")
+    for k, v in (r.get("workers", {}).get("workers") or {}).items():
+        add(f"meta-train client updates/s, {k}", v["updates_per_s"], "", "{:.2f}")
+        add(f"  vs 1 process at 1 thread", r["workers"]["speedup"][k], ">= 1.6 (2 workers)" if k.startswith("2") else "", "{:.2f}x")
     split = g("meta_round", "meta_round_split") or {}
     add("meta-train round (s)", g("meta_round", "meta_round_s"))
     for k, v in split.items():
