@@ -1,3 +1,4 @@
 from .cli.main import main
 
-main()
+if __name__ == "__main__":  # spawned worker processes import this module as __mp_main__: do not run the CLI there
+    main()
