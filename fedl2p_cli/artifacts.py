@@ -161,19 +161,19 @@ class Store:
                     pass
 
     def _clean_stale(self, stage: str, own: str) -> None:
-        """Remove `.tmp-<id>-*` folders whose builder is dead: ours (we hold the lock), and any other id whose
-        lock nobody holds. A live builder holds its lock, so its folder is never touched."""
+        """Remove `.tmp-<id>-*` folders whose builder is dead: ours (we hold the lock), and any other id whose lock
+        file exists and nobody holds. A live builder holds its lock, so its folder is never touched; a folder with no
+        lock file at all is left too (seen: an older fedl2p without locks, still writing, lost its folder)."""
         for tmp in (self.root / stage).glob(".tmp-*"):
             aid = tmp.name.split("-")[1]
             if aid == own:
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue
             other = self.root / stage / f".lock-{aid}"
-            try:  # a builder creates its lock before its folder: no lock file, no builder
+            try:  # a builder holds its lock file while it lives and a kill leaves the file behind, unlocked
                 fd = os.open(other, os.O_RDWR)
             except FileNotFoundError:
-                shutil.rmtree(tmp, ignore_errors=True)
-                continue
+                continue  # no lock file: a builder that takes none (an older fedl2p) may still be writing; leave it
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

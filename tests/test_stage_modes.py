@@ -113,14 +113,17 @@ def test_stale_temporary_folders_are_removed_and_live_ones_kept(tmp_path):
     for d in (dead, live):
         d.mkdir(parents=True)
         (d / "half.h5").write_bytes(b"half")
+    unknown = stage / ".tmp-0123456789ab-ijkl"  # no lock file: a builder that takes none may be writing it
+    unknown.mkdir()
+    (stage / ".lock-deadbeef0000").touch()  # a killed builder leaves its lock file, unlocked
     fd = os.open(stage / ".lock-cafe00000000", os.O_CREAT | os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live builder of cafe00000000
     try:
         art, _ = build_or_reuse(store, "partition", {"a": 1}, {}, _dummy)
     finally:
         os.close(fd)
-    assert not dead.exists() and live.exists() and (live / "half.h5").read_bytes() == b"half"
-    assert sorted(p.name for p in stage.iterdir()) == sorted([art.id, live.name, ".lock-cafe00000000"])
+    assert not dead.exists() and live.exists() and (live / "half.h5").read_bytes() == b"half" and unknown.exists()
+    assert sorted(p.name for p in stage.iterdir()) == sorted([art.id, live.name, unknown.name, ".lock-cafe00000000"])
 
 
 def test_a_second_builder_of_the_same_artifact_is_refused(tmp_path):
