@@ -41,7 +41,8 @@ class RichProgress:
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     t = Table(title=title, title_justify="left")
     for c in columns:
-        t.add_column(c, justify="left" if c == columns[0] else "right")
+        # fold, never cut: a narrow or non-terminal console (80 columns) truncated "72.10 ± 0.22" to "72.10 ±"
+        t.add_column(c, justify="left" if c == columns[0] else "right", overflow="fold")
     for r in rows:
         t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
     console.print(t)
