@@ -70,7 +70,7 @@ def main() -> None:
     variants = [parse(v) for v in args.variants]
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         rows = pool.starmap(run_variant, [(args.cell, v) for v in variants], chunksize=1)
-    print(f"\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) |\n|---|---|---|---|---|")
+    print("\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) |\n|---|---|---|---|---|")
     for r in rows:
         v = ",".join(f"{k}={x}" for k, x in r["variant"].items())
         if "error" in r:

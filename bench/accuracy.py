@@ -18,7 +18,6 @@ a method.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import multiprocessing as mp
 import os
@@ -114,6 +113,7 @@ def central_accuracy(part_id: str, pretrain_cfg: dict, epochs: int = 10) -> floa
     import torch
     import torch.nn.functional as F
     from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.core.functional import get_state
     from fedl2p_cli.engine.loop import generator, step_lr
     from fedl2p_cli.models import registry
     from fedl2p_cli.stages import partition as partition_stage
@@ -135,7 +135,7 @@ def central_accuracy(part_id: str, pretrain_cfg: dict, epochs: int = 10) -> floa
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return global_accuracy(model, registry.get_state(model), *pool_tensors(part, seen, "test"))
+    return global_accuracy(model, get_state(model), *pool_tensors(part, seen, "test"))
 
 
 def oracle(candidates: np.ndarray) -> tuple[float, float]:
@@ -146,7 +146,7 @@ def oracle(candidates: np.ndarray) -> tuple[float, float]:
 
 def collect(cell: str) -> list[dict] | None:
     """The finished cell's rows (one per pool), or None if it is not complete."""
-    from fedl2p_cli.artifacts import Store, artifact_id
+    from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     rows = []

@@ -300,7 +300,7 @@ def show(r: dict) -> None:
                 add(f"  ours {part} / plain step", g(key, f"{part}_ratio"), goal, "{:.2f}x")
     for k, v in (r.get("workers", {}).get("workers") or {}).items():
         add(f"meta-train client updates/s, {k}", v["updates_per_s"], "", "{:.2f}")
-        add(f"  vs 1 process at 1 thread", r["workers"]["speedup"][k], ">= 1.6 (2 workers)" if k.startswith("2") else "", "{:.2f}x")
+        add("  vs 1 process at 1 thread", r["workers"]["speedup"][k], ">= 1.6 (2 workers)" if k.startswith("2") else "", "{:.2f}x")
     split = g("meta_round", "meta_round_split") or {}
     add("meta-train round (s)", g("meta_round", "meta_round_s"))
     for k, v in split.items():

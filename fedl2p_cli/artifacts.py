@@ -151,8 +151,7 @@ class Store:
             self._clean_stale(stage, aid)
             yield
         finally:
-            if lock.exists():
-                lock.unlink(missing_ok=True)
+            lock.unlink(missing_ok=True)
             os.close(fd)
             for p in reversed(made):
                 try:

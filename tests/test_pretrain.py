@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from fedl2p_cli.algorithms.local import LocalConfig, perfedavg_hf_step, sgd_client
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.core.aggregate import weighted_average
+from fedl2p_cli.core.functional import get_state
 from fedl2p_cli.engine.loop import Checkpoint, generator, sample_clients, step_lr
 from fedl2p_cli.io import weights
 from fedl2p_cli.models import registry
@@ -33,7 +34,7 @@ def test_fedavg_one_client_full_participation_equals_sgd(tmp_path):
     cfg = pretrain.PretrainConfig(rounds=2, fraction=1.0, batch_size=16, lr=0.05, eval_every=10)
     state, _ = pretrain.train(cfg, part, None, pretrain.NoProgress())
     model = registry.build("small-cnn", part.in_channels, part.num_classes, 0)
-    ref = registry.get_state(model)
+    ref = get_state(model)
     x, y = part.client(0).train
     for rnd in range(2):
         ref, _ = sgd_client(model, ref, x, y, step_lr(0.05, rnd, 2), LocalConfig(batch_size=16), generator(0, rnd, 0))
@@ -47,7 +48,7 @@ def test_fedbabu_head_is_bit_identical_to_init(tiny_store, tmp_path):
                           tiny_store["partition"].id, plot=False)
     state = weights.load(art.file("model.safetensors"))
     model = registry.build("small-cnn", 1, 10, 0)
-    init = registry.get_state(model)
+    init = get_state(model)
     head = [k for k in init if k.startswith(registry.head_prefix(model))]
     assert head == ["13.weight", "13.bias"]  # the classifier really is found
     for k in head:

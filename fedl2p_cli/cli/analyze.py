@@ -8,7 +8,7 @@ import typer
 
 from . import options, render
 
-stage = options.lazy("fedl2p_cli.stages.analyze")
+stage = options.Lazy("fedl2p_cli.stages.analyze")
 
 app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=True)
 

@@ -7,7 +7,7 @@ import typer
 
 from . import options, render
 
-stage = options.lazy("fedl2p_cli.stages.meta_train")
+stage = options.Lazy("fedl2p_cli.stages.meta_train")
 
 
 def meta_train(

@@ -48,6 +48,3 @@ class Lazy:
             self._module = importlib.import_module(self._name)
         return getattr(self._module, attr)
 
-
-def lazy(name: str) -> Lazy:
-    return Lazy(name)

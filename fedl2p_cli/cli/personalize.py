@@ -8,7 +8,7 @@ import typer
 
 from . import options, render
 
-stage = options.lazy("fedl2p_cli.stages.personalize")
+stage = options.Lazy("fedl2p_cli.stages.personalize")
 
 
 def personalize(

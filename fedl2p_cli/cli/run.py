@@ -8,7 +8,7 @@ import typer
 
 from . import options, personalize, render
 
-pipeline = options.lazy("fedl2p_cli.stages.pipeline")
+pipeline = options.Lazy("fedl2p_cli.stages.pipeline")
 
 
 def run(

@@ -7,7 +7,7 @@ import typer
 
 from . import options, render
 
-stage = options.lazy("fedl2p_cli.stages.stats")
+stage = options.Lazy("fedl2p_cli.stages.stats")
 
 
 def stats(

@@ -65,7 +65,7 @@ class BNPolicy:
     client_var: list[Tensor] | None = None
     train: bool = True
     recorded: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
-    fused: bool = False  # first-order fine-tuning only (see _fused): not for graphs differentiated twice
+    fused: bool = False  # first-order fine-tuning only (training forwards; see _fused): not for graphs differentiated twice
 
     def _fused(self, m: MixBN, x: Tensor) -> Tensor | None:
         """BN C / BN I (beta 1 or none) and BN G (beta 0) layers through F.batch_norm's fused kernels, the path a
@@ -76,10 +76,9 @@ class BNPolicy:
             return None
         n = x.numel() // x.shape[1]
         if b == 0.0:
-            if self.train:
-                with torch.no_grad():
-                    var, mean = torch.var_mean(x, [0] + list(range(2, x.dim())), correction=0)
-                self.recorded[m.bn_index] = (mean, var, n)
+            with torch.no_grad():
+                var, mean = torch.var_mean(x, [0] + list(range(2, x.dim())), correction=0)
+            self.recorded[m.bn_index] = (mean, var, n)
             return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps)
         mean, var = torch.zeros_like(m.running_mean), torch.zeros_like(m.running_var)  # not empty: 0 * NaN garbage = NaN
         out = F.batch_norm(x, mean, var, m.weight, m.bias, True, 1.0, m.eps)

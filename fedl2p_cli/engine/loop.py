@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.client import Timer  # noqa: F401  (re-exported: stages time their rounds with it)
 from ..io import weights
 
 

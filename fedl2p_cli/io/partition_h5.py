@@ -21,10 +21,8 @@ import h5py
 import numpy as np
 import torch
 
+from ..core.client import ClientData
 from ..data.datasets import normalize
-
-from ..core.client import Batch, ClientData  # noqa: F401  (re-exported)
-
 
 
 

@@ -10,7 +10,6 @@ from torch import nn
 
 from ..core.bn import MixBN, index_bn_layers
 from ..errors import FedL2PError
-from ..core.functional import get_state, set_state  # noqa: F401  (re-exported)
 
 
 def small_cnn(in_channels: int, num_classes: int, width: int = 16, act: type[nn.Module] = nn.ReLU,

@@ -12,14 +12,15 @@ import torch
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import weighted_average
+from ..core.client import Timer
+from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, validate
 from ..core.finetune import CLIENT_BN
 from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
-from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients
+from ..engine.loop import Checkpoint, LoopState, generator, sample_clients
 from ..engine.workers import ClientPool
 from ..errors import FedL2PError
-from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, validate
 from ..io import weights
 from ..io.stats_h5 import StatsTable
 from . import partition as partition_stage
@@ -147,12 +148,15 @@ def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> d
     return rec
 
 
-def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig) -> Context:
-    """Everything a client update reads, from the store (also each worker's initializer)."""
+def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig,
+                 table: StatsTable | None = None) -> Context:
+    """Everything a client update reads, from the store (also each worker's initializer; `table`: the statistics
+    the caller already loaded)."""
     store = Store(root)
     _, part = partition_stage.load(store, partition_id)
     _, model, state = pretrain_stage.load(store, pretrain_id)
-    _, table = stats_stage.load(store, stats_id)
+    if table is None:
+        _, table = stats_stage.load(store, stats_id)
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     norm = None
     if cfg.input_norm == "standardize":
@@ -167,7 +171,7 @@ def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResu
     return ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer), timer.t
 
 
-def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool: ClientPool | None = None
+def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool: ClientPool
               ) -> tuple[Lambda, list[dict], dict]:
     cfg = ctx.cfg
     seen = ctx.part.pool(False)
@@ -182,7 +186,7 @@ def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, 
         lam = {k[4:]: v for k, v in st.tensors.items() if k.startswith("lam.")}
         sampled = sample_clients(seen, cfg.fraction, cfg.seed, rnd)
         try:
-            done = pool.map([(c, lam, rnd) for c in sampled]) if pool else [client_task(ctx, c, lam, rnd) for c in sampled]
+            done = pool.map([(c, lam, rnd) for c in sampled])
         except Diverged as e:
             st.extra["diverged"] = f"round {rnd + 1}: {e}"
             ckpt.save(st)
@@ -268,7 +272,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
 
     def build(draft: Draft) -> None:
         ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
-        ctx = make_context(*ids, cfg)
+        ctx = make_context(*ids, cfg, table)
         part, norm = ctx.part, ctx.norm
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")

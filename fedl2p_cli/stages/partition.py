@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store
+from ..core.config import AT_LEAST_1, BELOW_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..data import corruptions as corr
 from ..data import datasets
 from ..data.partition import choose_unseen, dirichlet_partition, label_entropy
 from ..errors import FedL2PError
-from ..core.config import AT_LEAST_1, BELOW_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..io import partition_h5
 from .common import build_or_reuse, config_dict
 

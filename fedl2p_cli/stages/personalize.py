@@ -11,12 +11,12 @@ import torch
 from ..algorithms.fedl2p import hyper_fn
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Draft, Store
+from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..core.finetune import CLIENT_BN, Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
 from ..core.metanets import normalize_inputs
 from ..core.selection import NO_FT, candidates, select_by_validation
 from ..engine.loop import generator
-from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable

@@ -121,16 +121,12 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
 
     pre_sec = dict(s["pretrain"])
     own = pre_sec.pop("partition", None)  # [pretrain.partition]: the model is pretrained on other clients
-    if own is not None and not isinstance(own, dict):
-        raise FedL2PError(f"pipeline {name}: [pretrain] partition must be a table ([pretrain.partition])")
     pre_part = None
     if own is not None:
         pre_part = step("partition", "partition (pretraining clients)", lambda f: partition.run(
             _make(partition.PartitionConfig, "pretrain.partition", own, name), p.store, f, plot=True))
     part_sec = dict(s["partition"])
-    if part_sec.get("exclude") == "pretrain":  # the clients get no image the model was pretrained on
-        if pre_part is None:
-            raise FedL2PError(f"pipeline {name}: exclude = \"pretrain\" needs a [pretrain.partition] section")
+    if part_sec.get("exclude") == "pretrain":  # the clients get no image the model was pretrained on (checked: it has one)
         part_sec["exclude"] = pre_part.id
     part = step("partition", "partition", lambda f: partition.run(_make(partition.PartitionConfig, "partition", part_sec, name),
                                                                   p.store, f, plot=True))

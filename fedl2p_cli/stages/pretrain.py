@@ -12,9 +12,11 @@ import torch
 from ..algorithms.local import ALGORITHMS, LocalConfig
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
-from ..engine.loop import Checkpoint, LoopState, Timer, generator, sample_clients, step_lr
-from ..errors import FedL2PError
+from ..core.client import Timer
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
+from ..core.functional import get_state, set_state
+from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
+from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..models import registry
@@ -55,14 +57,14 @@ def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch
 def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> float:
     if len(y) == 0:
         return float("nan")
-    registry.set_state(model, state).eval()
+    set_state(model, state).eval()
     correct = sum((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum().item() for i in range(0, len(y), 1024))
     return correct / len(y)
 
 
 def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
     state = weights.import_state_dict(Path(cfg.init))
-    own = registry.get_state(model)
+    own = get_state(model)
     head = registry.head_prefix(model)
     missing = [k for k in own if k not in state]
     if missing:
@@ -87,7 +89,7 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
     tests = {"seen": pool_tensors(part, seen, "test"), "unseen": pool_tensors(part, unseen, "test") if unseen else None}
     client_fn = ALGORITHMS[cfg.algo]
     local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.head_prefix(model), cfg.algo == "fedbabu", cfg.pf_alpha)
-    st = (ckpt.load() if ckpt else None) or LoopState(0, registry.get_state(model))
+    st = (ckpt.load() if ckpt else None) or LoopState(0, get_state(model))
     progress.start(f"pretrain {cfg.algo}", cfg.rounds)
     progress.advance(st.next_round)
     for rnd in range(st.next_round, cfg.rounds):
@@ -164,6 +166,6 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict
     c = art.config
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
     state = weights.load(art.file("model.safetensors"))
-    registry.set_state(model, state)
+    set_state(model, state)
     return art, model, state
 

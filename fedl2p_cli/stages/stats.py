@@ -9,9 +9,9 @@ import torch
 
 from ..artifacts import Artifact, Draft, Store
 from ..core.bn import bn_layers
+from ..core.config import AT_LEAST_1, validate
 from ..core.stats import many_client_stats, stat_layers
 from ..errors import ArtifactError
-from ..core.config import AT_LEAST_1, validate
 from ..io import stats_h5
 from ..models.registry import param_names
 from . import partition as partition_stage
