@@ -27,7 +27,7 @@ from . import __version__
 from .errors import ArtifactError
 
 SCHEMA_VERSION = 1
-STAGES = ("partition", "pretrain", "stats", "meta-train", "personalize", "analyze")
+STAGES = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze")
 ENV_STORE = "FEDL2P_STORE"
 
 

@@ -120,3 +120,19 @@ def test_real_nan_in_round_one_keeps_the_initial_lambda(tiny_store):
     _, table = meta_train.stats_stage.load(tiny_store["store"], tiny_store["stats"].id)
     lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(table.param_names), 1e6, "both", 3)
     assert all(torch.equal(lam[k], lam0[k]) for k in lam0)
+
+
+def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
+    """--beta-init moves BNNet's bias constant (initial beta) and nothing else; at the paper's 0.5 the artifact
+    config is the one artifacts had before the option existed."""
+    from dataclasses import asdict
+    from fedl2p_cli.stages.common import config_dict
+    lam = init_lambda(20, 82, 62, 1e-3, "both", 0, beta_init=0.9)
+    assert all(torch.equal(lam[k], torch.full_like(lam[k], 0.9)) for k in ("bnnet.0.bias", "bnnet.1.bias", "bnnet.2.bias"))
+    assert torch.equal(lam["lrnet.2.bias"], init_lambda(20, 82, 62, 1e-3, "both", 0)["lrnet.2.bias"])
+    cfg = meta_train.MetaTrainConfig()
+    old = asdict(cfg)
+    old["meta"].pop("beta_init")
+    assert config_dict(cfg) == old
+    cfg.meta.beta_init = 0.9
+    assert config_dict(cfg)["meta"]["beta_init"] == 0.9 and cfg.variant().endswith("-binit0.9")

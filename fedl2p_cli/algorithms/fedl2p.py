@@ -42,6 +42,8 @@ class MetaConfig:
     psi_power: int = field(default=0, metadata=NON_NEGATIVE)          # >0: psi = min(psi, 1/lambda_max(H_T)) by that many power iterations (not in the paper)
     client_bn: str = "precise"  # precise: recompute client BN statistics after fine-tuning | running (paper)
     hidden_bias: str = "paper"  # paper: every meta-net bias is the constant (App. E) | zero: hidden biases 0
+    # BNNet's bias constant, so the initial beta; App. E: 0.5. Left out of the artifact id at 0.5 (added later).
+    beta_init: float = field(default=0.5, metadata=UNIT | {"option": "--beta-init", "identity_default": True})
 
     @property
     def meta_lrs(self) -> dict[str, float]:

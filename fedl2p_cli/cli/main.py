@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import USER_ERRORS
-from . import analyze, artifacts, meta_train, partition, personalize, pretrain, render, stats
+from . import analyze, artifacts, meta_train, partition, personalize, pfl, pretrain, render, stats
 from .run import run
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ app.command()(partition.partition)
 app.command()(pretrain.pretrain)
 app.command()(stats.stats)
 app.command("meta-train")(meta_train.meta_train)
+app.command("pfl-train")(pfl.pfl_train)
 app.command()(personalize.personalize)
 app.command()(run)
 app.add_typer(analyze.app, name="analyze")

@@ -42,6 +42,10 @@ def meta_train(
     hidden_bias: str = typer.Option("paper", help="Meta-net init: paper = every bias the constant 0.5 (BNNet) / 1.0 (LRNet), as "
                                     "App. E and the authors' code | zero = hidden biases 0 (an ablation: input weights then "
                                     "receive almost no gradient)."),
+    beta_init: float = typer.Option(0.5, help="Constant of every BNNet bias, so every client's initial beta (App. E: 0.5). "
+                                    "Another value is not in the paper: where the best fixed beta is near 1 (BN C) the "
+                                    "meta-gradient moves beta too slowly from 0.5 in a small budget; starting near it "
+                                    "lets clients move away from it instead."),
     input_norm: str = typer.Option("none", help="none = raw xi and x as the paper | standardize = z-score every input feature "
                                    "over the seen clients (not in the paper; the mean/SD are stored with lambda)."),
     meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
@@ -65,7 +69,8 @@ def meta_train(
     learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""
     meta = stage.MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
-                      lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias)
+                      lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias,
+                      beta_init=beta_init)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
                                 input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())

@@ -11,8 +11,11 @@ stage = options.Lazy("fedl2p_cli.stages.partition")
 
 
 def partition(
-    dataset: str = typer.Option("fmnist-c", help="fmnist | fmnist-c (generated corruption domains) | digits | digits-c | cifar10 | cifar10-c | image-folder."),
+    dataset: str = typer.Option("fmnist-c", help="fmnist | fmnist-c (generated corruption domains) | fmnist-r (rotation domains: 10 angles 0..180, CAFeMe's RMNIST analogue) | digits | digits-c | cifar10 | cifar10-c | image-folder."),
     alpha: float = typer.Option(0.1, help="Dirichlet concentration of each client's label mix (> 0; 1000 is ~IID, 0.1 very skewed)."),
+    scheme: str = typer.Option("dirichlet", help="dirichlet = each client's labels ~ Dir(alpha) (FedL2P) | shards = each client "
+                               "holds --shard-classes classes in equal amounts (pFedLA's non-IID.1, CAFeMe's shards; --alpha unused)."),
+    shard_classes: int = typer.Option(4, help="Classes per client with --scheme shards (pFedLA: 4; CAFeMe: 2)."),
     clients: int = typer.Option(70, help="Number of clients, split evenly across domains."),
     samples_per_client: int = typer.Option(200, help="Samples per client (equal for every client, as in the paper)."),
     val_fraction: float = typer.Option(0.2, help="Share of each client's non-test samples held out for validation."),
@@ -20,7 +23,8 @@ def partition(
     unseen_fraction: float = typer.Option(0.2, help="Share of each domain's clients put in the unseen pool (never meta-trained on)."),
     unseen_domains: Optional[str] = typer.Option(None, help="Comma-separated domains whose clients are all unseen."),
     corruptions: Optional[str] = typer.Option(None, help="Comma-separated domains: generated corruptions for fmnist-c/digits-c "
-                                              "(default clean,gaussian_noise,gaussian_blur,contrast,brightness,invert,pixelate) or CIFAR-10-C types."),
+                                              "(default clean,gaussian_noise,gaussian_blur,contrast,brightness,invert,pixelate), rotations rotate<degrees> "
+                                              "(fmnist-r default rotate0,rotate20,...,rotate180) or CIFAR-10-C types."),
     severity: int = typer.Option(3, help="Corruption severity 1..5."),
     seed: int = typer.Option(0, help="Seed of every random draw; the same seed gives an identical partition."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="FEDL2P_DATA", help="Where the dataset files are (see README)."),
@@ -35,7 +39,7 @@ def partition(
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
     cfg = stage.PartitionConfig(dataset, alpha, clients, samples_per_client, val_fraction, test_fraction, seed,
                                 unseen_fraction, options.csv_list(unseen_domains) or [], options.csv_list(corruptions),
-                                severity, str(data_dir) if data_dir else None, download, exclude)
+                                severity, str(data_dir) if data_dir else None, download, exclude, scheme, shard_classes)
     art, reused = stage.run(cfg, options.store(store), force, plot)
     show(art.metrics)
     render.artifact_line("partition", art.id, art.path, reused)

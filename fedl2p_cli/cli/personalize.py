@@ -17,8 +17,14 @@ def personalize(
                                 "ft-bni (batch statistics), ft-tuned (each client picks the best of {BN C, BN G, BN I} x "
                                 "{LR/10, LR, LR x10} and no fine-tuning on its own validation split; not in the paper, a "
                                 "stronger baseline), and meta-net variants by name (fedl2p, l2p, fedl2p-fomaml, "
-                                "fedl2p-bnnet, fedl2p-lrnet-b1, ...; the newest artifact of that variant)."),
+                                "fedl2p-bnnet, fedl2p-lrnet-b1, ...; the newest artifact of that variant), and the other personalised-FL "
+                                "systems pfedla, heurpfedla, cafeme (the newest `fedl2p pfl-train` artifact on this partition)."),
     meta: Optional[List[str]] = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
+    pfl: Optional[List[str]] = typer.Option(None, "--pfl", help="A pfl-train artifact id (pFedLA, HeurpFedLA, CAFeMe) to "
+                                            "compare as well (repeatable)."),
+    pfl_steps: int = typer.Option(50, help="CAFeMe: personalisation steps (Alg. 2) of every evaluated client before "
+                                  "testing (paper: 50). pFedLA/HeurpFedLA are evaluated as trained (their Alg. 1 output) "
+                                  "and have no model for unseen clients (N/A)."),
     epochs: int = typer.Option(5, "--epochs", "-e", help="Fine-tuning epochs, the same budget for every method."),
     batch_size: int = typer.Option(32, help="Fine-tuning batch size (also the test batch size of BN I)."),
     base_lr: float = typer.Option(1e-3, help="Learning rate of the FT baselines."),
@@ -34,8 +40,8 @@ def personalize(
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
     cfg = stage.PersonalizeConfig(unseen, options.csv_list(methods), epochs, batch_size, base_lr, options.int_list(seeds),
-                                  client_bn)
-    art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress())
+                                  client_bn, pfl_steps)
+    art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl)
     show(json.loads(art.file("summary.json").read_text()))
     render.artifact_line("personalize", art.id, art.path, reused)
 

@@ -79,14 +79,30 @@ CORRUPTIONS: dict[str, Corruption] = {
 DEFAULT_DOMAINS = ["clean", "gaussian_noise", "gaussian_blur", "contrast", "brightness", "invert", "pixelate"]
 
 
+ROTATION_DOMAINS = [f"rotate{a}" for a in range(0, 200, 20)]  # RMNIST's 10 angles in [0, 200) (CAFeMe App. 8.1)
+
+
+def rotation(name: str) -> float | None:
+    """The angle of a `rotate<degrees>` domain (a rotation-domain "corruption"), else None."""
+    if not name.startswith("rotate"):
+        return None
+    try:
+        return float(name[len("rotate"):])
+    except ValueError:
+        return None
+
+
 def check(names: list[str], severity: int) -> None:
-    bad = [n for n in names if n not in CORRUPTIONS]
+    bad = [n for n in names if n not in CORRUPTIONS and rotation(n) is None]
     if bad:
-        raise DataError(f"unknown corruption '{bad[0]}'; choose from: {', '.join(CORRUPTIONS)}")
+        raise DataError(f"unknown corruption '{bad[0]}'; choose from: {', '.join(CORRUPTIONS)}, rotate<degrees>")
     if not 1 <= severity <= 5:
         raise DataError(f"--severity must be 1..5, got {severity}")
 
 
 def apply(name: str, images: torch.Tensor, severity: int, seed: int) -> torch.Tensor:
+    angle = rotation(name)
+    if angle is not None:  # severity does not apply: the angle is the domain
+        return TF.rotate(images, angle, interpolation=TF.InterpolationMode.BILINEAR)
     g = torch.Generator().manual_seed(seed)
     return CORRUPTIONS[name](images, severity, g)

@@ -206,14 +206,14 @@ def load_image_folder(data_dir: Path | None, size: int = 64) -> Dataset:
     return Dataset("image-folder", x, torch.tensor(ys), classes, mean, std, torch.tensor(ds), domains)
 
 
-DATASETS = ("fmnist", "fmnist-c", "digits", "digits-c", "cifar10", "cifar10-c", "image-folder")
+DATASETS = ("fmnist", "fmnist-c", "fmnist-r", "digits", "digits-c", "cifar10", "cifar10-c", "image-folder")
 
 
 def load(name: str, data_dir: Path | None = None, download: bool = False, corruptions: list[str] | None = None,
          severity: int = 3) -> Dataset:
     """The clean source for `name` (the `-c` variants of fmnist/digits corrupt it later, in partition)."""
     data_dir = data_dir or (Path(os.environ[ENV_DATA]) if ENV_DATA in os.environ else None)
-    if name in ("fmnist", "fmnist-c"):
+    if name in ("fmnist", "fmnist-c", "fmnist-r"):
         return load_fmnist(data_dir, download)
     if name in ("digits", "digits-c"):
         return load_digits_dataset()

@@ -76,6 +76,38 @@ def dirichlet_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per
     return out
 
 
+def shards_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_pool: list[int], samples: int,
+                     classes_per_client: int, val_fraction: float, test_fraction: float, seed: int) -> list[ClientSplit]:
+    """Shards (pFedLA's non-IID.1, CAFeMe's shards): every client holds `classes_per_client` distinct classes in
+    equal amounts (the remainder of samples / classes goes one each to its first classes). Classes are drawn
+    at random among those with enough samples left, so every client gets exactly `samples`."""
+    if not 0 <= val_fraction < 1 or not 0 < test_fraction < 1:
+        raise FedL2PError("--val-fraction must be in [0,1) and --test-fraction in (0,1)")
+    k = int(labels.max()) + 1
+    if not 1 <= classes_per_client <= k:
+        raise FedL2PError(f"--shard-classes must be in 1..{k}, got {classes_per_client}")
+    if samples < classes_per_client:
+        raise FedL2PError(f"--samples-per-client ({samples}) must be at least --shard-classes ({classes_per_client})")
+    rng = np.random.default_rng(seed)
+    out: list[ClientSplit] = []
+    for d, (pool, n_clients) in enumerate(zip(pools, clients_per_pool)):
+        pool = rng.permutation(pool)
+        by_class = [list(pool[labels[pool] == c]) for c in range(k)]
+        for _ in range(n_clients):
+            need = [samples // classes_per_client + (i < samples % classes_per_client) for i in range(classes_per_client)]
+            avail = np.array([len(c) >= need[0] for c in by_class])
+            if avail.sum() < classes_per_client:
+                raise FedL2PError(f"domain {d} ran out of classes with {need[0]} samples left while making shards; "
+                                  "lower --clients or --samples-per-client")
+            chosen = rng.choice(np.nonzero(avail)[0], size=classes_per_client, replace=False)
+            taken: list[int] = []
+            for c, m in zip(chosen, need):
+                taken += by_class[c][:m]
+                del by_class[c][:m]
+            out.append(split_client(rng, taken, val_fraction, test_fraction, d))
+    return out
+
+
 def choose_unseen(domains: np.ndarray, fraction: float, unseen_domains: list[int], seed: int) -> np.ndarray:
     """Flags unseen clients: `fraction` of each domain (at least one if fraction > 0), plus whole domains."""
     if not 0 <= fraction < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Callable, Protocol
 
@@ -28,11 +29,23 @@ class NoProgress:
 
 
 def config_dict(cfg: Any, exclude: tuple[str, ...] = ()) -> dict:
-    """The identity-relevant part of a config dataclass (locations and cosmetics excluded)."""
-    d = dataclasses.asdict(cfg)
+    """The identity-relevant part of a config dataclass (locations and cosmetics excluded). A field marked
+    `identity_default` (an option added after artifacts existed) is left out while it holds its default, so
+    artifacts built before the option existed keep their ids."""
+    d = _identity(cfg)
     for k in exclude:
         d.pop(k, None)
     return d
+
+
+def _identity(cfg: Any) -> dict:
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.metadata.get("identity_default") and v == f.default:
+            continue
+        out[f.name] = _identity(v) if dataclasses.is_dataclass(v) else copy.deepcopy(v)
+    return out
 
 
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from ..io.stats_h5 import StatsTable
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
-from .common import NoProgress, Progress, build_or_reuse
+from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
 
 NETS = ("both", "bnnet", "lrnet")
@@ -72,6 +72,8 @@ class MetaTrainConfig:
             name += "-last"
         if self.meta.hidden_bias == "zero":
             name += "-zerobias"
+        if self.meta.beta_init != 0.5:
+            name += f"-binit{self.meta.beta_init:g}"
         if self.meta.client_bn == "running":
             name += "-runningbn"
         return name
@@ -268,7 +270,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    config = {k: v for k, v in asdict(cfg).items() if k != "workers"} | {"variant": cfg.variant()}
+    config = {k: v for k, v in config_dict(cfg).items() if k != "workers"} | {"variant": cfg.variant()}
 
     def build(draft: Draft) -> None:
         ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
@@ -277,7 +279,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
         lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(ctx.theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed,
-                           cfg.meta.hidden_bias)
+                           cfg.meta.hidden_bias, cfg.meta.beta_init)
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()

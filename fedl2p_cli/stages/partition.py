@@ -12,12 +12,17 @@ from ..artifacts import Artifact, Draft, Store
 from ..core.config import AT_LEAST_1, BELOW_1, NON_NEGATIVE, POSITIVE, between, validate
 from ..data import corruptions as corr
 from ..data import datasets
-from ..data.partition import choose_unseen, dirichlet_partition, label_entropy
+from ..data.partition import choose_unseen, dirichlet_partition, label_entropy, shards_partition
 from ..errors import FedL2PError
 from ..io import partition_h5
 from .common import build_or_reuse, config_dict
 
-GENERATED = {"fmnist-c": "fmnist", "digits-c": "digits"}
+GENERATED = {"fmnist-c": "fmnist", "digits-c": "digits", "fmnist-r": "fmnist"}
+SCHEMES = ("dirichlet", "shards")
+
+
+def default_domains(dataset: str) -> list[str]:
+    return corr.ROTATION_DOMAINS if dataset == "fmnist-r" else corr.DEFAULT_DOMAINS
 
 
 @dataclass
@@ -36,6 +41,9 @@ class PartitionConfig:
     data_dir: str | None = None  # a location, not part of the artifact's identity
     download: bool = False
     exclude: str | None = None   # a partition id: its source images are not given to these clients
+    # added after partitions existed: left out of the id at their defaults, so existing partitions keep theirs
+    scheme: str = field(default="dirichlet", metadata={"identity_default": True})  # dirichlet | shards
+    shard_classes: int = field(default=4, metadata=between(1) | {"identity_default": True})
 
 
 def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
@@ -43,7 +51,7 @@ def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | 
     generated here."""
     generated = cfg.dataset in GENERATED or (cfg.corruptions is not None and cfg.dataset in ("fmnist", "digits", "cifar10"))
     if generated:
-        names = cfg.corruptions or corr.DEFAULT_DOMAINS
+        names = cfg.corruptions or default_domains(cfg.dataset)
         corr.check(names, cfg.severity)
         perm = np.random.default_rng(cfg.seed).permutation(len(ds))
         if excluded is not None:  # before the split, so every domain keeps an equal share
@@ -68,8 +76,12 @@ def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.nda
         raise FedL2PError(f"unknown --unseen-domains '{unknown[0]}'; domains are: {', '.join(names)}")
     per_pool = [len(a) for a in np.array_split(np.arange(cfg.clients), len(names))]
     labels = ds.labels.numpy()
-    splits = dirichlet_partition(labels, pools, per_pool, cfg.samples_per_client, cfg.alpha,
-                                 cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    if cfg.scheme == "shards":
+        splits = shards_partition(labels, pools, per_pool, cfg.samples_per_client, cfg.shard_classes,
+                                  cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    else:
+        splits = dirichlet_partition(labels, pools, per_pool, cfg.samples_per_client, cfg.alpha,
+                                     cfg.val_fraction, cfg.test_fraction, cfg.seed)
     idx = np.concatenate([s.indices() for s in splits])
     images = ds.images[torch.from_numpy(idx)]
     domain = np.array([s.domain for s in splits], dtype=np.int64)
@@ -86,7 +98,7 @@ def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.nda
     return partition_h5.Partition(
         dataset=cfg.dataset, images=images, labels=torch.from_numpy(labels[idx]), source_index=torch.from_numpy(idx),
         offsets=offsets.astype(np.int64), domain=domain, unseen=unseen, label_hist=hist, classes=ds.classes,
-        domain_names=names, mean=mean, std=std, attrs={"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity})
+        domain_names=names, mean=mean, std=std, attrs={"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity, "scheme": cfg.scheme})
 
 
 def summary(p: partition_h5.Partition) -> dict:
@@ -103,10 +115,12 @@ def summary(p: partition_h5.Partition) -> dict:
 def check(cfg: PartitionConfig) -> None:
     """Reject bad input before anything is read or written."""
     validate(cfg)
+    if cfg.scheme not in SCHEMES:
+        raise FedL2PError(f"unknown --scheme '{cfg.scheme}'; choose one of: {', '.join(SCHEMES)}")
     if cfg.dataset not in datasets.DATASETS:
         raise FedL2PError(f"unknown dataset '{cfg.dataset}'; choose one of: {', '.join(datasets.DATASETS)}")
     if cfg.dataset in GENERATED or (cfg.corruptions and cfg.dataset != "cifar10-c"):
-        corr.check(cfg.corruptions or corr.DEFAULT_DOMAINS, cfg.severity)
+        corr.check(cfg.corruptions or default_domains(cfg.dataset), cfg.severity)
     elif cfg.dataset == "cifar10-c":
         bad = [c for c in cfg.corruptions or [] if c not in datasets.CIFAR10C_TYPES]
         if bad:

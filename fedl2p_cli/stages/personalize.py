@@ -22,15 +22,17 @@ from ..io import results_h5
 from ..io.stats_h5 import StatsTable
 from . import meta_train as meta_stage
 from . import partition as partition_stage
+from . import pfl as pfl_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
-from .common import NoProgress, Progress, build_or_reuse
+from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import global_accuracy
 
 BASELINES = ("ft-bnc", "ft-bng", "ft-bni")   # the paper's hand-made strategies ("best FT" is the best of these)
 TUNED = "ft-tuned"                            # each client picks policy and LR on its own validation split
 HANDMADE = (*BASELINES, TUNED)
-LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)", TUNED: "FT tuned (val)"}
+LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)", TUNED: "FT tuned (val)", "pfedla": "pFedLA",
+          "heurpfedla": "HeurpFedLA", "cafeme": "CAFeMe"}
 
 
 @dataclass
@@ -42,6 +44,8 @@ class PersonalizeConfig:
     base_lr: float = field(default=1e-3, metadata=POSITIVE)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata=NON_NEGATIVE)
     client_bn: str = "precise"  # precise: client BN statistics recomputed after fine-tuning | running (the paper's)
+    # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
+    pfl_steps: int = field(default=50, metadata=AT_LEAST_1 | {"identity_default": True})
 
 
 @dataclass
@@ -68,7 +72,7 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
     arts = [store.load("meta-train", r) for r in meta_refs]
     known = {a.metrics.get("variant") for a in arts}
     for m in cfg.methods:
-        if m in HANDMADE or m in known:
+        if m in HANDMADE or m in known or m in pfl_stage.ALGOS:
             continue
         cands = [a for a in store.iter("meta-train") if a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id]
         if not cands:
@@ -82,6 +86,22 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
         meta = MetaConfig(**a.config["meta"])
         out.append(MetaMethod(a.metrics["variant"], a.id, lam, meta, norm))
     return out
+
+
+def resolve_pfl(store: Store, cfg: PersonalizeConfig, pfl_refs: list[str], partition_id: str) -> list[pfl_stage.Trained]:
+    """pfl artifacts by id, plus the newest one trained on this partition for any requested algorithm name."""
+    arts = [store.load("pfl", r) for r in pfl_refs]
+    for a in arts:
+        if a.parents.get("partition") != partition_id:
+            raise FedL2PError(f"pfl artifact {a.id} was trained on partition {a.parents.get('partition')}, not {partition_id}")
+    known = {a.config["algo"] for a in arts}
+    for m in cfg.methods:
+        if m in pfl_stage.ALGOS and m not in known:
+            cands = [a for a in store.iter("pfl") if a.config.get("algo") == m and a.parents.get("partition") == partition_id]
+            if not cands:
+                raise FedL2PError(f"method '{m}' has no pfl artifact for partition {partition_id}; run `fedl2p pfl-train --algo {m}` first")
+            arts.append(max(cands, key=lambda a: a.manifest["created"]))
+    return [pfl_stage.load(store, a.id) for a in arts]
 
 
 def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
@@ -136,13 +156,13 @@ def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn
 
 
 def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table: StatsTable, metas: list[MetaMethod],
-                  clients: list[int], progress: Progress) -> results_h5.Results:
+                  clients: list[int], progress: Progress, pfls: list[pfl_stage.Trained] = ()) -> results_h5.Results:
     _, model, state = pretrain_stage.load(store, pre_id)
     model.eval()
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     n_bn, n_p = table.xi.shape[1], len(theta_g)
     tuned = TUNED in cfg.methods
-    methods = list(dict.fromkeys([m for m in cfg.methods if m in HANDMADE] + [mm.name for mm in metas]))
+    methods = list(dict.fromkeys([m for m in cfg.methods if m in HANDMADE] + [mm.name for mm in metas] + [t.algo for t in pfls]))
     acc = np.full((len(methods), len(cfg.seeds), len(clients)), np.nan)
     cand = np.full((len(cfg.seeds), len(clients), len(candidates()), 3), np.nan) if tuned else None
     beta = {m: np.full((len(clients), n_bn), np.nan, dtype=np.float32) for m in methods}
@@ -172,6 +192,8 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
                 for m in BASELINES:
                     if m in methods:
                         acc[methods.index(m), k, j] = cand[k, j, candidates().index((m, 1.0)), 2]
+            for t in pfls:  # the other personalised-FL systems: their own models, the same clients and seeds
+                acc[methods.index(t.algo), k, j] = pfl_stage.client_accuracy(t, c, data, seed, cfg.pfl_steps)
             for i, m in enumerate(methods):
                 s = strat.get(m)
                 if s is None or (tuned and m in BASELINES):
@@ -231,6 +253,8 @@ def markdown(s: dict) -> str:
 def row_cells(m: str, v: dict) -> list[str]:
     """One summary row: label, mean ± SD, Δ vs best FT, Δ vs ft-tuned, share of clients better, sparsity."""
     fmt = lambda k: f"{100 * v[k]:+.2f}" if k in v else ""  # noqa: E731
+    if np.isnan(v["mean"]):  # e.g. pFedLA on unseen clients: it has no model for them
+        return [LABELS.get(m, m), "N/A", "", "", "", ""]
     return [LABELS.get(m, m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
             f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
             f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""]
@@ -252,20 +276,23 @@ def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:
 
 
 def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
-        meta_refs: list[str] | None = None, force: bool = False, progress: Progress | None = None) -> tuple[Artifact, bool]:
+        meta_refs: list[str] | None = None, force: bool = False, progress: Progress | None = None,
+        pfl_refs: list[str] | None = None) -> tuple[Artifact, bool]:
     check(cfg)
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     metas = resolve_meta(store, cfg, meta_refs or [], pre_art.id, table)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
     parents |= {f"meta-train:{m.name}": m.art_id for m in metas}
+    pfls = resolve_pfl(store, cfg, pfl_refs or [], parents["partition"])
+    parents |= {f"pfl:{t.algo}": t.art_id for t in pfls}
     _, part = partition_stage.load(store, parents["partition"])
     clients = part.pool(cfg.unseen)
     if not clients:
         raise FedL2PError(f"the {'unseen' if cfg.unseen else 'seen'} pool of partition {parents['partition']} is empty")
 
     def build(draft: Draft) -> None:
-        r = evaluate_pool(cfg, store, pre_art.id, part, table, metas, clients, progress or NoProgress())
+        r = evaluate_pool(cfg, store, pre_art.id, part, table, metas, clients, progress or NoProgress(), pfls)
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
@@ -273,7 +300,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         plots(r, table, draft)
         draft.metrics = {"pool": s["pool"], "global_acc": s["global_acc"]} | {m: v["mean"] for m, v in s["methods"].items()}
 
-    return build_or_reuse(store, "personalize", json.loads(json.dumps(cfg.__dict__)), parents, build, force)
+    return build_or_reuse(store, "personalize", config_dict(cfg), parents, build, force)
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:

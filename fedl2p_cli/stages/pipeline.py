@@ -12,10 +12,10 @@ from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Store
 from ..core.config import ConfigError, key_name, validate
 from ..errors import FedL2PError
-from . import analyze, meta_train, partition, personalize, pretrain, stats
+from . import analyze, meta_train, partition, personalize, pfl, pretrain, stats
 from .common import Progress
 
-ORDER = ("partition", "pretrain", "stats", "meta-train", "personalize", "analyze")
+ORDER = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze")
 
 
 @dataclass
@@ -67,9 +67,10 @@ def check_sections(p: Pipeline) -> None:
     _make(partition.PartitionConfig, "partition", part, name)
     _make(pretrain.PretrainConfig, "pretrain", pre, name)
     _make(stats.StatsConfig, "stats", _table(s.get("stats", {}), "stats", name), name)
-    metas = s.get("meta-train", [])
-    for m in [metas] if isinstance(metas, dict) else metas if isinstance(metas, list) else [metas]:
-        _meta_cfg(_table(m, "meta-train", name), name)
+    for m in _tables(s.get("meta-train", []), "meta-train", name):
+        _meta_cfg(m, name)
+    for t in _tables(s.get("pfl", []), "pfl", name):
+        pfl.check(_make(pfl.PFLConfig, "pfl", t, name))
     if "personalize" in s:
         pers = dict(_table(s["personalize"], "personalize", name))
         pools = pers.pop("pools", ["seen"])
@@ -79,6 +80,12 @@ def check_sections(p: Pipeline) -> None:
         _make(personalize.PersonalizeConfig, "personalize", pers, name)
     if "analyze" in s:
         _make(analyze.ClustersConfig, "analyze", {k: v for k, v in _table(s["analyze"], "analyze", name).items() if k != "pool"}, name)
+
+
+def _tables(value: Any, section: str, name: str) -> list[dict]:
+    """A repeatable section ([[meta-train]], [[pfl]]): one table or a list of tables."""
+    values = [value] if isinstance(value, dict) else value if isinstance(value, list) else [value]
+    return [_table(v, section, name) for v in values]
 
 
 def load(path: Path, store_override: Path | None = None) -> Pipeline:
@@ -134,13 +141,16 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
                                                                p.store, (pre_part or part).id, f, True, progress()))
     st = step("stats", "stats", lambda f: stats.run(_make(stats.StatsConfig, "stats", s.get("stats", {}), name), p.store,
                                                      part.id, pre.id, f, progress()))
-    metas = s.get("meta-train", [])
-    metas = [metas] if isinstance(metas, dict) else metas
     meta_ids = []
-    for m in metas:
+    for m in _tables(s.get("meta-train", []), "meta-train", name):
         cfg = _meta_cfg(m, name)
         art = step("meta-train", cfg.variant(), lambda f, cfg=cfg: meta_train.run(cfg, p.store, pre.id, st.id, f, True, progress()))
         meta_ids.append(art.id)
+    pfl_ids = []
+    for t in _tables(s.get("pfl", []), "pfl", name):  # the other personalised-FL systems, on the same clients
+        cfg = _make(pfl.PFLConfig, "pfl", t, name)
+        art = step("pfl", cfg.algo, lambda f, cfg=cfg: pfl.run(cfg, p.store, part.id, f, True, progress()))
+        pfl_ids.append(art.id)
     if "personalize" not in s:
         return p.results
     pers = dict(s["personalize"])
@@ -155,7 +165,8 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         methods = list(handmade)
         cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": methods}, name)
         ids = [i for i in meta_ids if pool == "seen" or p.store.load("meta-train", i, verify=False).metrics.get("variant", "").startswith("fedl2p")]
-        last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress()))
+        last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress(),
+                                                                                      pfl_ids))
         if "analyze" in s and pool == s["analyze"].get("pool", pools[-1]):
             acfg = {k: v for k, v in s["analyze"].items() if k != "pool"}
             step("analyze", f"clusters ({pool})", lambda f, last=last, acfg=acfg: analyze.run(
