@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test bench bench-accuracy clean-artifacts
+.PHONY: setup data quickstart test bench bench-accuracy bench-pfl clean-artifacts
 
 setup: $(STAMP)
 	@bash scripts/get-fmnist.sh || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -30,6 +30,9 @@ bench: $(STAMP) data
 
 bench-accuracy: $(STAMP) data
 	$(BIN)/python bench/accuracy.py
+
+bench-pfl: $(STAMP) data
+	$(BIN)/python bench/pfl_compare.py
 
 clean-artifacts:
 	find artifacts -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -120,7 +120,8 @@ def test_cafeme_second_order_meta_gradient_matches_finite_differences():
     xv, yv = torch.randn(6, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g)
     mu = {k: v.double() for k, v in init_modulator(1, 3, sum(c for _, c in sites), g).items()}
     omega = cafeme.join(mu, {n: p.detach().clone() for n, p in model.named_parameters()})
-    cfg = cafeme.CAFeMeConfig(steps=2, inner_lr=0.1, outer_lr=1.0, batch_size=12, order="second", num_classes=3)
+    cfg = cafeme.CAFeMeConfig(steps=2, inner_lr=0.1, outer_lr=1.0, batch_size=12, order="second", outer="sgd",
+                               num_classes=3)
 
     def held_out_loss(om):
         om = {k: v.clone().requires_grad_(True) for k, v in om.items()}

@@ -5,8 +5,9 @@ omega = {mu: the modulator, psi: the base model's parameters}, both dicts of ten
 taken through the gated base model f_psi | zeta with zeta = g_mu(batch); then zeta from the last batch. Meta-update
 (Alg. 1 line 8): the loss of f_psi' | zeta on the client's held-out split, differentiated with respect to omega.
 Inner gradients are first order by default (the authors' public code: no graph through the inner steps);
-`order="second"` differentiates through them (the paper's Eq. 3.3). The outer step is the paper's plain gradient
-step (`outer="sgd"`); `outer="adam"` is the authors' code (Adam, moments kept per client across rounds).
+`order="second"` differentiates through them (the paper's Eq. 3.3). The outer step is Adam with moments kept per
+client across rounds (`outer="adam"`: the authors' code; the paper allows "any optimizer of choice, e.g., Adam");
+`outer="sgd"` is the plain gradient step written in Alg. 1 line 8.
 
 The base model's BN layers normalise with batch statistics in every forward here (training and test), as MAML
 implementations do; running statistics play no part.
@@ -34,7 +35,7 @@ class CAFeMeConfig:
     outer_lr: float = 1e-3      # beta
     batch_size: int = 30        # paper: 30
     order: str = "first"        # first (authors' code) | second (through the inner steps)
-    outer: str = "sgd"          # sgd (Alg. 1 line 8) | adam (authors' code)
+    outer: str = "adam"         # adam (authors' code) | sgd (Alg. 1 line 8 as written)
     num_classes: int = 10
 
 

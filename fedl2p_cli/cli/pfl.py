@@ -32,8 +32,8 @@ def pfl_train(
     outer_lr: float = typer.Option(1e-3, help="CAFeMe: outer step beta (authors' code: Adam at 1e-3)."),
     order: str = typer.Option("first", help="CAFeMe inner gradients: first = no graph through the inner steps (the authors' "
                               "code) | second = differentiate through them (the paper's MAML objective; slower)."),
-    outer: str = typer.Option("sgd", help="CAFeMe outer step: sgd = the paper's Alg. 1 line 8 | adam = the authors' code "
-                              "(Adam, moments kept per client across rounds)."),
+    outer: str = typer.Option("adam", help="CAFeMe outer step: adam = the authors' code (Adam, moments kept per client across "
+                              "rounds; the paper allows any optimiser, e.g. Adam) | sgd = the plain step of Alg. 1 line 8."),
     eval_every: int = typer.Option(10, help="Rounds between validation-accuracy records in history.csv."),
     seed: int = typer.Option(0, help="Seed (init, sampling, batches)."),
     partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),

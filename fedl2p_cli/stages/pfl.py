@@ -30,7 +30,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
 
 ALGOS = ("pfedla", "heurpfedla", "cafeme")
-ORDERS, OUTERS = ("first", "second"), ("sgd", "adam")
+ORDERS, OUTERS = ("first", "second"), ("adam", "sgd")
 
 
 @dataclass
@@ -49,7 +49,7 @@ class PFLConfig:
     steps: int = field(default=5, metadata=AT_LEAST_1)         # CAFeMe S
     outer_lr: float = field(default=1e-3, metadata=POSITIVE)  # CAFeMe beta
     order: str = "first"
-    outer: str = "sgd"
+    outer: str = "adam"
     eval_every: int = field(default=10, metadata=AT_LEAST_1)
     seed: int = field(default=0, metadata=NON_NEGATIVE)
 
