@@ -244,11 +244,41 @@ def bench_stage_rss() -> dict:
     return {"stage_peak_rss_mb": out}
 
 
+def bench_server_memory(n: int) -> dict:
+    """Server memory with n clients, small CNN (Fashion-MNIST shapes), in a fresh process: pFedLA holds every
+    client's model and one hypernetwork per client (O(N model + N^2 layers hidden)); FedL2P holds lambda and one
+    round's client updates (10% of the clients). State = bytes of the tensors it keeps; peak = RSS growth over the
+    process after imports and the model, through init and one server step (pFedLA: one client's mix and
+    hypernetwork update; FedL2P: the weighted mean of the round's lambdas)."""
+    from fedl2p_cli.algorithms import pfedla
+    from fedl2p_cli.core.aggregate import weighted_average
+    from fedl2p_cli.core.functional import get_state
+    from fedl2p_cli.core.metanets import init_lambda
+    from fedl2p_cli.core.stats import client_stats
+    from fedl2p_cli.models import registry
+    model = registry.build("small-cnn", 1, 10)
+    names = [k for k, _ in model.named_parameters()]
+    st = client_stats(model, torch.randn(64, 1, 32, 32))
+    base = peak_rss_mb()
+    lams = [init_lambda(len(st.xi), len(st.x), len(names), 1e-3, "both", i) for i in range(max(1, n // 10))]
+    lam = weighted_average(lams, [1.0] * len(lams))
+    fedl2p_state = sum(v.numel() * v.element_size() for v in lam.values())
+    fedl2p_peak = peak_rss_mb() - base
+    del lams
+    server = pfedla.init_server(list(range(n)), get_state(model), names, 100, 100, torch.Generator().manual_seed(0))
+    bar, _ = pfedla.personalized(server, 0, 0)
+    delta = {k: 0.01 * torch.randn_like(bar[k]) for k in names}
+    server.hypernets[0] = pfedla.lm.hypernet_step(server.hypernets[0], server.stacked, 0, names, server.layers, delta, 5e-3)
+    return {"clients": n, "pfedla_state_mb": server.nbytes() / 2**20, "pfedla_peak_rss_mb": peak_rss_mb() - base,
+            "fedl2p_state_mb": fedl2p_state / 2**20, "fedl2p_peak_rss_mb": fedl2p_peak}
+
+
 MEASUREMENTS = {
     "partition": bench_partition, "engine": bench_engine, "stats": bench_stats,
     "hypergrad_small": lambda: bench_hypergrad("small-cnn"), "hypergrad_resnet18": lambda: bench_hypergrad("resnet18-cifar"),
     "meta_round": bench_meta_round, "stage_rss": bench_stage_rss, "workers": bench_workers,
     **{f"steps_{m}_t{n}": (lambda m=m, n=n: bench_steps(m, n)) for m in ("small-cnn", "resnet18-cifar") for n in (1, 2)},
+    **{f"server_memory_{n}": (lambda n=n: bench_server_memory(n)) for n in (10, 100, 1000)},
 }
 
 
@@ -301,6 +331,12 @@ def show(r: dict) -> None:
     for k, v in (r.get("workers", {}).get("workers") or {}).items():
         add(f"meta-train client updates/s, {k}", v["updates_per_s"], "", "{:.2f}")
         add("  vs 1 process at 1 thread", r["workers"]["speedup"][k], ">= 1.6 (2 workers)" if k.startswith("2") else "", "{:.2f}x")
+    for key in [k for k in r if k.startswith("server_memory_")]:
+        n = key.rsplit("_", 1)[1]
+        add(f"server state, {n} clients: pFedLA / FedL2P (MB)", None if g(key, "pfedla_state_mb") is None else
+            f"{g(key, 'pfedla_state_mb'):.1f} / {g(key, 'fedl2p_state_mb'):.2f}", "", "{}")
+        add(f"  server peak RSS growth, {n} clients: pFedLA / FedL2P (MB)", None if g(key, "pfedla_peak_rss_mb") is None else
+            f"{g(key, 'pfedla_peak_rss_mb'):.0f} / {g(key, 'fedl2p_peak_rss_mb'):.0f}", "", "{}")
     split = g("meta_round", "meta_round_split") or {}
     add("meta-train round (s)", g("meta_round", "meta_round_s"))
     for k, v in split.items():
