@@ -58,6 +58,13 @@ EXTRA_VARIANTS = {"fs-1000": [{"meta_grad": "fomaml", "keep": "last"},
 # fixed beta is near 1 the meta-gradient cannot move beta from 0.5 in 20 rounds (fs-1000: beta stayed 0.49-0.55).
 # Run as its own group, so each cell's other extras keep their artifacts.
 EVERY_CELL_EXTRAS = [{"meta_grad": "fomaml", "beta_init": 0.9}]
+# feature-shift cells: the other personalised-FL systems trained on the cell's seen clients (from scratch, as their
+# papers train; FedL2P and FT start from the model pretrained on clean images), evaluated on the same clients,
+# seeds and batches; pFedLA/HeurpFedLA have no model for unseen clients (N/A)
+PFL_SYSTEMS = [{"algo": a, "rounds": 60, "fraction": 0.25, "local_epochs": 5, "lr": BASE_LR, "eval_every": 20, "seed": 0}
+               for a in ("pfedla", "heurpfedla")] + \
+              [{"algo": "cafeme", "rounds": 300, "fraction": 0.18, "steps": 5, "batch_size": 30, "lr": 0.05, "eval_every": 100,
+                "seed": 0}]
 # label-shift cells run the paper's two meta-gradients only: the 2-core budget (the power-iteration variant's rounds
 # take ~2x an IFT round) does not allow all four in every cell
 LABEL_VARIANTS = VARIANTS[0::2][:2]
@@ -93,6 +100,11 @@ def run_extras(cell: str) -> None:
         secs["meta-train"] = [META_COMMON | v for v in group]
         secs["personalize"] = dict(secs["personalize"], methods=["ft-bnc", "ft-bng", "ft-bni"])
         _run(f"{cell} ({label})", secs)
+    if CELLS[cell][0] == "feature":
+        secs = sections(cell)
+        secs["meta-train"], secs["pfl"] = [], PFL_SYSTEMS
+        secs["personalize"] = dict(secs["personalize"], methods=["ft-bnc", "ft-bng", "ft-bni"])
+        _run(f"{cell} (other personalised-FL systems)", secs)
 
 
 def _run(label: str, secs: dict) -> None:
@@ -281,7 +293,7 @@ def report(done: list[list[dict]]) -> str:
     hand = [m for m in methods if m.startswith("ft-")]
     learned = [m for m in methods if m not in hand]
     head = "| scenario | α | pool | global | " + " | ".join(LABELS.get(m, m) for m in hand) + " | oracle (test, bound) | " + \
-        " | ".join(learned) + " |"
+        " | ".join(LABELS.get(m, m) for m in learned) + " |"
     lines = [f"Personalised test accuracy (%), mean ± SD over seeds {SEEDS}, e = {EPOCHS}, base LR {BASE_LR}, small CNN, "
              "2-core CPU. Learned methods: value (Δ vs best of FT BN C/G/I; Δ vs FT tuned).", "", head,
              "|---" * (5 + len(hand) + len(learned)) + "|"]
@@ -292,7 +304,8 @@ def report(done: list[list[dict]]) -> str:
         lrn = []
         for m in learned:
             if m not in ms or np.isnan(ms[m]["mean"]):
-                lrn.append("N/A" if r["pool"] == "unseen" and m.startswith("l2p") else "–")
+                no_model = m.startswith("l2p") or m in ("pfedla", "heurpfedla")  # nothing for clients they never trained
+                lrn.append("N/A" if r["pool"] == "unseen" and no_model else "–")
                 continue
             v = ms[m]
             lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
