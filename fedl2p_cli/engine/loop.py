@@ -32,6 +32,18 @@ def step_lr(base: float, rnd: int, rounds: int, milestones: tuple[float, ...] = 
     return base * gamma ** sum(rnd >= int(m * rounds) for m in milestones)
 
 
+def nest(group: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` as group `group` of a flat state (keys "group.name"): the one encoding of nested state
+    (lambda, best lambda, optimiser moments, per-client tensors) in checkpoints and artifacts."""
+    return {f"{group}.{k}": v for k, v in tensors.items()}
+
+
+def group_of(flat: dict[str, torch.Tensor], group: str) -> dict[str, torch.Tensor]:
+    """Group `group` of a flat state, with its prefix removed (empty if absent)."""
+    p = group + "."
+    return {k[len(p):]: v for k, v in flat.items() if k.startswith(p)}
+
+
 @dataclass
 class LoopState:
     next_round: int

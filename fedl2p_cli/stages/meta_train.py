@@ -18,7 +18,8 @@ from ..core.finetune import CLIENT_BN
 from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
-from ..engine.loop import Checkpoint, LoopState, generator, sample_clients
+from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
+from ..engine.rounds import run_rounds
 from ..engine.workers import ClientPool
 from ..errors import FedL2PError
 from ..io import weights
@@ -136,7 +137,7 @@ class Context:
         return rec
 
 
-def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> dict:
+def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float | None = None) -> dict:
     w = np.array([r.n for r in results], dtype=float)
     rec = {"round": rnd + 1, "clients": len(results),
            "val_loss": float(np.average([r.val_loss for r in results], weights=w)),
@@ -146,8 +147,8 @@ def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float) -> d
     rec |= {f"beta_{i}": float(b) for i, b in enumerate(beta)}
     rec |= {f"eta_{i}": float(e) for i, e in enumerate(eta)}
     rec |= {k: float(np.mean([r.report[k] for r in results])) for k in results[0].report}
-    rec |= {f"{k}_s": v for k, v in timer.t.items()} | {"round_s": time.perf_counter() - t0}
-    return rec
+    rec |= {f"{k}_s": v for k, v in timer.t.items()}
+    return rec | ({"round_s": time.perf_counter() - t0} if t0 is not None else {})
 
 
 def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig,
@@ -167,59 +168,71 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
     return Context(model, theta_g, part, table, cfg, norm)
 
 
-def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResult, dict]:
-    """One client's update in round rnd, with its own generator (seed, rnd, c): the same wherever it runs."""
+def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResult | str, dict]:
+    """One client's update in round rnd, with its own generator (seed, rnd, c): the same wherever it runs. A
+    divergence comes back as its message in place of the result (the engine never sees a client's exception)."""
     timer = Timer()
-    return ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer), timer.t
+    try:
+        return ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer), timer.t
+    except Diverged as e:
+        return f"client {c}: {e}", timer.t
 
 
-def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool: ClientPool
-              ) -> tuple[Lambda, list[dict], dict]:
-    cfg = ctx.cfg
-    seen = ctx.part.pool(False)
-    st = ckpt.load() or LoopState(0, {f"lam.{k}": v for k, v in lam0.items()} | {f"best.{k}": v for k, v in lam0.items()},
-                                  extra={"best_val": math.inf, "best_round": 0, "stale": 0, "diverged": None})
-    progress.start(f"meta-train ({cfg.variant()})", cfg.rounds)
-    progress.advance(st.next_round)
-    for rnd in range(st.next_round, cfg.rounds):
-        if st.extra["diverged"] or (cfg.patience and st.extra["stale"] >= cfg.patience):
-            break
-        t0, timer = time.perf_counter(), Timer()
-        lam = {k[4:]: v for k, v in st.tensors.items() if k.startswith("lam.")}
-        sampled = sample_clients(seen, cfg.fraction, cfg.seed, rnd)
-        try:
-            done = pool.map([(c, lam, rnd) for c in sampled])
-        except Diverged as e:
-            st.extra["diverged"] = f"round {rnd + 1}: {e}"
-            ckpt.save(st)
-            break
+class MetaStrategy:
+    """FedL2P meta-training (Alg. 1): broadcast lambda, K meta-iterations per sampled client, sample-weighted mean
+    (or FedAdam); the lambda the clients received is kept when their mean validation loss is the best so far."""
+
+    def __init__(self, ctx: Context, lam0: Lambda):
+        self.ctx, self.lam0, self.cfg = ctx, lam0, ctx.cfg
+        self.label = f"meta-train ({self.cfg.variant()})"
+        self.seen = ctx.part.pool(False)
+
+    def initial_state(self) -> LoopState:
+        lam0 = self.lam0
+        return LoopState(0, nest("lam", lam0) | nest("best", lam0),
+                         extra={"best_val": math.inf, "best_round": 0, "stale": 0, "diverged": None})
+
+    def stop(self, st: LoopState) -> bool:
+        return bool(st.extra["diverged"] or (self.cfg.patience and st.extra["stale"] >= self.cfg.patience))
+
+    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+        lam = group_of(st.tensors, "lam")
+        return [(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], done: list, timer: Timer) -> dict | None:
+        bad = [r for r, _ in done if isinstance(r, str)]
+        if bad:
+            st.extra["diverged"] = f"round {rnd + 1}: {bad[0]}"
+            return None
         results = [r for r, _ in done]
         for _, t in done:  # the clients' own time split, wherever they ran
             for k, v in t.items():
                 timer.add(k, v)
-        rec = _record(rnd, results, timer, t0) | {"sampled": " ".join(map(str, sampled))} | ctx.snapshot(lam)
+        lam, sampled = tasks[0][1], [t[0] for t in tasks]
+        rec = _record(rnd, results, timer) | {"sampled": " ".join(map(str, sampled))} | self.ctx.snapshot(lam)
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
             st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
-            st.tensors |= {f"best.{k}": v for k, v in lam.items()}
+            st.tensors |= nest("best", lam)
         else:
             st.extra["stale"] += 1
         with timer.section("aggregate"):
             new = weighted_average([r.lam for r in results], [r.n for r in results])
-            if cfg.meta_opt == "fedadam":
-                state = {k[5:]: v for k, v in st.tensors.items() if k.startswith("opt.")}
-                new, state = ServerAdam(cfg.server_lr).step(lam, new, state, rnd + 1)
-                st.tensors |= {f"opt.{k}": v for k, v in state.items()}
-        st.tensors |= {f"lam.{k}": v for k, v in new.items()}
-        st.history.append(rec)
-        st.next_round = rnd + 1
-        with timer.section("io"):
-            ckpt.save(st)
-        rec |= {"aggregate_s": timer.t.get("aggregate", 0.0), "io_s": timer.t.get("io", 0.0)}
-        progress.advance(1, val=rec["val_loss"], best=st.extra["best_val"])
-    progress.stop()
+            if self.cfg.meta_opt == "fedadam":
+                state = group_of(st.tensors, "opt")
+                new, state = ServerAdam(self.cfg.server_lr).step(lam, new, state, rnd + 1)
+                st.tensors |= nest("opt", state)
+        st.tensors |= nest("lam", new)
+        return rec | {"aggregate_s": timer.t["aggregate"]}
+
+    def progress_info(self, rec: dict, st: LoopState) -> dict:
+        return {"val": rec["val_loss"], "best": st.extra["best_val"]}
+
+
+def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool: ClientPool
+              ) -> tuple[Lambda, list[dict], dict]:
+    st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map)
     # diverged in round 1: the best lambda so far is the initial one (kept, with the warning in the metrics)
-    prefix = "lam." if cfg.keep == "last" and not st.extra["diverged"] else "best."
-    best = {k[len(prefix):]: v for k, v in st.tensors.items() if k.startswith(prefix)}
+    best = group_of(st.tensors, "lam" if ctx.cfg.keep == "last" and not st.extra["diverged"] else "best")
     return best, st.history, st.extra
 
 
@@ -246,7 +259,7 @@ def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> t
                 best, best_val = lam, r.val_loss
             lam = r.lam
             history.append({"client": c, **_record(s, [r], timer, t0)})
-        out |= {f"client{c}.{k}": v for k, v in best.items()}
+        out |= nest(f"client{c}", best)
         ckpt.save(LoopState(i + 1, out, history, {"diverged": diverged}))
         progress.advance(1)
     progress.stop()

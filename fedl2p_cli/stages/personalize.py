@@ -16,7 +16,7 @@ from ..core.finetune import CLIENT_BN, Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
 from ..core.metanets import normalize_inputs
 from ..core.selection import NO_FT, candidates, select_by_validation
-from ..engine.loop import generator
+from ..engine.loop import generator, group_of
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
@@ -123,8 +123,7 @@ def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: S
         xi, x = normalize_inputs(mm.norm, *table.inputs(c))
         lam = mm.lam
         if any(k.startswith("client") for k in lam):  # L2P: per-client lambda; none for clients it never saw
-            prefix = f"client{c}."
-            lam = {k[len(prefix):]: v for k, v in lam.items() if k.startswith(prefix)}
+            lam = group_of(lam, f"client{c}")
             if not lam:
                 out[mm.name] = None
                 continue

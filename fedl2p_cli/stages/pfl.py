@@ -7,7 +7,6 @@ hypernets.safetensors. cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator,
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +19,9 @@ from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between,
 from ..core.functional import evaluate, get_state
 from ..core.layer_mix import layers_of
 from ..core.modulate import gate_sites, init_modulator
-from ..engine.loop import Checkpoint, LoopState, generator, sample_clients
+from ..core.client import Timer
+from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
+from ..engine.rounds import in_process, run_rounds
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
@@ -76,34 +77,47 @@ def cafeme_config(cfg: PFLConfig, num_classes: int) -> cafeme.CAFeMeConfig:
     return cafeme.CAFeMeConfig(cfg.steps, cfg.lr, cfg.outer_lr, cfg.batch_size, cfg.order, cfg.outer, num_classes)
 
 
-def train_pfedla(cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress) -> tuple[pfedla.Server, list[dict]]:
-    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-    seen = part.pool(False)
-    names = [n for n, _ in model.named_parameters()]
-    server = pfedla.init_server(seen, get_state(model), names, cfg.embed_dim, cfg.hn_hidden, generator(cfg.seed, 1))
-    k = cfg.k if cfg.algo == "heurpfedla" else 0
-    local = LocalConfig(cfg.local_epochs, cfg.batch_size)
-    st = ckpt.load()
-    if st:
-        restore_server(server, st.tensors)
-    st = st or LoopState(0, {})
-    progress.start(f"pfl-train {cfg.algo}", cfg.rounds)
-    progress.advance(st.next_round)
-    for rnd in range(st.next_round, cfg.rounds):
-        t0 = time.perf_counter()
-        slots = [seen.index(c) for c in sample_clients(seen, cfg.fraction, cfg.seed, rnd)]
-        results = {i: pfedla.client_round(model, server, i, part.client(seen[i]), local, cfg.lr, cfg.hn_lr, k,
-                                          generator(cfg.seed, rnd, seen[i])) for i in slots}
-        pfedla.apply_round(server, results)
-        rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results.values()]))}
-        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
-            rec["val_acc"] = float(np.mean([pfedla_val(model, server, i, part.client(c).val, k) for i, c in enumerate(seen)]))
-        st.history.append(rec | {"round_s": time.perf_counter() - t0})
-        st.next_round, st.tensors = rnd + 1, server_tensors(server)
-        ckpt.save(st)
-        progress.advance(1, loss=rec["train_loss"], acc=rec.get("val_acc"))
-    progress.stop()
-    return server, st.history
+class PFedLAStrategy:
+    """pFedLA / HeurpFedLA (Alg. 1-2): every sampled client trains its layer-wise mix; the server then updates the
+    clients' hypernetworks and stored models (the state is the server: stacked models and hypernetworks)."""
+
+    def __init__(self, cfg: PFLConfig, part: Partition):
+        self.cfg, self.part = cfg, part
+        self.label = f"pfl-train {cfg.algo}"
+        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.seen = part.pool(False)
+        names = [n for n, _ in self.model.named_parameters()]
+        self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
+                                         generator(cfg.seed, 1))
+        self.k = cfg.k if cfg.algo == "heurpfedla" else 0
+        self.local = LocalConfig(cfg.local_epochs, cfg.batch_size)
+
+    def initial_state(self) -> LoopState:
+        return LoopState(0, server_tensors(self.server))
+
+    def stop(self, st: LoopState) -> bool:
+        return False
+
+    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+        restore_server(self.server, st.tensors)
+        return [(self.seen.index(c), rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+
+    def client(self, i: int, rnd: int):
+        c = self.seen[i]
+        return pfedla.client_round(self.model, self.server, i, self.part.client(c), self.local, self.cfg.lr,
+                                   self.cfg.hn_lr, self.k, generator(self.cfg.seed, rnd, c))
+
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
+        pfedla.apply_round(self.server, {i: r for (i, _), r in zip(tasks, results)})
+        st.tensors = server_tensors(self.server)
+        rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results]))}
+        if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
+            rec["val_acc"] = float(np.mean([pfedla_val(self.model, self.server, i, self.part.client(c).val, self.k)
+                                            for i, c in enumerate(self.seen)]))
+        return rec
+
+    def progress_info(self, rec: dict, st: LoopState) -> dict:
+        return {"loss": rec["train_loss"], "acc": rec.get("val_acc")}
 
 
 def pfedla_val(model, server: pfedla.Server, i: int, val, k: int) -> float:
@@ -115,59 +129,74 @@ def pfedla_val(model, server: pfedla.Server, i: int, val, k: int) -> float:
 
 
 def server_tensors(server: pfedla.Server) -> dict[str, torch.Tensor]:
-    return {f"store.{k}": v for k, v in server.stacked.items()} | \
-        {f"hn{i}.{k}": v for i, hn in enumerate(server.hypernets) for k, v in hn.items()}
+    out = nest("store", server.stacked)
+    for i, hn in enumerate(server.hypernets):
+        out |= nest(f"hn{i}", hn)
+    return out
 
 
 def restore_server(server: pfedla.Server, tensors: dict[str, torch.Tensor]) -> None:
-    server.stacked = {k[len("store."):]: v for k, v in tensors.items() if k.startswith("store.")}
-    for i in range(len(server.hypernets)):
-        p = f"hn{i}."
-        server.hypernets[i] = {k[len(p):]: v for k, v in tensors.items() if k.startswith(p)}
+    server.stacked = group_of(tensors, "store")
+    server.hypernets = [group_of(tensors, f"hn{i}") for i in range(len(server.hypernets))]
 
 
-def train_cafeme(cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress) -> tuple[dict, list[dict]]:
-    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-    sites = gate_sites(model, part.in_channels)
-    ccfg = cafeme_config(cfg, part.num_classes)
-    seen = part.pool(False)
-    if any(len(part.client(c).val[1]) < 2 for c in seen):
-        raise FedL2PError("cafeme needs a held-out split on every seen client; partition with --val-fraction > 0")
-    mu = init_modulator(part.in_channels, part.num_classes, sum(c for _, c in sites), generator(cfg.seed, 2))
-    omega0 = cafeme.join(mu, {n: p.detach().clone() for n, p in model.named_parameters()})
-    st = ckpt.load() or LoopState(0, omega0)
-    progress.start(f"pfl-train {cfg.algo}", cfg.rounds)
-    progress.advance(st.next_round)
-    for rnd in range(st.next_round, cfg.rounds):
-        t0 = time.perf_counter()
-        omega = {k: v for k, v in st.tensors.items() if not k.startswith("adam")}
-        news, losses = [], []
-        for c in sample_clients(seen, cfg.fraction, cfg.seed, rnd):
-            p = f"adam{c}."
-            moments = {k[len(p):]: v for k, v in st.tensors.items() if k.startswith(p)} or None
-            t = int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1
-            new, l, moments = cafeme.client_update(model, sites, omega, part.client(c).train, part.client(c).val, ccfg,
-                                                   generator(cfg.seed, rnd, c), moments, t)
-            if not np.isfinite(l):
+class CAFeMeStrategy:
+    """CAFeMe (Alg. 1): each sampled client personalises omega and takes one outer step; the server averages.
+    The state is omega plus every client's Adam moments (keys adam<c>.)."""
+
+    def __init__(self, cfg: PFLConfig, part: Partition):
+        self.cfg, self.part = cfg, part
+        self.label = f"pfl-train {cfg.algo}"
+        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.sites = gate_sites(self.model, part.in_channels)
+        self.ccfg = cafeme_config(cfg, part.num_classes)
+        self.seen = part.pool(False)
+        if any(len(part.client(c).val[1]) < 2 for c in self.seen):
+            raise FedL2PError("cafeme needs a held-out split on every seen client; partition with --val-fraction > 0")
+
+    def initial_state(self) -> LoopState:
+        mu = init_modulator(self.part.in_channels, self.part.num_classes, sum(c for _, c in self.sites),
+                            generator(self.cfg.seed, 2))
+        return LoopState(0, cafeme.join(mu, {n: p.detach().clone() for n, p in self.model.named_parameters()}))
+
+    def stop(self, st: LoopState) -> bool:
+        return False
+
+    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+        omega = omega_of(st.tensors)
+        tasks = []
+        for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd):
+            moments = group_of(st.tensors, f"adam{c}") or None
+            tasks.append((c, omega, moments, int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1, rnd))
+        return tasks
+
+    def client(self, c: int, omega: dict, moments: dict | None, t: int, rnd: int):
+        data = self.part.client(c)
+        return cafeme.client_update(self.model, self.sites, omega, data.train, data.val, self.ccfg,
+                                    generator(self.cfg.seed, rnd, c), moments, t)
+
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
+        for (c, _, _, t, _), (_, loss, moments) in zip(tasks, results):
+            if not np.isfinite(loss):
                 raise FedL2PError(f"cafeme diverged in round {rnd + 1} (client {c}); lower --lr or --outer-lr")
-            news.append(new)
-            losses.append(l)
             if moments is not None:
-                st.tensors |= {p + k: v for k, v in moments.items()}
+                st.tensors |= nest(f"adam{c}", moments)
                 st.extra.setdefault("adam_t", {})[str(c)] = t
-        omega = {k: torch.stack([n[k] for n in news]).mean(0) for k in omega}  # Alg. 1 line 11: plain mean
+        omega = {k: torch.stack([r[0][k] for r in results]).mean(0) for k in tasks[0][1]}  # Alg. 1 line 11: plain mean
         st.tensors = {k: v for k, v in st.tensors.items() if k.startswith("adam")} | omega
-        rec = {"round": rnd + 1, "held_out_loss": float(np.mean(losses))}
-        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
+        rec = {"round": rnd + 1, "held_out_loss": float(np.mean([r[1] for r in results]))}
+        if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
             rec["val_acc"] = float(np.mean([cafeme.personalize_and_test(
-                model, sites, omega, part.client(c).train, part.client(c).val, cfg.steps, ccfg, generator(cfg.seed, rnd, c, 3))
-                for c in seen]))
-        st.history.append(rec | {"round_s": time.perf_counter() - t0})
-        st.next_round = rnd + 1
-        ckpt.save(st)
-        progress.advance(1, loss=rec["held_out_loss"], acc=rec.get("val_acc"))
-    progress.stop()
-    return {k: v for k, v in st.tensors.items() if not k.startswith("adam")}, st.history
+                self.model, self.sites, omega, self.part.client(c).train, self.part.client(c).val, self.cfg.steps,
+                self.ccfg, generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
+        return rec
+
+    def progress_info(self, rec: dict, st: LoopState) -> dict:
+        return {"loss": rec["held_out_loss"], "acc": rec.get("val_acc")}
+
+
+def omega_of(tensors: dict) -> dict:
+    return {k: v for k, v in tensors.items() if not k.startswith("adam")}
 
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
@@ -181,11 +210,16 @@ def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: b
         if not resume:
             ckpt.clear()
         if cfg.algo == "cafeme":
-            omega, history = train_cafeme(cfg, part, ckpt, progress or NoProgress())
+            strategy = CAFeMeStrategy(cfg, part)
+            st = run_rounds(strategy, cfg.rounds, ckpt, progress or NoProgress(), in_process(strategy.client))
+            omega, history = omega_of(st.tensors), st.history
             weights.save(draft.path("omega.safetensors"), omega, {"algo": cfg.algo, "model": cfg.model})
             draft.metrics = {"algo": cfg.algo, "params": int(sum(v.numel() for v in omega.values()))}
         else:
-            server, history = train_pfedla(cfg, part, ckpt, progress or NoProgress())
+            strategy = PFedLAStrategy(cfg, part)
+            st = run_rounds(strategy, cfg.rounds, ckpt, progress or NoProgress(), in_process(strategy.client))
+            restore_server(strategy.server, st.tensors)
+            server, history = strategy.server, st.history
             weights.save(draft.path("server.safetensors"), server_tensors(server),
                          {"algo": cfg.algo, "model": cfg.model, "clients": server.clients})
             draft.metrics = {"algo": cfg.algo, "server_state_bytes": server.nbytes()}

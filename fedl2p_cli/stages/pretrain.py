@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from ..core.client import Timer
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
+from ..engine.rounds import in_process, run_rounds
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
@@ -81,43 +81,54 @@ def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
     return {k: state[k].to(v.dtype) for k, v in own.items()}
 
 
+class PretrainStrategy:
+    """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule."""
+
+    def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module):
+        self.cfg, self.part, self.model = cfg, part, model
+        self.label = f"pretrain {cfg.algo}"
+        self.seen, unseen = part.pool(False), part.pool(True)
+        for c in self.seen:  # build every client's tensors once, before the rounds
+            part.client(c)
+        self.tests = {"seen": pool_tensors(part, self.seen, "test"),
+                      "unseen": pool_tensors(part, unseen, "test") if unseen else None}
+        self.local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.head_prefix(model), cfg.algo == "fedbabu",
+                                 cfg.pf_alpha)
+
+    def initial_state(self) -> LoopState:
+        return LoopState(0, get_state(self.model))
+
+    def stop(self, st: LoopState) -> bool:
+        return False
+
+    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+        lr = step_lr(self.cfg.lr, rnd, self.cfg.rounds)
+        return [(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+
+    def client(self, state: dict, c: int, lr: float, rnd: int) -> tuple[dict, int, float]:
+        x, y = self.part.client(c).train
+        new, loss = ALGORITHMS[self.cfg.algo](self.model, state, x, y, lr, self.local, generator(self.cfg.seed, rnd, c))
+        return new, len(y), loss
+
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
+        with timer.section("aggregate"):
+            st.tensors = weighted_average([r[0] for r in results], [r[1] for r in results])
+        rec = {"round": rnd + 1, "lr": tasks[0][2], "train_loss": sum(r[2] for r in results) / len(results)}
+        if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
+            with timer.section("eval"):
+                for pool, data in self.tests.items():
+                    if data is not None:
+                        rec[f"{pool}_acc"] = global_accuracy(self.model, st.tensors, *data)
+        return rec | {f"{k}_s": v for k, v in timer.t.items()}
+
+    def progress_info(self, rec: dict, st: LoopState) -> dict:
+        return {"loss": rec["train_loss"], "acc": rec.get("seen_acc")}
+
+
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress) -> tuple[dict, list[dict]]:
     model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-    seen, unseen = part.pool(False), part.pool(True)
-    for c in seen:  # build every client's tensors once, before the rounds
-        part.client(c)
-    tests = {"seen": pool_tensors(part, seen, "test"), "unseen": pool_tensors(part, unseen, "test") if unseen else None}
-    client_fn = ALGORITHMS[cfg.algo]
-    local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.head_prefix(model), cfg.algo == "fedbabu", cfg.pf_alpha)
-    st = (ckpt.load() if ckpt else None) or LoopState(0, get_state(model))
-    progress.start(f"pretrain {cfg.algo}", cfg.rounds)
-    progress.advance(st.next_round)
-    for rnd in range(st.next_round, cfg.rounds):
-        t0, timer = time.perf_counter(), Timer()
-        lr = step_lr(cfg.lr, rnd, cfg.rounds)
-        updates, ns, losses = [], [], []
-        for c in sample_clients(seen, cfg.fraction, cfg.seed, rnd):
-            x, y = part.client(c).train
-            with timer.section("clients"):
-                new, loss = client_fn(model, st.tensors, x, y, lr, local, generator(cfg.seed, rnd, c))
-            updates.append(new)
-            ns.append(len(y))
-            losses.append(loss)
-        with timer.section("aggregate"):
-            st.tensors = weighted_average(updates, ns)
-        rec = {"round": rnd + 1, "lr": lr, "train_loss": sum(losses) / len(losses)}
-        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
-            with timer.section("eval"):
-                for pool, data in tests.items():
-                    if data is not None:
-                        rec[f"{pool}_acc"] = global_accuracy(model, st.tensors, *data)
-        rec |= {"round_s": time.perf_counter() - t0, **{f"{k}_s": v for k, v in timer.t.items()}}
-        st.history.append(rec)
-        st.next_round = rnd + 1
-        if ckpt:
-            ckpt.save(st)
-        progress.advance(1, loss=rec["train_loss"], acc=rec.get("seen_acc"))
-    progress.stop()
+    strategy = PretrainStrategy(cfg, part, model)
+    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
     return st.tensors, st.history
 
 
