@@ -5,11 +5,11 @@ training and the fine-tuning batches):
 - pfedla-fmnist: pFedLA Table 1, Fashion-MNIST, 10 clients, non-IID.1 (4 classes per client in equal amounts),
   every client in training. Rows: FedAvg (the global model), FedAvg-FT (BN C/G/I), pFedLA, HeurpFedLA (k = 1).
   Paper (600 rounds, ~7000 images per client, no BN in its CNN): pFedLA 94.34, HeurpFedLA 95.47, FedAvg 91.24.
-  Here: 500 images per client (70/30 train/test as the paper, 10% of train held out), 40 rounds, 5 local epochs.
+  Here: 300 images per client (70/30 train/test as the paper, 10% of train held out), 30 rounds, 2 local epochs.
 - cafeme-rfmnist-shards / -dir: CAFeMe Table 1's RMNIST with rotated Fashion-MNIST (10 angles 0..180), 100 clients
   (80 train, 20 new), shards of 2 classes / Dir(0.3); M = 5 clients per round, S = 5, batch 30; new clients
   personalise for 50 steps. Paper (1000 rounds, MNIST): CAFeMe 98.82 / 94.31, FedAvg-FT 87.08 / 89.47.
-  Here: 200 images per client, 300 rounds; FedAvg-FT = our FT rows from a FedAvg model trained on the same 80.
+  Here: 200 images per client, 200 rounds; FedAvg-FT = our FT rows from a FedAvg model trained on the same 80.
 
 `python bench/pfl_compare.py [CELL ...] [--jobs N]`; resumable (artifacts); writes bench/pfl_compare.md/json.
 """
@@ -34,10 +34,10 @@ FT = ["ft-bnc", "ft-bng", "ft-bni"]
 
 def sections(cell: str, seed: int) -> dict:
     if cell == "pfedla-fmnist":
-        part = {"dataset": "fmnist", "scheme": "shards", "shard_classes": 4, "clients": 10, "samples_per_client": 500,
+        part = {"dataset": "fmnist", "scheme": "shards", "shard_classes": 4, "clients": 10, "samples_per_client": 300,
                 "val_fraction": 0.1, "test_fraction": 0.3, "unseen_fraction": 0.0, "seed": 0}
-        pre = {"rounds": 40, "fraction": 1.0, "local_epochs": 5, "lr": 0.05, "eval_every": 10, "seed": seed}
-        common = {"rounds": 40, "local_epochs": 5, "lr": 0.01, "batch_size": 32, "eval_every": 10, "seed": seed}
+        pre = {"rounds": 30, "fraction": 1.0, "local_epochs": 2, "lr": 0.05, "eval_every": 10, "seed": seed}
+        common = {"rounds": 30, "local_epochs": 2, "lr": 0.01, "batch_size": 32, "eval_every": 10, "seed": seed}
         pfl = [common | {"algo": "pfedla"}, common | {"algo": "heurpfedla", "k": 1}]
         pools = ["seen"]
     else:
@@ -45,7 +45,7 @@ def sections(cell: str, seed: int) -> dict:
                 "unseen_fraction": 0.2, "seed": 0}
         part |= {"scheme": "shards", "shard_classes": 2} if cell.endswith("shards") else {"alpha": 0.3}
         pre = {"rounds": 100, "fraction": 0.1, "local_epochs": 1, "lr": 0.05, "eval_every": 20, "seed": seed}
-        pfl = [{"algo": "cafeme", "rounds": 300, "fraction": 0.0625, "steps": 5, "batch_size": 30, "lr": 0.05,
+        pfl = [{"algo": "cafeme", "rounds": 200, "fraction": 0.0625, "steps": 5, "batch_size": 30, "lr": 0.05,
                 "outer_lr": 1e-3, "eval_every": 100, "seed": seed}]
         pools = ["unseen"]
     return {"partition": part, "pretrain": {"algo": "fedavg", "model": "small-cnn", "batch_size": 32} | pre, "stats": {},
