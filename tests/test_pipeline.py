@@ -23,6 +23,11 @@ fraction = 0.5
 epochs = 1
 batch_size = 16
 base_lr = 0.01
+[[pfl]]
+algo = "cafeme"
+rounds = 2
+fraction = 0.5
+batch_size = 16
 [personalize]
 pools = ["seen", "unseen"]
 epochs = 1
@@ -38,12 +43,14 @@ def test_second_run_reuses_everything(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text(TOML)
     first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
-    assert [r.stage for r in first] == ["partition", "pretrain", "stats", "meta-train", "personalize", "analyze", "personalize"]
+    assert [r.stage for r in first] == ["partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze",
+                                        "personalize"]
+    assert all("pfl:cafeme" in r.artifact.parents for r in first if r.stage == "personalize")
     assert not any(r.reused for r in first)
     second = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
     assert all(r.reused for r in second) and [r.artifact.id for r in first] == [r.artifact.id for r in second]
     forced = pipeline.run(pipeline.load(f, tmp_path / "store"), "personalize", NoProgress)
-    assert [r.reused for r in forced] == [True] * 4 + [False] * 3
+    assert [r.reused for r in forced] == [True] * 5 + [False] * 3
 
 
 def test_unknown_key_is_one_clear_error(tmp_path):
