@@ -91,10 +91,12 @@ def sections(cell: str, full: bool = True) -> dict:
     return s
 
 
-def run_extras(cell: str) -> None:
-    """EXTRA_VARIANTS of a finished cell, then EVERY_CELL_EXTRAS: meta-train them and personalise with the FT
-    baselines (no ft-tuned grid); each personalisation joins the cell's table (same clients, seeds and batches)."""
-    for label, group in (("extra variants", EXTRA_VARIANTS.get(cell, [])), ("beta-init variant", EVERY_CELL_EXTRAS)):
+def run_extras(cell: str, cell_extras: bool = True) -> None:
+    """EXTRA_VARIANTS of a finished cell (unless cell_extras is False), then EVERY_CELL_EXTRAS and, on feature-shift
+    cells, the other personalised-FL systems: meta-train / train them and personalise with the FT baselines (no
+    ft-tuned grid); each personalisation joins the cell's table (same clients, seeds and batches)."""
+    groups = [("extra variants", EXTRA_VARIANTS.get(cell, []) if cell_extras else []), ("beta-init variant", EVERY_CELL_EXTRAS)]
+    for label, group in groups:
         if not group:
             continue
         secs = sections(cell)
@@ -357,11 +359,16 @@ def main() -> None:
     ap.add_argument("cells", nargs="*", default=list(CELLS), help=f"cells to run: {', '.join(CELLS)}")
     ap.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
     ap.add_argument("--report-only", action="store_true", help="only write the report from finished cells")
+    ap.add_argument("--new-only", action="store_true", help="on finished cells, run only the groups every cell shares "
+                    "(the beta-init variant; the other personalised-FL systems on feature-shift cells)")
     args = ap.parse_args()
     bad = [c for c in args.cells if c not in CELLS]
     if bad:
         sys.exit(f"error: unknown cell '{bad[0]}'; cells are: {', '.join(CELLS)}")
-    if not args.report_only:
+    if args.new_only:
+        with mp.get_context("spawn").Pool(args.jobs) as pool:
+            pool.starmap(run_extras, [(c, False) for c in args.cells], chunksize=1)
+    elif not args.report_only:
         ctx = mp.get_context("spawn")
         if any(CELLS[c][0] == "feature" for c in args.cells):  # its model is shared: build it once, first
             run_cell("ls-1000", False)
