@@ -15,7 +15,8 @@ from ..core.client import Timer
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
-from ..engine.rounds import in_process, run_rounds
+from ..engine.rounds import run_rounds
+from ..engine.workers import ClientPool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
@@ -39,6 +40,7 @@ class PretrainConfig:
     init: str | None = None       # import a state dict instead of training
     init_sha256: str | None = None
     reset_head: bool = False
+    workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
 
 
 def check(cfg: PretrainConfig) -> None:
@@ -125,10 +127,26 @@ class PretrainStrategy:
         return {"loss": rec["train_loss"], "acc": rec.get("seen_acc")}
 
 
-def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress) -> tuple[dict, list[dict]]:
-    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-    strategy = PretrainStrategy(cfg, part, model)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
+def make_strategy(cfg: PretrainConfig, part: Partition) -> PretrainStrategy:
+    return PretrainStrategy(cfg, part, registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed))
+
+
+def worker_strategy(root: str, partition_id: str, cfg: PretrainConfig) -> PretrainStrategy:
+    """A worker's own strategy (model, client data), built once from the store in its initializer."""
+    return make_strategy(cfg, partition_stage.load(Store(root), partition_id)[1])
+
+
+def client_task(strategy: PretrainStrategy, *task) -> tuple[dict, int, float]:
+    return strategy.client(*task)
+
+
+def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress,
+          where: tuple[str, str] | None = None) -> tuple[dict, list[dict]]:
+    """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
+    strategy = make_strategy(cfg, part)
+    workers = cfg.workers if where else 1
+    with ClientPool(workers, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy) as pool:
+        st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map)
     return st.tensors, st.history
 
 
@@ -147,7 +165,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
     part_art, part = partition_stage.load(store, partition_ref)
     parents = {"partition": part_art.id}
-    conf = config_dict(cfg, exclude=("init",) if cfg.init else ())
+    conf = config_dict(cfg, exclude=("workers", "init") if cfg.init else ("workers",))
     conf |= {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
     def build(draft: Draft) -> None:
@@ -158,7 +176,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
             if not resume:
                 ckpt.clear()
-            state, history = train(cfg, part, ckpt, progress or NoProgress())
+            state, history = train(cfg, part, ckpt, progress or NoProgress(), (str(store.root), part_art.id))
         weights.save(draft.path("model.safetensors"), state, {"model": cfg.model})
         if history:
             write_history(draft.path("history.csv"), history)
