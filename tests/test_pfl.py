@@ -192,3 +192,18 @@ def test_pfl_resume_is_bit_identical(tiny_store):
         assert Checkpoint(store.workdir("pfl", full.id)).load().next_round == 2
         again, _ = pfl.run(cfg, store, part.id, force=True)
         assert again.file(name).read_bytes() == want, algo
+
+
+def test_cafeme_runs_on_resnet18_cifar():
+    """The gates sit after each residual block of ResNet-18-cifar; one meta-update is finite and changes omega."""
+    model = registry.build("resnet18-cifar", 3, 10)
+    sites = gate_sites(model, 3)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g)
+    mu = init_modulator(3, 10, sum(c for _, c in sites), g)
+    omega = cafeme.join(mu, {n: p.detach().clone() for n, p in model.named_parameters()})
+    cfg = cafeme.CAFeMeConfig(steps=1, batch_size=4, num_classes=10)
+    new, loss, moments = cafeme.client_update(model, sites, omega, (x, y), (x[:3], y[:3]), cfg, g)
+    assert np.isfinite(loss) and moments is not None
+    assert any(not torch.equal(new[k], omega[k]) for k in omega if k.startswith("mu."))
+    assert any(not torch.equal(new[k], omega[k]) for k in omega if k.startswith("psi."))
