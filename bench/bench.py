@@ -253,6 +253,7 @@ def bench_server_memory(n: int) -> dict:
     from fedl2p_cli.algorithms import pfedla
     from fedl2p_cli.core.aggregate import weighted_average
     from fedl2p_cli.core.functional import get_state
+    from fedl2p_cli.core.layer_mix import hypernet_step
     from fedl2p_cli.core.metanets import init_lambda
     from fedl2p_cli.core.stats import client_stats
     from fedl2p_cli.models import registry
@@ -268,7 +269,7 @@ def bench_server_memory(n: int) -> dict:
     server = pfedla.init_server(list(range(n)), get_state(model), names, 100, 100, torch.Generator().manual_seed(0))
     bar, _ = pfedla.personalized(server, 0, 0)
     delta = {k: 0.01 * torch.randn_like(bar[k]) for k in names}
-    server.hypernets[0] = pfedla.lm.hypernet_step(server.hypernets[0], server.stacked, 0, names, server.layers, delta, 5e-3)
+    server.hypernets[0] = hypernet_step(server.hypernets[0], server.stacked, 0, names, server.layers, delta, 5e-3)
     return {"clients": n, "pfedla_state_mb": server.nbytes() / 2**20, "pfedla_peak_rss_mb": peak_rss_mb() - base,
             "fedl2p_state_mb": fedl2p_state / 2**20, "fedl2p_peak_rss_mb": fedl2p_peak}
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..core.functional import random_batch
+from ..core.metanets import adam_step
 from ..core.modulate import gated, modulator
 
 Omega = dict[str, Tensor]
@@ -86,21 +87,10 @@ def client_update(model: nn.Module, sites, omega: Omega, train: tuple[Tensor, Te
     grads = {k: torch.zeros_like(v) if grads[k] is None else grads[k] for k, v in omega.items()}
     if cfg.outer == "adam":
         new, moments = adam_step(omega, grads, moments, t, cfg.outer_lr)
+        new = {k: v.detach() for k, v in new.items()}
     else:
         new = {k: (v - cfg.outer_lr * grads[k]).detach() for k, v in omega.items()}
     return new, float(l.detach()), moments
-
-
-def adam_step(omega: Omega, grads: Omega, moments: dict[str, Tensor] | None, t: int, lr: float,
-              b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> tuple[Omega, dict[str, Tensor]]:
-    moments = moments or {}
-    new, out = {}, {}
-    for k, v in omega.items():
-        m = b1 * moments.get(f"m.{k}", torch.zeros_like(v)) + (1 - b1) * grads[k]
-        s = b2 * moments.get(f"v.{k}", torch.zeros_like(v)) + (1 - b2) * grads[k] ** 2
-        out[f"m.{k}"], out[f"v.{k}"] = m, s
-        new[k] = (v - lr * (m / (1 - b1 ** t)) / ((s / (1 - b2 ** t)).sqrt() + eps)).detach()
-    return new, out
 
 
 @torch.no_grad()

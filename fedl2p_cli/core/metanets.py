@@ -109,15 +109,22 @@ class ServerAdam:
 
     def step(self, lam: Lambda, averaged: Lambda, state: dict[str, Tensor], t: int) -> tuple[Lambda, dict[str, Tensor]]:
         """t counts server steps from 1. state holds m.<key> and v.<key>; returns the new lambda and state."""
-        new_lam, new_state = {}, {}
-        for k, v in lam.items():
-            g = v - averaged[k]
-            m = self.b1 * state.get(f"m.{k}", torch.zeros_like(v)) + (1 - self.b1) * g
-            s = self.b2 * state.get(f"v.{k}", torch.zeros_like(v)) + (1 - self.b2) * g * g
-            mh, sh = m / (1 - self.b1 ** t), s / (1 - self.b2 ** t)
-            new_lam[k] = v - self.lr * mh / (sh.sqrt() + self.eps)
-            new_state[f"m.{k}"], new_state[f"v.{k}"] = m, s
-        return new_lam, new_state
+        return adam_step(lam, {k: v - averaged[k] for k, v in lam.items()}, state, t, self.lr, self.b1, self.b2, self.eps)
+
+
+def adam_step(params: dict[str, Tensor], grads: dict[str, Tensor], state: dict[str, Tensor] | None, t: int, lr: float,
+              b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """One Adam step (t counts from 1); state holds m.<key> and v.<key>. Returns the new params and state."""
+    state = state or {}
+    new, new_state = {}, {}
+    for k, v in params.items():
+        g = grads[k]
+        m = b1 * state.get(f"m.{k}", torch.zeros_like(v)) + (1 - b1) * g
+        s = b2 * state.get(f"v.{k}", torch.zeros_like(v)) + (1 - b2) * g * g
+        mh, sh = m / (1 - b1 ** t), s / (1 - b2 ** t)
+        new[k] = v - lr * mh / (sh.sqrt() + eps)
+        new_state[f"m.{k}"], new_state[f"v.{k}"] = m, s
+    return new, new_state
 
 
 def input_normalizer(xi: Tensor, x: Tensor) -> dict[str, Tensor]:

@@ -1,7 +1,7 @@
 """`fedl2p pfl-train`: the other personalised-FL systems, trained on a partition's seen clients.
 
-pfedla / heurpfedla (Ma et al., CVPR 2022): the server's per-client models and hypernetworks -> clients.safetensors,
-hypernets.safetensors. cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.safetensors.
+pfedla / heurpfedla (Ma et al., CVPR 2022): the server's per-client models and hypernetworks -> server.safetensors.
+cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.safetensors.
 `fedl2p personalize --methods pfedla,heurpfedla,cafeme` evaluates them beside FT and FedL2P on the same clients.
 """
 
@@ -17,9 +17,9 @@ from ..algorithms.local import LocalConfig
 from ..artifacts import Artifact, Draft, Store
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
 from ..core.functional import evaluate, get_state
+from ..core.client import Timer
 from ..core.layer_mix import layers_of
 from ..core.modulate import gate_sites, init_modulator
-from ..core.client import Timer
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
 from ..engine.rounds import in_process, run_rounds
 from ..errors import FedL2PError
@@ -73,6 +73,11 @@ def identity(cfg: PFLConfig) -> dict:
     return {k: d[k] for k in (*shared, *own)}
 
 
+def retained_k(cfg: PFLConfig) -> int:
+    """Layers kept local: HeurpFedLA's k, none for pFedLA."""
+    return cfg.k if cfg.algo == "heurpfedla" else 0
+
+
 def cafeme_config(cfg: PFLConfig, num_classes: int) -> cafeme.CAFeMeConfig:
     return cafeme.CAFeMeConfig(cfg.steps, cfg.lr, cfg.outer_lr, cfg.batch_size, cfg.order, cfg.outer, num_classes)
 
@@ -89,7 +94,7 @@ class PFedLAStrategy:
         names = [n for n, _ in self.model.named_parameters()]
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
                                          generator(cfg.seed, 1))
-        self.k = cfg.k if cfg.algo == "heurpfedla" else 0
+        self.k = retained_k(cfg)
         self.local = LocalConfig(cfg.local_epochs, cfg.batch_size)
 
     def initial_state(self) -> LoopState:
@@ -121,6 +126,7 @@ class PFedLAStrategy:
 
 
 def pfedla_val(model, server: pfedla.Server, i: int, val, k: int) -> float:
+    """Accuracy of client slot i's personalised model theta_bar_i (Alg. 1's output) on `val` (a split)."""
     if len(val[1]) == 0:
         return float("nan")
     bar, _ = pfedla.personalized(server, i, k)
@@ -218,11 +224,11 @@ def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: b
         else:
             strategy = PFedLAStrategy(cfg, part)
             st = run_rounds(strategy, cfg.rounds, ckpt, progress or NoProgress(), in_process(strategy.client))
-            restore_server(strategy.server, st.tensors)
-            server, history = strategy.server, st.history
-            weights.save(draft.path("server.safetensors"), server_tensors(server),
-                         {"algo": cfg.algo, "model": cfg.model, "clients": server.clients})
-            draft.metrics = {"algo": cfg.algo, "server_state_bytes": server.nbytes()}
+            restore_server(strategy.server, st.tensors)  # st.tensors is the server state, flat
+            history = st.history
+            weights.save(draft.path("server.safetensors"), st.tensors,
+                         {"algo": cfg.algo, "model": cfg.model, "clients": strategy.server.clients})
+            draft.metrics = {"algo": cfg.algo, "server_state_bytes": strategy.server.nbytes()}
         write_history(draft.path("history.csv"), history)
         draft.metrics |= {k: v for k, v in history[-1].items() if k in ("val_acc", "train_loss", "held_out_loss")}
 
@@ -264,10 +270,7 @@ def client_accuracy(t: Trained, c: int, data, seed: int, steps: int) -> float:
     if t.server is not None:
         if c not in t.server.clients:
             return float("nan")
-        k = t.cfg.k if t.algo == "heurpfedla" else 0
-        bar, _ = pfedla.personalized(t.server, t.server.clients.index(c), k)
-        t.model.eval()
-        return evaluate(t.model, bar, *data.test)[1]
+        return pfedla_val(t.model, t.server, t.server.clients.index(c), data.test, retained_k(t.cfg))
     ccfg = cafeme_config(t.cfg, t.num_classes)
     return cafeme.personalize_and_test(t.model, t.sites, t.omega, data.train, data.test, steps, ccfg, generator(seed, c, 7))
 
