@@ -240,11 +240,12 @@ def cluster_rows(cell: str, row: dict) -> dict:
 
 
 SWEEP = (0.0, 0.25, 0.5, 0.75, 1.0)
+SWEEP_LRS = (BASE_LR, BASE_LR / 10)  # at the base LR, beta = 0 (no batch statistics in training) is unstable
 
 
-def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, list[float]]:
-    """What beta the data asks for: per domain, the mean test accuracy of fine-tuning every seen client with one fixed
-    beta for all BN layers (base LR, PreciseBN statistics, the personalisation's batches)."""
+def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[float]]]:
+    """What beta the data asks for: per domain and learning rate, the mean test accuracy of fine-tuning every seen
+    client with one fixed beta for all BN layers (PreciseBN statistics, the personalisation's batches)."""
     import torch
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
@@ -265,12 +266,15 @@ def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, list[float]]:
     for c in part.pool(False):
         data = part.client(c)
         row = []
-        for b in SWEEP:
-            s = Strategy(torch.full((n_bn,), b), torch.full((len(theta),), BASE_LR))
-            ft = finetune(model, theta, *data.train, s, table.client_bn(c), EPOCHS, 32, generator(seed, c, 7))
-            row.append(personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 32)[1])
+        for lr in SWEEP_LRS:
+            for b in SWEEP:
+                s = Strategy(torch.full((n_bn,), b), torch.full((len(theta),), lr))
+                ft = finetune(model, theta, *data.train, s, table.client_bn(c), EPOCHS, 32, generator(seed, c, 7))
+                row.append(personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 32)[1])
         acc.setdefault(part.domain_names[part.domain[c]], []).append(row)
-    return {d: [float(v) for v in np.mean(rows, axis=0)] for d, rows in acc.items()}
+    n = len(SWEEP)
+    return {d: {f"{lr:g}": [float(v) for v in np.mean(rows, axis=0)[i * n:(i + 1) * n]] for i, lr in enumerate(SWEEP_LRS)}
+            for d, rows in acc.items()}
 
 
 def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
@@ -334,11 +338,12 @@ def beta_report(done: list[list[dict]]) -> str:
                 spread = np.ptp(np.array(list(v["beta_per_domain"].values())), axis=0)
                 lines += ["| spread (max − min) | " + " | ".join(f"{b:.3f}" for b in spread) + " |", ""]
             if "sweep" in r:
+                lrs = list(next(iter(r["sweep"].values())))
                 lines += [f"What the data asks for, feature shift α = {r['alpha']:g}: test accuracy (%) of FT with one fixed β "
-                          "in every BN layer (seen clients, seed 0, base LR)", "",
-                          "| domain | " + " | ".join(f"β={b:g}" for b in SWEEP) + " | best β |", "|---" * (2 + len(SWEEP)) + "|"]
-                lines += [f"| {d} | " + " | ".join(f"{100 * a:.2f}" for a in accs) + f" | {SWEEP[int(np.argmax(accs))]:g} |"
-                          for d, accs in r["sweep"].items()]
+                          "in every BN layer, at the base LR and a tenth of it (seen clients, seed 0)", "",
+                          "| domain | LR | " + " | ".join(f"β={b:g}" for b in SWEEP) + " | best β |", "|---" * (3 + len(SWEEP)) + "|"]
+                lines += [f"| {d} | {lr} | " + " | ".join(f"{100 * a:.2f}" for a in by_lr[lr]) +
+                          f" | {SWEEP[int(np.argmax(by_lr[lr]))]:g} |" for d, by_lr in r["sweep"].items() for lr in lrs]
                 lines.append("")
             if "client_bn" in r:
                 cmp_ = r["client_bn"]
@@ -383,7 +388,7 @@ def main() -> None:
         for r in rows:
             if r["kind"] == "feature" and r["pool"] == "seen":
                 r["ari"] = cluster_rows(c, r)
-                cache = HERE / f".sweep-{r['personalize']}.json"  # a pure function of the artifact: computed once
+                cache = HERE / f".sweep-lrs-{r['personalize']}.json"  # a pure function of the artifact: computed once
                 if not cache.is_file():
                     cache.write_text(json.dumps(beta_sweep(r["personalize"])))
                 r["sweep"] = json.loads(cache.read_text())
