@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test bench bench-accuracy bench-pfl clean-artifacts
+.PHONY: setup data quickstart test test-flower bench bench-accuracy bench-pfl clean-artifacts
 
 setup: $(STAMP)
 	@bash scripts/get-fmnist.sh || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -24,6 +24,18 @@ quickstart: $(STAMP) data
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2  # two worker processes of one torch thread each (tests/conftest.py)
+
+# The Flower engine's tests, in their own venv: the flower extra pins typer<0.21 and rich<15.
+FLVENV ?= .venv-flower
+$(FLVENV)/.installed: pyproject.toml
+	$(PY) -m venv $(FLVENV)
+	$(FLVENV)/bin/pip install -q --upgrade pip
+	$(FLVENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(FLVENV)/bin/pip install -q -e '.[test,flower]'
+	touch $(FLVENV)/.installed
+
+test-flower: $(FLVENV)/.installed
+	$(FLVENV)/bin/python -m pytest tests/test_flower.py
 
 bench: $(STAMP) data
 	$(BIN)/python bench/bench.py

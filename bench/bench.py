@@ -200,9 +200,11 @@ def bench_meta_round() -> dict:
 
 def bench_workers() -> dict:
     """Client updates per second in meta-training (small CNN, embedded data, e = 5, K = 3): one process at one
-    thread (today's default), one process at two threads, and --workers 2 (two processes of one thread). Timed from
-    the rounds' own wall clock (history round_s), so the workers' one-off start-up is reported apart."""
+    thread (today's default), one process at two threads, --workers 2 (two processes of one thread) and, where the
+    flower extra is installed, --engine flower (two ClientApps in Flower's simulation). Timed from the rounds' own
+    wall clock (history round_s), so the workers' one-off start-up is reported apart."""
     import csv
+    import importlib.util
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
     from fedl2p_cli.stages import meta_train, pretrain, stats
     out = {}
@@ -210,10 +212,13 @@ def bench_workers() -> dict:
         store, part_art, _ = _embedded(d)
         pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
         st, _ = stats.run(stats.StatsConfig(), store, part_art.id, pre.id)
-        for label, workers, threads in (("1 process, 1 thread", 1, 1), ("1 process, 2 threads", 1, 2),
-                                        ("2 workers, 1 thread each", 2, 1)):
+        runs = [("1 process, 1 thread", 1, 1, "local"), ("1 process, 2 threads", 1, 2, "local"),
+                ("2 workers, 1 thread each", 2, 1, "local")]
+        if importlib.util.find_spec("flwr") and importlib.util.find_spec("ray"):  # the flower extra's venv
+            runs.append(("Flower simulation, 2 ClientApps", 2, 1, "flower"))
+        for label, workers, threads, engine in runs:
             torch.set_num_threads(threads)
-            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, workers=workers, seed=len(out),
+            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, workers=workers, seed=len(out), engine=engine,
                                              meta=MetaConfig(epochs=5, base_lr=0.01))
             t = time.perf_counter()
             art, _ = meta_train.run(cfg, store, pre.id, st.id)

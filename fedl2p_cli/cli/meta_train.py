@@ -59,6 +59,10 @@ def meta_train(
     workers: int = typer.Option(1, help="Processes that run a round's clients in parallel, one torch thread each (spawned "
                                 "once per run; each loads the data once). The artifact is the same as with 1 (bit for bit; "
                                 "not part of its id). Use up to the number of cores; see README 'Threads'."),
+    engine: str = typer.Option("local", help="Where the round's client updates run: local = this process (or --workers "
+                               "processes) | flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers "
+                               "at a time; needs pip install 'fedl2p[flower]'). The same artifact either way (bit for bit; "
+                               "not part of its id)."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
@@ -72,7 +76,7 @@ def meta_train(
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias,
                       beta_init=beta_init)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
-                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, meta=meta)
+                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)

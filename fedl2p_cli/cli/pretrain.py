@@ -25,6 +25,10 @@ def pretrain(
     reset_head: bool = typer.Option(False, help="With --init: start a new classifier when the class count differs."),
     workers: int = typer.Option(1, help="Processes that run a round's clients in parallel, one torch thread each; the "
                                 "artifact is the same as with 1 (bit for bit; not part of its id)."),
+    engine: str = typer.Option("local", help="Where the round's client updates run: local = this process (or --workers "
+                               "processes) | flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers "
+                               "at a time; needs pip install 'fedl2p[flower]'). The same artifact either way (bit for bit; "
+                               "not part of its id)."),
     partition: Optional[str] = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
@@ -32,7 +36,7 @@ def pretrain(
 ) -> None:
     """Pretrain the global model federatedly on the seen clients -> model.safetensors, history.csv, curves.png."""
     cfg = stage.PretrainConfig(algo, model, rounds, fraction, local_epochs, batch_size, lr, pf_alpha, eval_every, seed,
-                               str(init) if init else None, None, reset_head, workers)
+                               str(init) if init else None, None, reset_head, workers, engine)
     art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
     if art.metrics:
         render.table("global model", ["metric", "value"], [[k, v] for k, v in art.metrics.items()])

@@ -52,3 +52,13 @@ class ClientPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_pool(engine: str, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
+              nodes: int):
+    """The executor of a round's client updates: `local` (this process, or `workers` processes) or `flower`
+    (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time)."""
+    if engine == "flower":
+        from .flower import FlowerPool
+        return FlowerPool(workers, build, args, update, nodes)
+    return ClientPool(workers, build, args, update, local_context)

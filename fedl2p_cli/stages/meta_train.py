@@ -20,7 +20,8 @@ from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, i
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
 from ..engine.rounds import run_rounds
-from ..engine.workers import ClientPool
+from ..engine.flower import ENGINES
+from ..engine.workers import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.stats_h5 import StatsTable
@@ -50,6 +51,7 @@ class MetaTrainConfig:
     server_lr: float = field(default=1e-3, metadata=POSITIVE)      # FedAdam step size
     keep: str = "best"           # best: the paper's lowest-mean-val-loss round | last: the final aggregate (not in the paper)
     workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
+    engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
     meta: MetaConfig = field(default_factory=MetaConfig)
 
     def variant(self) -> str:
@@ -90,9 +92,11 @@ def check(cfg: MetaTrainConfig) -> None:
         raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
     for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
                          ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
-                         ("--keep", cfg.keep, KEEPS)):
+                         ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES)):
         if val not in ok:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
+    if cfg.local and cfg.engine != "local":
+        raise FedL2PError("--engine flower runs federated rounds; --local (L2P) has none, use --engine local")
 
 
 @dataclass
@@ -283,7 +287,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    config = {k: v for k, v in config_dict(cfg).items() if k != "workers"} | {"variant": cfg.variant()}
+    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine")} | {"variant": cfg.variant()}
 
     def build(draft: Draft) -> None:
         ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
@@ -299,7 +303,8 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if cfg.local:
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
-            with ClientPool(cfg.workers, make_context, (*ids, cfg), client_task, ctx) as pool:
+            with open_pool(cfg.engine, cfg.workers, make_context, (*ids, cfg), client_task, ctx,
+                           len(part.pool(False))) as pool:
                 lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool)
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})

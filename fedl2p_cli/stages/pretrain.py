@@ -16,7 +16,8 @@ from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between,
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
 from ..engine.rounds import run_rounds
-from ..engine.workers import ClientPool
+from ..engine.flower import ENGINES
+from ..engine.workers import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
@@ -41,12 +42,15 @@ class PretrainConfig:
     init_sha256: str | None = None
     reset_head: bool = False
     workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
+    engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
 
 
 def check(cfg: PretrainConfig) -> None:
     validate(cfg)
     if cfg.init is None and cfg.algo not in ALGORITHMS:
         raise FedL2PError(f"unknown algorithm '{cfg.algo}'; choose one of: {', '.join(ALGORITHMS)}")
+    if cfg.engine not in ENGINES:
+        raise FedL2PError(f"unknown --engine '{cfg.engine}'; choose one of: {', '.join(ENGINES)}")
     registry.spec(cfg.model)
 
 
@@ -144,8 +148,9 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
           where: tuple[str, str] | None = None) -> tuple[dict, list[dict]]:
     """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
     strategy = make_strategy(cfg, part)
-    workers = cfg.workers if where else 1
-    with ClientPool(workers, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy) as pool:
+    workers, engine = (cfg.workers, cfg.engine) if where else (1, "local")
+    with open_pool(engine, workers, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy,
+                   len(strategy.seen)) as pool:
         st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map)
     return st.tensors, st.history
 
@@ -165,7 +170,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
     part_art, part = partition_stage.load(store, partition_ref)
     parents = {"partition": part_art.id}
-    conf = config_dict(cfg, exclude=("workers", "init") if cfg.init else ("workers",))
+    conf = config_dict(cfg, exclude=("workers", "engine", "init") if cfg.init else ("workers", "engine"))
     conf |= {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
     def build(draft: Draft) -> None:

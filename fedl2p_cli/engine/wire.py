@@ -1,0 +1,76 @@
+"""Tasks and client results as (tensors, JSON skeleton): what crosses a Flower message, with no pickle.
+
+A task or result is a nest of tensors, dicts with string keys, lists, tuples, numbers, strings, None and this
+package's dataclasses (e.g. `ClientResult`). `pack` moves every tensor into a flat name -> tensor dict (an ArrayRecord
+on the wire) and describes the rest as JSON; `unpack` rebuilds the same nest. Floats go through JSON's repr, tensors
+through their raw bytes, so a round trip is exact. A dataclass is rebuilt only if it lives in `fedl2p_cli`: a message
+can name no other code to run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from typing import Any
+
+from torch import Tensor
+
+_PACKAGE = __name__.split(".")[0]
+
+
+def pack(obj: Any) -> tuple[dict[str, Tensor], str]:
+    tensors: dict[str, Tensor] = {}
+    return tensors, json.dumps(_encode(obj, tensors))
+
+
+def _encode(obj: Any, tensors: dict[str, Tensor]) -> Any:
+    if isinstance(obj, Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().contiguous()
+        return {"$t": name}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        fields = {f.name: _encode(getattr(obj, f.name), tensors) for f in dataclasses.fields(obj)}
+        return {"$dc": f"{cls.__module__}:{cls.__qualname__}", "f": fields}
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError("wire: dict keys must be strings")
+        return {"$d": {k: _encode(v, tensors) for k, v in obj.items()}}
+    if isinstance(obj, (list, tuple)):
+        return {"$l" if isinstance(obj, list) else "$u": [_encode(v, tensors) for v in obj]}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "item") and getattr(obj, "shape", None) == ():  # numpy scalar
+        return obj.item()
+    raise TypeError(f"wire: cannot send a {type(obj).__name__}")
+
+
+def unpack(tensors: dict[str, Tensor], skeleton: str) -> Any:
+    return _decode(json.loads(skeleton), tensors)
+
+
+def _decode(node: Any, tensors: dict[str, Tensor]) -> Any:
+    if not isinstance(node, (dict, list)):
+        return node
+    if "$t" in node:
+        return tensors[node["$t"]]
+    if "$d" in node:
+        return {k: _decode(v, tensors) for k, v in node["$d"].items()}
+    if "$l" in node:
+        return [_decode(v, tensors) for v in node["$l"]]
+    if "$u" in node:
+        return tuple(_decode(v, tensors) for v in node["$u"])
+    if "$dc" in node:
+        return _dataclass(node["$dc"])(**{k: _decode(v, tensors) for k, v in node["f"].items()})
+    raise ValueError("wire: malformed skeleton")
+
+
+def _dataclass(path: str) -> type:
+    module, _, name = path.partition(":")
+    if module.split(".")[0] != _PACKAGE:
+        raise ValueError(f"wire: refusing to rebuild '{path}' (not a {_PACKAGE} dataclass)")
+    cls = getattr(importlib.import_module(module), name)
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"wire: '{path}' is not a dataclass")
+    return cls
