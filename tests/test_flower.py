@@ -113,3 +113,115 @@ def test_flower_pretraining_matches_the_in_process_engine(tiny_store, tmp_path):
     wa, wb = (weights.load(a.file("model.safetensors")) for a in arts)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of pids (and their process groups) still running, zombies excluded."""
+    import subprocess
+    out = subprocess.run(["ps", "-eo", "pid,pgid,stat"], capture_output=True, text=True).stdout.split("\n")[1:]
+    rows = [ln.split() for ln in out if ln.strip()]
+    return [int(p) for p, g, st in rows if (int(p) in pids or int(g) in pids) and not st.startswith("Z")]
+
+
+@needs_flower
+def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path):
+    """A real SuperLink and two SuperNodes on 127.0.0.1 (insecure, temporary FLWR_HOME, free ports, no runtime
+    dependency installation), `flwr run` of the repo's app for two rounds; each site computes its own statistics.
+    Lambda equals the in-process engine's on the same two clients (float32 rounding), and every process started
+    (each in its own process group, with its children) is gone afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import tomli_w
+
+    from fedl2p_cli.engine.loop import group_of
+    from fedl2p_cli.engine.rounds import in_process, run_rounds
+    from fedl2p_cli.stages import flower_app, meta_train, partition
+    from fedl2p_cli.stages.common import NoProgress
+
+    store = tiny_store["store"]
+    _, part = partition.load(store, tiny_store["partition"].id)
+    sites = part.pool(False)[:2]
+    for c in sites:
+        flower_app.export_site(part.client(c), c, tmp_path / f"site{c}")
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=31, keep="last", meta=TINY_META)  # last: it moved
+    out = tmp_path / "out"
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg, 2, out)))
+    link, *nodes = _free_ports(3)
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(3)]
+    started: list[subprocess.Popen] = []
+
+    def start(args: list[str], log) -> None:
+        started.append(subprocess.Popen([str(bin_dir / args[0]), *args[1:]], env=env, stdout=log, stderr=log,
+                                        start_new_session=True))
+
+    try:
+        start(["flower-superlink", "--insecure", "--port", str(link), "--database", ":flwr-in-memory:",
+               "--disable-runtime-dependency-installation"], logs[0])
+        time.sleep(5)
+        for port, c, log in zip(nodes, sites, logs[1:]):
+            start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}", "--port", str(port),
+                   "--node-config", f"site-dir='{tmp_path / f'site{c}'}'"], log)
+        app = Path(__file__).resolve().parents[1] / "flower_app"
+        r = subprocess.run([str(bin_dir / "flwr"), "run", str(app), "loopback", "--run-config", str(tmp_path / "run.toml"),
+                            "--stream"], env=env, capture_output=True, text=True, timeout=300)
+        assert (out / "lambda.safetensors").is_file(), r.stdout[-2000:] + r.stderr[-2000:]
+    finally:
+        for p in started:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in started:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        for log in logs:
+            log.close()
+        deadline = time.time() + 20
+        while _alive([p.pid for p in started]) and time.time() < deadline:
+            time.sleep(0.5)
+        for pid in _alive([p.pid for p in started]):
+            os.kill(pid, signal.SIGKILL)
+    assert not _alive([p.pid for p in started])
+
+    # the in-process engine on the same two clients, the statistics from the central stats stage
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
+                                      tiny_store["stats"].id, cfg)
+        lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+        strategy = meta_train.MetaStrategy(ctx, lam0)
+        strategy.seen = list(sites)
+        st = run_rounds(strategy, 2, None, NoProgress(), in_process(lambda *t: meta_train.client_task(ctx, *t)))
+    finally:
+        torch.set_num_threads(torch_threads)
+    want = group_of(st.tensors, "lam")
+    got = weights.load(out / "lambda.safetensors")
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6)
+    assert not torch.equal(want["bnnet.2.bias"], lam0["bnnet.2.bias"])  # a comparison of two learned lambdas

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import USER_ERRORS
-from . import analyze, artifacts, meta_train, partition, personalize, pfl, pretrain, render, stats
+from . import analyze, artifacts, flower, meta_train, partition, personalize, pfl, pretrain, render, stats
 from .run import run
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ app.command()(personalize.personalize)
 app.command()(run)
 app.add_typer(analyze.app, name="analyze")
 app.add_typer(artifacts.app, name="artifacts")
+app.add_typer(flower.app, name="flower")
 
 
 def run_cli(argv: list[str] | None = None) -> int:

@@ -121,6 +121,8 @@ class Context:
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
         group (top-level module). Cheap (meta-net forwards only); makes the learning visible."""
+        if self.stats is None:  # a deployment's server holds no client statistics
+            return {}
         seen = self.part.pool(False)
         n_p = len(self.theta_g)
         with torch.no_grad():
@@ -232,7 +234,7 @@ class MetaStrategy:
         return {"val": rec["val_loss"], "best": st.extra["best_val"]}
 
 
-def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool: ClientPool
+def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool
               ) -> tuple[Lambda, list[dict], dict]:
     st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map)
     # diverged in round 1: the best lambda so far is the initial one (kept, with the warning in the metrics)
@@ -295,8 +297,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         part, norm = ctx.part, ctx.norm
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
-        lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(ctx.theta_g), cfg.meta.base_lr, cfg.nets, cfg.seed,
-                           cfg.meta.hidden_bias, cfg.meta.beta_init)
+        lam0 = initial_lambda(cfg, table.xi.shape[1], table.x.shape[1], len(ctx.theta_g))
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
@@ -323,6 +324,15 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             learning_curves(history, part.domain_names, draft.path("learning.png"))
 
     return build_or_reuse(store, "meta-train", config, parents, build, force)
+
+
+def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
+    return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init)
+
+
+def config_from_dict(d: dict) -> MetaTrainConfig:
+    """The inverse of dataclasses.asdict (how a deployment's run config carries the settings)."""
+    return MetaTrainConfig(**{k: v for k, v in d.items() if k != "meta"}, meta=MetaConfig(**d["meta"]))
 
 
 def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:

@@ -1,0 +1,168 @@
+"""FedL2P meta-training as a deployable Flower app (`flwr run flower_app`): one SuperNode per client site.
+
+In deployment a site holds only its own data: `site.safetensors` in the folder its SuperNode is started with
+(`--node-config "site-dir='/path'"`), with its normalised train and validation tensors and its client id. Each
+`train` Message carries the pretrained weights, lambda, the round and the meta-train settings; the site computes its
+own statistics (Alg. 1 lines 6-7: `core.stats.client_stats` under the received weights, the same function the
+`stats` stage applies to every client centrally), runs the same client update as the other engines with its own
+generator (seed, round, client), and replies with its result. The ServerApp asks every node for its client id once,
+then runs the same `MetaStrategy` through the same round loop (`engine.rounds`), and writes lambda and the history to
+the run's `out` folder. It needs no central statistics: the per-domain beta snapshot is left out of its history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+from ..algorithms.fedl2p import Diverged, MetaConfig, client_update
+from ..core.client import ClientData, Timer
+from ..core.finetune import ClientBN
+from ..core.functional import set_state
+from ..core.stats import client_stats
+from ..engine.flower import FlowerPool, _records, _unrecord
+from ..engine.loop import generator, group_of
+from ..engine.rounds import run_rounds
+from ..errors import FedL2PError
+from ..io import weights
+from ..models import registry
+from . import meta_train as mt
+from .common import NoProgress
+from .pretrain import write_history
+
+SITE_FILE = "site.safetensors"
+
+
+def export_site(data: ClientData, client: int, folder: Path) -> Path:
+    """Write one client's site folder (what a real site prepares from its own data, normalised as the model's
+    pretraining data was)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SITE_FILE
+    weights.save(path, {"x_train": data.train[0], "y_train": data.train[1], "x_val": data.val[0], "y_val": data.val[1]},
+                 {"client": str(client)})
+    return path
+
+
+def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites: int, out: Path) -> dict:
+    """The app's run config for `flwr run --run-config`: the meta-train settings, the model's shape, and a copy of
+    the pretrained weights the ServerApp sends to every site (written to `out`/model.safetensors)."""
+    from ..core.bn import bn_layers
+    from ..core.stats import stat_layers
+    from . import pretrain as pretrain_stage
+    if cfg.input_norm != "none" or cfg.local:
+        raise FedL2PError("a deployment has no central statistics: use --input-norm none, and no --local")
+    art, model, state = pretrain_stage.load(store, pretrain_ref)
+    out.mkdir(parents=True, exist_ok=True)
+    weights.save(out / "model.safetensors", state, {"pretrain": art.id})
+    c = art.config
+    spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
+            "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
+            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id}
+    return {"meta-train": json.dumps(dataclasses.asdict(cfg)), "model": json.dumps(spec),
+            "model-file": str((out / "model.safetensors").resolve()), "sites": sites, "out": str(out.resolve())}
+
+
+def load_site(folder: str) -> tuple[int, ClientData]:
+    path = Path(folder) / SITE_FILE
+    if not path.is_file():
+        raise FedL2PError(f"site-dir '{folder}' has no {SITE_FILE}")
+    t, meta = weights.load_with_meta(path)
+    empty = (t["x_train"][:0], t["y_train"][:0])
+    return int(meta["client"]), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
+
+
+def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict):
+    """One site's meta-train client update, from its own data and statistics."""
+    torch.set_num_threads(1)
+    c, data = load_site(folder)
+    model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])
+    set_state(model, theta)
+    model.eval()
+    st = client_stats(model, data.train[0])
+    theta_g = {n: theta[n] for n, _ in model.named_parameters()}
+    meta = MetaConfig(**cfg_dict["meta"])
+    timer = Timer()
+    try:
+        res = client_update(model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
+                            generator(cfg_dict["seed"], rnd, c), timer)
+    except Diverged as e:
+        return f"client {c}: {e}", timer.t
+    return res, timer.t
+
+
+def _client_app():
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        c, _ = load_site(str(context.node_config["site-dir"]))
+        return Message(RecordDict({"site": ConfigRecord({"client": c})}), reply_to=msg)
+
+    @app.train()
+    def train(msg, context):
+        spec, theta, lam, rnd, cfg_dict = _unrecord(msg.content)
+        return Message(_records(site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict)),
+                       reply_to=msg)
+
+    return app
+
+
+class _Sites:
+    """The server's view of the federation: which client ids the SuperNodes hold (no data)."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+
+    def pool(self, unseen: bool) -> list[int]:
+        return [] if unseen else list(self.ids)
+
+
+def _server_app():
+    from flwr.app import Message, RecordDict
+    from flwr.serverapp import ServerApp
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        rc = context.run_config
+        cfg = mt.config_from_dict(json.loads(str(rc["meta-train"])))
+        spec = json.loads(str(rc["model"]))
+        theta = weights.load(Path(str(rc["model-file"])))
+        out = Path(str(rc["out"]))
+        nodes = _wait_nodes(grid, int(rc["sites"]))
+        replies = grid.send_and_receive([Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes])
+        node_of = {int(r.content.config_records["site"]["client"]): r.metadata.src_node_id for r in replies}
+        ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
+        lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
+        cfg_dict = dataclasses.asdict(cfg)
+
+        def execute(tasks: list[tuple]) -> list:
+            msgs = [Message(_records([spec, theta, lam, rnd, cfg_dict]), dst_node_id=node_of[c], message_type="train",
+                            group_id=str(i)) for i, (c, lam, rnd) in enumerate(tasks)]
+            got = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
+            if any(i not in got or got[i].has_error() for i in range(len(tasks))):
+                raise FedL2PError("a site's update failed")
+            return [_unrecord(got[i].content) for i in range(len(tasks))]
+
+        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, None, NoProgress(), execute)
+        keep = "lam" if cfg.keep == "last" and not st.extra["diverged"] else "best"
+        out.mkdir(parents=True, exist_ok=True)
+        weights.save(out / "lambda.safetensors", group_of(st.tensors, keep), {"variant": cfg.variant()})
+        write_history(out / "history.csv", st.history)
+
+    return app
+
+
+def _wait_nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
+    return FlowerPool._nodes(grid, expected, timeout)
+
+
+if importlib.util.find_spec("flwr") is not None:  # the apps exist where the flower extra is installed
+    server_app = _server_app()  # separate assignments: `flwr run` finds components by reading this file's AST
+    client_app = _client_app()
