@@ -133,6 +133,27 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     cfg = meta_train.MetaTrainConfig()
     old = asdict(cfg)
     old["meta"].pop("beta_init")
+    old["meta"].pop("init_gain")
     assert config_dict(cfg) == old
     cfg.meta.beta_init = 0.9
     assert config_dict(cfg)["meta"]["beta_init"] == 0.9 and cfg.variant().endswith("-binit0.9")
+
+
+def test_init_gain_scales_the_weights_and_makes_outputs_depend_on_inputs():
+    """--init-gain (not in the paper): every weight's scale follows the gain, biases stay the constants, the paper's
+    0.1 keeps old artifact ids, and at gain 1 two clients' inputs give visibly different beta (at 0.1 they do not)."""
+    from fedl2p_cli.stages.common import config_dict
+    lo, hi = init_lambda(3, 8, 5, 1e-3, "both", 0), init_lambda(3, 8, 5, 1e-3, "both", 0, gain=1.0)
+    for k in lo:
+        if k.endswith(".weight"):
+            torch.testing.assert_close(hi[k], 10 * lo[k])
+        else:
+            assert torch.equal(hi[k], lo[k]), k
+    xi_a, xi_b, x = torch.tensor([0.02, 0.1, 0.3]), torch.tensor([1.5, 1.0, 0.8]), torch.zeros(8)
+    spread = {g: (hyperparameters(lam, xi_a, x, 5, 1e-3, 1.0)[0] - hyperparameters(lam, xi_b, x, 5, 1e-3, 1.0)[0]).abs().max()
+              for g, lam in (("0.1", lo), ("1", hi))}
+    assert spread["0.1"] < 1e-2 < spread["1"]
+    cfg = meta_train.MetaTrainConfig()
+    assert "init_gain" not in config_dict(cfg)["meta"]
+    cfg.meta.init_gain = 1.0
+    assert config_dict(cfg)["meta"]["init_gain"] == 1.0 and cfg.variant().endswith("-gain1")

@@ -44,6 +44,8 @@ class MetaConfig:
     hidden_bias: str = "paper"  # paper: every meta-net bias is the constant (App. E) | zero: hidden biases 0
     # BNNet's bias constant, so the initial beta; App. E: 0.5. Left out of the artifact id at 0.5 (added later).
     beta_init: float = field(default=0.5, metadata=UNIT | {"option": "--beta-init", "identity_default": True})
+    # Xavier gain of the meta-nets' weights; App. E: 0.1. Left out of the artifact id at 0.1 (added later).
+    init_gain: float = field(default=0.1, metadata=POSITIVE | {"option": "--init-gain", "identity_default": True})
 
     @property
     def meta_lrs(self) -> dict[str, float]:

@@ -46,6 +46,10 @@ def meta_train(
                                     "Another value is not in the paper: where the best fixed beta is near 1 (BN C) the "
                                     "meta-gradient moves beta too slowly from 0.5 in a small budget; starting near it "
                                     "lets clients move away from it instead."),
+    init_gain: float = typer.Option(0.1, help="Xavier gain of the meta-nets' weights (App. E: 0.1). Another value is not in "
+                                    "the paper: at 0.1 an output moves by ~1e-3 per unit of input, so every client gets the "
+                                    "same beta and eta to 3-5 decimals and the input weights must grow ~100x before the "
+                                    "meta-nets can tell clients apart; a larger gain starts them input-sensitive."),
     input_norm: str = typer.Option("none", help="none = raw xi and x as the paper | standardize = z-score every input feature "
                                    "over the seen clients (not in the paper; the mean/SD are stored with lambda)."),
     meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
@@ -74,7 +78,7 @@ def meta_train(
     meta = stage.MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias,
-                      beta_init=beta_init)
+                      beta_init=beta_init, init_gain=init_gain)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
                                 input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())

@@ -48,15 +48,16 @@ def mlp(lam: Lambda, prefix: str, x: Tensor) -> Tensor:
 
 
 def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, seed: int,
-                hidden_bias: str = "paper", beta_init: float = 0.5) -> Lambda:
+                hidden_bias: str = "paper", beta_init: float = 0.5, gain: float = 0.1) -> Lambda:
     """nets: 'both', 'bnnet' (LRs fixed at base_lr) or 'lrnet' (beta fixed). beta_init: BNNet's bias constant
-    (App. E: 0.5), hence every client's initial beta up to the small spread of the gain-0.1 weights."""
+    (App. E: 0.5), hence every client's initial beta up to the small spread of the gain-0.1 weights. gain: the
+    weights' Xavier gain (App. E: 0.1; larger makes the outputs depend on the inputs from the start)."""
     gen = torch.Generator().manual_seed(seed)
     lam: Lambda = {}
     if nets in ("both", "bnnet"):
-        lam |= init_mlp("bnnet", n_bn, n_bn, beta_init, gen, hidden_bias=hidden_bias)
+        lam |= init_mlp("bnnet", n_bn, n_bn, beta_init, gen, gain, hidden_bias)
     if nets in ("both", "lrnet"):
-        lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen, hidden_bias=hidden_bias)
+        lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen, gain, hidden_bias)
         lam["eta"] = torch.full((n_params,), float(base_lr))
     return lam
 

@@ -77,6 +77,8 @@ class MetaTrainConfig:
             name += "-zerobias"
         if self.meta.beta_init != 0.5:
             name += f"-binit{self.meta.beta_init:g}"
+        if self.meta.init_gain != 0.1:
+            name += f"-gain{self.meta.init_gain:g}"
         if self.meta.client_bn == "running":
             name += "-runningbn"
         return name
@@ -327,7 +329,8 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
 
 
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
-    return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init)
+    return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init,
+                       cfg.meta.init_gain)
 
 
 def config_from_dict(d: dict) -> MetaTrainConfig:
