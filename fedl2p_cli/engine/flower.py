@@ -31,14 +31,14 @@ def require_flower() -> None:
         raise FedL2PError("--engine flower needs Flower's simulation extra: pip install 'fedl2p[flower]'")
 
 
-def _records(obj: Any):
+def records(obj: Any):
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
     tensors, skeleton = wire.pack(obj)
     return RecordDict({"tensors": ArrayRecord(torch_state_dict=tensors) if tensors else ArrayRecord(),
                        "wire": ConfigRecord({"skeleton": skeleton})})
 
 
-def _unrecord(content) -> Any:
+def unrecord(content) -> Any:
     # clone: numpy's buffers from np.load are not aligned as torch's allocator aligns, and vectorised float32
     # reductions then sum in another order (measured: 1e-9 differences in lambda after one client update)
     tensors = {k: v.clone() for k, v in content.array_records["tensors"].to_torch_state_dict().items()}
@@ -59,9 +59,19 @@ def client_app(build: Callable[..., Any], args: tuple, update: Callable):
         key = (build.__module__, build.__qualname__, repr(args))
         if key not in _CONTEXTS:
             _CONTEXTS[key] = build(*args)
-        return Message(_records(update(_CONTEXTS[key], *_unrecord(msg.content))), reply_to=msg)
+        return Message(records(update(_CONTEXTS[key], *unrecord(msg.content))), reply_to=msg)
 
     return app
+
+
+def wait_nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
+    """The SuperNodes' ids, once all `expected` have registered (the runtime starts them beside the ServerApp)."""
+    end = time.monotonic() + timeout
+    while len(ids := sorted(grid.get_node_ids())) < expected:
+        if time.monotonic() > end:
+            raise FedL2PError(f"only {len(ids)} of {expected} Flower SuperNodes registered within {timeout:.0f} s")
+        time.sleep(0.1)
+    return ids
 
 
 class FlowerPool:
@@ -101,20 +111,10 @@ class FlowerPool:
             self._results.put(FedL2PError(f"Flower simulation failed: {e}"))
 
     @staticmethod
-    def _nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
-        """The SuperNodes' ids, once all `expected` have registered (the runtime starts them beside the ServerApp)."""
-        end = time.monotonic() + timeout
-        while len(ids := sorted(grid.get_node_ids())) < expected:
-            if time.monotonic() > end:
-                raise FedL2PError(f"only {len(ids)} of {expected} Flower SuperNodes registered within {timeout:.0f} s")
-            time.sleep(0.1)
-        return ids
-
-    @classmethod
-    def _round(cls, grid, tasks: list[tuple], expected: int) -> list[Any]:
+    def _round(grid, tasks: list[tuple], expected: int) -> list[Any]:
         from flwr.app import Message
-        nodes = cls._nodes(grid, expected)
-        msgs = [Message(_records(list(t)), dst_node_id=nodes[i % len(nodes)], message_type="train", group_id=str(i))
+        nodes = wait_nodes(grid, expected)
+        msgs = [Message(records(list(t)), dst_node_id=nodes[i % len(nodes)], message_type="train", group_id=str(i))
                 for i, t in enumerate(tasks)]
         replies = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
         out = []
@@ -123,7 +123,7 @@ class FlowerPool:
             if r is None or r.has_error():
                 why = "no reply" if r is None else r.error.reason
                 raise FedL2PError(f"Flower client update {i + 1}/{len(tasks)} failed: {why}")
-            out.append(_unrecord(r.content))
+            out.append(unrecord(r.content))
         return out
 
     def map(self, tasks: list[tuple]) -> list[Any]:

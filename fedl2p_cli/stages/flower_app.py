@@ -24,7 +24,7 @@ from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN
 from ..core.functional import set_state
 from ..core.stats import client_stats
-from ..engine.flower import FlowerPool, _records, _unrecord
+from ..engine.flower import records, unrecord, wait_nodes
 from ..engine.loop import generator, group_of
 from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
@@ -106,8 +106,8 @@ def _client_app():
 
     @app.train()
     def train(msg, context):
-        spec, theta, lam, rnd, cfg_dict = _unrecord(msg.content)
-        return Message(_records(site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict)),
+        spec, theta, lam, rnd, cfg_dict = unrecord(msg.content)
+        return Message(records(site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict)),
                        reply_to=msg)
 
     return app
@@ -135,7 +135,7 @@ def _server_app():
         spec = json.loads(str(rc["model"]))
         theta = weights.load(Path(str(rc["model-file"])))
         out = Path(str(rc["out"]))
-        nodes = _wait_nodes(grid, int(rc["sites"]))
+        nodes = wait_nodes(grid, int(rc["sites"]))
         replies = grid.send_and_receive([Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes])
         node_of = {int(r.content.config_records["site"]["client"]): r.metadata.src_node_id for r in replies}
         ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
@@ -143,12 +143,12 @@ def _server_app():
         cfg_dict = dataclasses.asdict(cfg)
 
         def execute(tasks: list[tuple]) -> list:
-            msgs = [Message(_records([spec, theta, lam, rnd, cfg_dict]), dst_node_id=node_of[c], message_type="train",
+            msgs = [Message(records([spec, theta, lam, rnd, cfg_dict]), dst_node_id=node_of[c], message_type="train",
                             group_id=str(i)) for i, (c, lam, rnd) in enumerate(tasks)]
             got = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
             if any(i not in got or got[i].has_error() for i in range(len(tasks))):
                 raise FedL2PError("a site's update failed")
-            return [_unrecord(got[i].content) for i in range(len(tasks))]
+            return [unrecord(got[i].content) for i in range(len(tasks))]
 
         st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, None, NoProgress(), execute)
         keep = "lam" if cfg.keep == "last" and not st.extra["diverged"] else "best"
@@ -157,10 +157,6 @@ def _server_app():
         write_history(out / "history.csv", st.history)
 
     return app
-
-
-def _wait_nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
-    return FlowerPool._nodes(grid, expected, timeout)
 
 
 if importlib.util.find_spec("flwr") is not None:  # the apps exist where the flower extra is installed
