@@ -226,7 +226,12 @@ def bench_workers() -> dict:
             rows = list(csv.DictReader(open(art.file("history.csv"))))
             rounds_s = sum(float(r["round_s"]) for r in rows)
             updates = sum(int(r["clients"]) for r in rows)
-            out[label] = {"updates_per_s": updates / rounds_s, "startup_s": total - rounds_s}
+            # the engine's cost beyond the clients' own work, rounds 2.. (round 1 holds the workers' start-up):
+            # round time / (the clients' own fine-tuning + hypergradient time / parallel slots) - 1
+            later = rows[1:]
+            own = sum(float(r["finetune_s"]) + float(r["hypergrad_s"]) for r in later) / (workers if workers > 1 else 1)
+            overhead = sum(float(r["round_s"]) for r in later) / own - 1 if own > 0 else None
+            out[label] = {"updates_per_s": updates / rounds_s, "startup_s": total - rounds_s, "overhead": overhead}
     base = out["1 process, 1 thread"]["updates_per_s"]
     return {"workers": out, "speedup": {k: v["updates_per_s"] / base for k, v in out.items()}}
 
@@ -337,6 +342,7 @@ def show(r: dict) -> None:
     for k, v in (r.get("workers", {}).get("workers") or {}).items():
         add(f"meta-train client updates/s, {k}", v["updates_per_s"], "", "{:.2f}")
         add("  vs 1 process at 1 thread", r["workers"]["speedup"][k], ">= 1.6 (2 workers)" if k.startswith("2") else "", "{:.2f}x")
+        add("  round time beyond the clients' own work (rounds 2-3)", v.get("overhead"), "", "{:.1%}")
     for key in [k for k in r if k.startswith("server_memory_")]:
         n = key.rsplit("_", 1)[1]
         add(f"server state, {n} clients: pFedLA / FedL2P (MB)", None if g(key, "pfedla_state_mb") is None else
