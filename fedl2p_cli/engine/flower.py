@@ -74,6 +74,22 @@ def wait_nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
     return ids
 
 
+def exchange(grid, payloads: list, nodes: list[int]) -> list[Any]:
+    """Send payload i as a `train` Message to nodes[i]; the unpacked replies in payload order."""
+    from flwr.app import Message
+    msgs = [Message(records(p), dst_node_id=n, message_type="train", group_id=str(i))
+            for i, (p, n) in enumerate(zip(payloads, nodes))]
+    replies = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
+    out = []
+    for i in range(len(payloads)):
+        r = replies.get(i)
+        if r is None or r.has_error():
+            why = "no reply" if r is None else r.error.reason
+            raise FedL2PError(f"Flower client update {i + 1}/{len(payloads)} failed: {why}")
+        out.append(unrecord(r.content))
+    return out
+
+
 class FlowerPool:
     """`map(tasks)` -> results in task order, computed by ClientApps in Flower's simulation runtime (Ray backend,
     `workers` ClientApps at a time, one CPU and one torch thread each)."""
@@ -112,19 +128,8 @@ class FlowerPool:
 
     @staticmethod
     def _round(grid, tasks: list[tuple], expected: int) -> list[Any]:
-        from flwr.app import Message
         nodes = wait_nodes(grid, expected)
-        msgs = [Message(records(list(t)), dst_node_id=nodes[i % len(nodes)], message_type="train", group_id=str(i))
-                for i, t in enumerate(tasks)]
-        replies = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
-        out = []
-        for i in range(len(tasks)):
-            r = replies.get(i)
-            if r is None or r.has_error():
-                why = "no reply" if r is None else r.error.reason
-                raise FedL2PError(f"Flower client update {i + 1}/{len(tasks)} failed: {why}")
-            out.append(unrecord(r.content))
-        return out
+        return exchange(grid, [list(t) for t in tasks], [nodes[i % len(nodes)] for i in range(len(tasks))])
 
     def map(self, tasks: list[tuple]) -> list[Any]:
         self._tasks.put(tasks)

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from ..algorithms.fedl2p import Diverged, MetaConfig, client_update
-from ..core.client import ClientData, Timer
+from ..algorithms.fedl2p import MetaConfig, client_update
+from ..core.client import ClientData
 from ..core.finetune import ClientBN
 from ..core.functional import set_state
 from ..core.stats import client_stats
-from ..engine.flower import records, unrecord, wait_nodes
-from ..engine.loop import generator, group_of
+from ..engine.flower import exchange, records, unrecord, wait_nodes
+from ..engine.loop import generator
 from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
@@ -85,13 +85,8 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
     st = client_stats(model, data.train[0])
     theta_g = {n: theta[n] for n, _ in model.named_parameters()}
     meta = MetaConfig(**cfg_dict["meta"])
-    timer = Timer()
-    try:
-        res = client_update(model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
-                            generator(cfg_dict["seed"], rnd, c), timer)
-    except Diverged as e:
-        return f"client {c}: {e}", timer.t
-    return res, timer.t
+    return mt.guarded(c, lambda timer: client_update(model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var),
+                                                      data, meta, generator(cfg_dict["seed"], rnd, c), timer))
 
 
 def _client_app():
@@ -143,17 +138,12 @@ def _server_app():
         cfg_dict = dataclasses.asdict(cfg)
 
         def execute(tasks: list[tuple]) -> list:
-            msgs = [Message(records([spec, theta, lam, rnd, cfg_dict]), dst_node_id=node_of[c], message_type="train",
-                            group_id=str(i)) for i, (c, lam, rnd) in enumerate(tasks)]
-            got = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
-            if any(i not in got or got[i].has_error() for i in range(len(tasks))):
-                raise FedL2PError("a site's update failed")
-            return [unrecord(got[i].content) for i in range(len(tasks))]
+            return exchange(grid, [[spec, theta, lam, rnd, cfg_dict] for _, lam, rnd in tasks],
+                            [node_of[c] for c, _, _ in tasks])
 
         st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, None, NoProgress(), execute)
-        keep = "lam" if cfg.keep == "last" and not st.extra["diverged"] else "best"
         out.mkdir(parents=True, exist_ok=True)
-        weights.save(out / "lambda.safetensors", group_of(st.tensors, keep), {"variant": cfg.variant()})
+        weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
         write_history(out / "history.csv", st.history)
 
     return app

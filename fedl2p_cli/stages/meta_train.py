@@ -177,11 +177,16 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
 
 
 def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResult | str, dict]:
-    """One client's update in round rnd, with its own generator (seed, rnd, c): the same wherever it runs. A
-    divergence comes back as its message in place of the result (the engine never sees a client's exception)."""
+    """One client's update in round rnd, with its own generator (seed, rnd, c): the same wherever it runs."""
+    return guarded(c, lambda timer: ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer))
+
+
+def guarded(c: int, update) -> tuple[ClientResult | str, dict]:
+    """Run update(timer); a divergence comes back as its message in place of the result (the engine never sees a
+    client's exception), with the client's time split either way."""
     timer = Timer()
     try:
-        return ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer), timer.t
+        return update(timer), timer.t
     except Diverged as e:
         return f"client {c}: {e}", timer.t
 
@@ -239,9 +244,13 @@ class MetaStrategy:
 def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool
               ) -> tuple[Lambda, list[dict], dict]:
     st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map)
-    # diverged in round 1: the best lambda so far is the initial one (kept, with the warning in the metrics)
-    best = group_of(st.tensors, "lam" if ctx.cfg.keep == "last" and not st.extra["diverged"] else "best")
-    return best, st.history, st.extra
+    return kept_lambda(ctx.cfg, st), st.history, st.extra
+
+
+def kept_lambda(cfg: MetaTrainConfig, st: LoopState) -> Lambda:
+    """The lambda the artifact keeps (--keep). Diverged in round 1: the best so far is the initial one (kept, with the
+    warning in the metrics)."""
+    return group_of(st.tensors, "lam" if cfg.keep == "last" and not st.extra["diverged"] else "best")
 
 
 def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> tuple[Lambda, list[dict], dict]:
