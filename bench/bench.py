@@ -146,9 +146,10 @@ def bench_steps(name: str, threads: int) -> dict:
     """Issue 13's micro-benchmark: our client work / a plain PyTorch training step on the same model and batch.
     Plain step: the model as an ordinary nn.Module (no policy active, so every BN layer runs F.batch_norm exactly as
     nn.BatchNorm2d does), loss.backward() and torch.optim.SGD. Ours: one fine-tuning step (`core.finetune.sgd_step`)
-    under BN C (beta 1), BN G (beta 0), BN I and a mixed beta 0.5; the hypergradient (fo, exact) and FOMAML+."""
+    under BN C (beta 1), BN G (beta 0), BN I and a mixed beta 0.5; the hypergradient (fo, exact; fo with --ift-at
+    last-step, which reuses the last fine-tuning step's gradient) and FOMAML+."""
     import torch.nn.functional as F
-    from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
+    from fedl2p_cli.core.finetune import ClientBN, Strategy, _step, sgd_step
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     torch.set_num_threads(threads)
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
@@ -164,6 +165,7 @@ def bench_steps(name: str, threads: int) -> dict:
         return loss.item()
 
     nb = len(s.beta)
+    after, _, grad = _step(m, theta, x, y, s, ClientBN(list(bn.mean), list(bn.var)))  # --ift-at last-step's inputs
 
     def ours(beta):
         st = Strategy(beta, s.lr)
@@ -172,6 +174,8 @@ def bench_steps(name: str, threads: int) -> dict:
     fns = {"plain": plain_step, "bnc": ours(torch.ones(nb)), "bng": ours(torch.zeros(nb)), "bni": ours(None),
            "mixed": ours(torch.full((nb,), 0.5)),
            "hyper_fo": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="fo"),
+           "hyper_fo_laststep": lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, hessian="fo",
+                                                          theta_train=theta, inner_grad=grad),
            "fomaml": lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn)}
     if name == "small-cnn":  # third order: ~40x a step; on ResNet-18 that is minutes per sample on this CPU
         fns["hyper_exact"] = lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="exact")
@@ -336,6 +340,7 @@ def show(r: dict) -> None:
         label = key[len("steps_"):].replace("_t", ", threads ")
         add(f"plain PyTorch SGD step, {label} (ms)", 1e3 * g(key, "plain_step_s") if g(key, "plain_step_s") else None)
         for part, goal in (("bnc", "<= 1.2"), ("mixed", "<= 1.2"), ("bng", ""), ("bni", ""), ("hyper_fo", "<= 8"),
+                           ("hyper_fo_laststep", "<= 8"),
                            ("hyper_exact", ""), ("fomaml", "")):
             if g(key, f"{part}_ratio") is not None:
                 add(f"  ours {part} / plain step", g(key, f"{part}_ratio"), goal, "{:.2f}x")

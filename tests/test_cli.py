@@ -91,6 +91,7 @@ def cases(tmp):
         (["meta-train", "--patience", "-1"], "--patience must be >= 0"),
         (["meta-train", "--client-bn", "stale"], "unknown --client-bn"),
         (["meta-train", "--meta-opt", "adamw"], "unknown --meta-opt"),
+        (["meta-train", "--ift-at", "first"], "unknown --ift-at"),
         (["meta-train", "--psi-power", "-1"], "--psi-power must be >= 0"),
         (["meta-train", "--nets", "all"], "unknown --nets"),
         (["meta-train", "--stats", "zzzz"], "no stats artifact"),

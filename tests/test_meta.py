@@ -123,8 +123,8 @@ def test_real_nan_in_round_one_keeps_the_initial_lambda(tiny_store):
 
 
 def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
-    """--beta-init moves BNNet's bias constant (initial beta) and nothing else; at the paper's 0.5 the artifact
-    config is the one artifacts had before the option existed."""
+    """--beta-init moves BNNet's bias constant (initial beta) and nothing else; at the paper's 0.5 (and the other
+    later options at their defaults: --init-gain, --ift-at) the artifact config is the one artifacts had before."""
     from dataclasses import asdict
     from fedl2p_cli.stages.common import config_dict
     lam = init_lambda(20, 82, 62, 1e-3, "both", 0, beta_init=0.9)
@@ -134,9 +134,12 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old = asdict(cfg)
     old["meta"].pop("beta_init")
     old["meta"].pop("init_gain")
+    old["meta"].pop("ift_at")
     assert config_dict(cfg) == old
     cfg.meta.beta_init = 0.9
     assert config_dict(cfg)["meta"]["beta_init"] == 0.9 and cfg.variant().endswith("-binit0.9")
+    cfg.meta.ift_at = "last-step"
+    assert config_dict(cfg)["meta"]["ift_at"] == "last-step" and cfg.variant().endswith("-laststep")
 
 
 def test_init_gain_scales_the_weights_and_makes_outputs_depend_on_inputs():
@@ -157,3 +160,13 @@ def test_init_gain_scales_the_weights_and_makes_outputs_depend_on_inputs():
     assert "init_gain" not in config_dict(cfg)["meta"]
     cfg.meta.init_gain = 1.0
     assert config_dict(cfg)["meta"]["init_gain"] == 1.0 and cfg.variant().endswith("-gain1")
+
+
+def test_ift_last_step_meta_trains_on_the_last_fine_tuning_step(tiny_store):
+    """--ift-at last-step runs end to end, moves lambda, and is its own artifact next to the default reading's."""
+    meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, ift_at="last-step")
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
+    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
+    assert art.metrics["variant"] == "fedl2p-laststep" and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
+    lam = weights.load(art.file("lambda.safetensors"))
+    assert all(torch.isfinite(v).all() for v in lam.values()) and art.id != tiny_store["meta"].id

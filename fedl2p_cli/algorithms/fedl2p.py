@@ -20,6 +20,9 @@ from ..core.hypergrad import fomaml_gradient, ift_hypergradient
 from ..core.metanets import DEFAULT_META_LR, Lambda, grad_report, hyperparameters, sgd_update
 
 
+IFT_AT = ("star", "last-step")
+
+
 class Diverged(Exception):
     """A non-finite loss or meta-gradient."""
 
@@ -46,6 +49,11 @@ class MetaConfig:
     beta_init: float = field(default=0.5, metadata=UNIT | {"option": "--beta-init", "identity_default": True})
     # Xavier gain of the meta-nets' weights; App. E: 0.1. Left out of the artifact id at 0.1 (added later).
     init_gain: float = field(default=0.1, metadata=POSITIVE | {"option": "--init-gain", "identity_default": True})
+    # Where the IFT differentiates L_T (Eq. 9-10): star = at theta* with one more step on a fresh train batch |
+    # last-step = the last fine-tuning step (theta = the parameters before it, theta' = theta*, its batch and, with
+    # hessian fo, its gradient: one forward-backward fewer), as the authors' code and the paper's "theta* = theta'".
+    # Left out of the artifact id at "star" (added later).
+    ift_at: str = field(default="star", metadata={"option": "--ift-at", "identity_default": True})
 
     @property
     def meta_lrs(self) -> dict[str, float]:
@@ -88,7 +96,11 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             first = (beta, eta, ft.train_loss)
         vi = random_batch(len(yv), cfg.batch_size, gen)
         with timer.section("hypergrad"):
-            if cfg.meta_grad == "ift":
+            if cfg.meta_grad == "ift" and cfg.ift_at == "last-step":
+                mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
+                                       (xv[vi], yv[vi]), ft.bn, cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian,
+                                       cfg.psi_power, theta_train=ft.prev_params, inner_grad=ft.last_grad)
+            elif cfg.meta_grad == "ift":
                 ti = random_batch(len(yt), cfg.batch_size, gen)
                 mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
                                        cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power)

@@ -50,6 +50,11 @@ def meta_train(
                                     "the paper: at 0.1 an output moves by ~1e-3 per unit of input, so every client gets the "
                                     "same beta and eta to 3-5 decimals and the input weights must grow ~100x before the "
                                     "meta-nets can tell clients apart; a larger gain starts them input-sensitive."),
+    ift_at: str = typer.Option("star", help="Where the IFT differentiates L_T of Eq. 9-10: star = at theta* with one more "
+                               "in-graph step on a fresh train batch (this project's first reading) | last-step = the last "
+                               "fine-tuning step, L_T(theta_prev) with theta' = theta* on that step's batch, as the authors' "
+                               "code and the paper's 'theta* = theta'' (Sec. 3.3); with --hessian fo it reuses that step's "
+                               "gradient, one forward-backward fewer per hypergradient."),
     input_norm: str = typer.Option("none", help="none = raw xi and x as the paper | standardize = z-score every input feature "
                                    "over the seen clients (not in the paper; the mean/SD are stored with lambda)."),
     meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
@@ -78,7 +83,7 @@ def meta_train(
     meta = stage.MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias,
-                      beta_init=beta_init, init_gain=init_gain)
+                      beta_init=beta_init, init_gain=init_gain, ift_at=ift_at)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
                                 input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())

@@ -36,21 +36,28 @@ class ClientBN:
 class FinetuneResult:
     params: Params
     bn: ClientBN
-    prev_params: Params  # parameters before the last step (for FOMAML+)
+    prev_params: Params  # parameters before the last step (for FOMAML+ and the IFT's last-step reading)
     last_batch: Tensor
     train_loss: float
+    last_grad: list[Tensor]  # that step's gradient: params = prev_params - lr * last_grad
 
 
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
     """theta <- theta - eta * grad CE(f_{theta,beta}(x), y), and the client's running statistics move."""
+    new, loss, _ = _step(model, params, x, y, s, bn)
+    return new, loss
+
+
+def _step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy,
+          bn: ClientBN) -> tuple[Params, float, list[Tensor]]:
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     pol = BNPolicy(s.beta, train=True, fused=True)  # first order: BN C/G/I layers take the fused kernels
     loss = ce_loss(model, leaves, x, y, pol)
-    grads = torch.autograd.grad(loss, list(leaves.values()))
+    grads = list(torch.autograd.grad(loss, list(leaves.values())))
     with torch.no_grad():
         new = {k: v - lr * g for (k, v), lr, g in zip(leaves.items(), s.lr, grads)}
     update_running(bn.mean, bn.var, pol.recorded)
-    return new, loss.item()
+    return new, loss.item(), grads
 
 
 def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN, epochs: int,
@@ -59,16 +66,16 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
     fine-tuned weights and the same beta (`precise_bn`); "running" keeps the momentum-0.1 running statistics
     started from the stored ones (the paper's behaviour, stale for layers >= 2)."""
     bn = bn.copy()
-    prev, last, losses = params, torch.arange(min(batch_size, len(y))), []
+    prev, last, losses, grad = params, torch.arange(min(batch_size, len(y))), [], [torch.zeros_like(v) for v in params.values()]
     s = Strategy(None if s.beta is None else s.beta.detach(), s.lr.detach())
     for _ in range(epochs):
         for idx in shuffled_batches(len(y), batch_size, gen):
             prev, last = params, idx
-            params, l = sgd_step(model, params, x[idx], y[idx], s, bn)
+            params, l, grad = _step(model, params, x[idx], y[idx], s, bn)
             losses.append(l)
     if client_bn == "precise" and s.beta is not None:
         bn = precise_bn(model, params, x, s.beta)
-    return FinetuneResult(params, bn, prev, last, sum(losses) / max(len(losses), 1))
+    return FinetuneResult(params, bn, prev, last, sum(losses) / max(len(losses), 1), grad)
 
 
 class _Stop(Exception):

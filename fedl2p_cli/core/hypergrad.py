@@ -50,13 +50,18 @@ def _grad(out: Tensor, inputs: list[Tensor], **kw) -> list[Tensor]:
 HESSIANS = ("exact", "fo")
 
 
-def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch: Batch, hessian: str = "exact") -> Tensor:
-    """Eq. 9-10: the loss after one in-graph step with per-tensor learning rates eta."""
+def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch: Batch, hessian: str = "exact",
+               inner_grad: list[Tensor] | None = None) -> Tensor:
+    """Eq. 9-10: the loss after one in-graph step with per-tensor learning rates eta. With hessian="fo" the inner
+    gradient is a constant; `inner_grad` supplies it when the caller already has it (the last fine-tuning step's)."""
     x, y = batch
     exact = hessian == "exact"
-    at = theta if exact else {k: v.detach().requires_grad_(True) for k, v in theta.items()}
-    inner = ce_loss(model, at, x, y, BNPolicy(beta if exact else beta.detach(), train=True))
-    g = torch.autograd.grad(inner, list(at.values()), create_graph=exact)
+    if exact or inner_grad is None:
+        at = theta if exact else {k: v.detach().requires_grad_(True) for k, v in theta.items()}
+        inner = ce_loss(model, at, x, y, BNPolicy(beta if exact else beta.detach(), train=True))
+        g = torch.autograd.grad(inner, list(at.values()), create_graph=exact)
+    else:
+        g = [t.detach() for t in inner_grad]
     stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
     return ce_loss(model, stepped, x, y, BNPolicy(beta, train=True))
 
@@ -82,19 +87,25 @@ def top_eigenvalue(hvp: Callable[[list[Tensor]], list[Tensor]], v0: list[Tensor]
 
 def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: HyperFn, train_batch: Batch,
                       val_batch: Batch, bn: ClientBN, q: int = 3, psi: float = 0.1,
-                      scale_by_psi: bool = False, hessian: str = "exact", psi_power: int = 0) -> MetaGrad:
+                      scale_by_psi: bool = False, hessian: str = "exact", psi_power: int = 0,
+                      theta_train: Params | None = None, inner_grad: list[Tensor] | None = None) -> MetaGrad:
     """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta.
+
+    L_T's argument is theta_star unless `theta_train` is given: then L_T(theta_train) is differentiated (the
+    "last step" reading, theta_train = the parameters before the last fine-tuning step, so theta' = theta_star) while
+    L_V is taken at theta_star; `inner_grad` (fo only) is that step's gradient, saving its forward-backward.
 
     psi_power > 0 (not in the paper): estimate H_T's top eigenvalue by that many power iterations from dL_V/dtheta
     and use psi = min(psi, 1/lambda_max). The series v <- (I - psi H) v diverges once psi * lambda_max > 2; measured on
     the embedded data lambda_max is 70-145, so the paper's psi = 0.1 multiplies v by up to ~13 per term."""
-    lam_l, theta = _leaves(lam), _leaves(theta_star)
+    lam_l, theta_v = _leaves(lam), _leaves(theta_star)
+    theta = theta_v if theta_train is None else _leaves(theta_train)
     th, lm = list(theta.values()), list(lam_l.values())
     beta, eta = hyper(lam_l)
-    lv = val_loss(model, theta, beta, val_batch, bn)
-    g_all = _grad(lv, th + lm, retain_graph=True)
+    lv = val_loss(model, theta_v, beta, val_batch, bn)
+    g_all = _grad(lv, list(theta_v.values()) + lm, retain_graph=True)
     v, direct = g_all[:len(th)], g_all[len(th):]
-    lt = train_loss(model, theta, beta, eta, train_batch, hessian)
+    lt = train_loss(model, theta, beta, eta, train_batch, hessian, inner_grad)
     g_t = torch.autograd.grad(lt, th, create_graph=True)
     hvp = lambda u: _grad(g_t, th, grad_outputs=u, retain_graph=True)  # noqa: E731
     if psi_power > 0:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update
+from ..algorithms.fedl2p import IFT_AT, ClientResult, Diverged, MetaConfig, client_update
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
@@ -81,6 +81,8 @@ class MetaTrainConfig:
             name += f"-gain{self.meta.init_gain:g}"
         if self.meta.client_bn == "running":
             name += "-runningbn"
+        if self.meta.ift_at == "last-step" and self.meta.meta_grad == "ift":
+            name += "-laststep"
         return name
 
 
@@ -94,7 +96,7 @@ def check(cfg: MetaTrainConfig) -> None:
         raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
     for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
                          ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
-                         ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES)):
+                         ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES), ("--ift-at", cfg.meta.ift_at, IFT_AT)):
         if val not in ok:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
     if cfg.local and cfg.engine != "local":
