@@ -111,7 +111,7 @@ def _hyper_setup(name: str):
 
 
 def bench_hypergrad(name: str) -> dict:
-    from fedl2p_cli.core.finetune import ClientBN, sgd_step
+    from fedl2p_cli.core.finetune import ClientBN, _step, sgd_step
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
     reps = 10 if name == "small-cnn" else 2
@@ -123,6 +123,9 @@ def bench_hypergrad(name: str) -> dict:
         out[f"hypergrad_{hess}_ratio"] = t / t_sgd
         out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
         out[f"rss_before_{hess}_mb"] = base
+    after, _, grad = _step(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var)))
+    out["hypergrad_fo_laststep_ratio"] = timeit(lambda: ift_hypergradient(
+        m, after, lam, hyper, batch, batch, bn, hessian="fo", theta_train=theta, inner_grad=grad), reps) / t_sgd
     out["fomaml_ratio"] = timeit(lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn), reps) / t_sgd
     return out
 
@@ -182,6 +185,51 @@ def bench_steps(name: str, threads: int) -> dict:
     t = interleaved(fns, 15 if name == "small-cnn" else 3)
     return {"plain_step_s": t["plain"], **{f"{k}_ratio": v / t["plain"] for k, v in t.items() if k != "plain"},
             "peak_rss_mb": peak_rss_mb()}
+
+
+def bench_client_round() -> dict:
+    """Issue 13's whole client round (small CNN, one embedded FMNIST-C client, batch 32, e = 5, K = 1, Q = 3, one
+    thread): `client_update` as meta-training runs it (fine-tuning, the client's validation loss, PreciseBN
+    statistics, one meta-gradient), timed in turns against plain PyTorch fine-tuning alone (an `nn.Module`,
+    `torch.optim.SGD`, the same batches): the floor that any implementation's round sits above."""
+    import torch.nn.functional as F
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+    from fedl2p_cli.core.bn import bn_layers
+    from fedl2p_cli.core.finetune import ClientBN
+    from fedl2p_cli.core.functional import shuffled_batches
+    from fedl2p_cli.core.metanets import init_lambda
+    from fedl2p_cli.core.stats import stat_layers
+    from fedl2p_cli.models import registry
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as d:
+        _, _, part = _embedded(d)
+        data = part.client(0)
+    m = registry.build("small-cnn", 1, 10)
+    theta = registry.get_params(m)
+    n_bn, n_x = len(bn_layers(m)), 2 * len(stat_layers(m))
+    lam = init_lambda(n_bn, n_x, len(theta), 0.01, "both", 0)
+    xi, xs = torch.rand(n_bn), torch.randn(n_x)
+    bn0 = ClientBN([b.running_mean.clone() for _, b in bn_layers(m)], [b.running_var.clone() for _, b in bn_layers(m)])
+    (xt, yt) = data.train
+    plain = m.train()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.01)
+
+    def plain_finetune():
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(5):
+            for idx in shuffled_batches(len(yt), 32, gen):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(plain(xt[idx]), yt[idx]).backward()
+                opt.step()
+
+    def ours(**kw):
+        cfg = MetaConfig(iterations=1, epochs=5, batch_size=32, base_lr=0.01, **kw)
+        return lambda: client_update(m, theta, lam, xi, xs, bn0, data, cfg, torch.Generator().manual_seed(0))
+
+    t = interleaved({"plain_finetune": plain_finetune, "ift_fo": ours(), "ift_fo_laststep": ours(ift_at="last-step"),
+                     "fomaml": ours(meta_grad="fomaml")}, 11)
+    return {"train_samples": len(yt), "plain_finetune_s": t["plain_finetune"],
+            **{f"{k}_round_s": v for k, v in t.items() if k != "plain_finetune"}, "peak_rss_mb": peak_rss_mb()}
 
 
 def bench_meta_round() -> dict:
@@ -291,7 +339,7 @@ def bench_server_memory(n: int) -> dict:
 MEASUREMENTS = {
     "partition": bench_partition, "engine": bench_engine, "stats": bench_stats,
     "hypergrad_small": lambda: bench_hypergrad("small-cnn"), "hypergrad_resnet18": lambda: bench_hypergrad("resnet18-cifar"),
-    "meta_round": bench_meta_round, "stage_rss": bench_stage_rss, "workers": bench_workers,
+    "meta_round": bench_meta_round, "client_round": bench_client_round, "stage_rss": bench_stage_rss, "workers": bench_workers,
     **{f"steps_{m}_t{n}": (lambda m=m, n=n: bench_steps(m, n)) for m in ("small-cnn", "resnet18-cifar") for n in (1, 2)},
     **{f"server_memory_{n}": (lambda n=n: bench_server_memory(n)) for n in (10, 100, 1000)},
 }
@@ -333,6 +381,7 @@ def show(r: dict) -> None:
     add("stats throughput / plain forward", g("stats", "stats_throughput_vs_forward"), ">= 0.8", "{:.2f}")
     for key, label in (("hypergrad_small", "small-cnn"), ("hypergrad_resnet18", "resnet18-cifar")):
         add(f"hypergradient fo / SGD step, {label}", g(key, "hypergrad_fo_ratio"), "<= 12", "{:.1f}x")
+        add(f"hypergradient fo, --ift-at last-step / SGD step, {label}", g(key, "hypergrad_fo_laststep_ratio"), "<= 8", "{:.1f}x")
         add(f"hypergradient exact / SGD step, {label}", g(key, "hypergrad_exact_ratio"), "", "{:.1f}x")
         add(f"FOMAML+ / SGD step, {label}", g(key, "fomaml_ratio"), "", "{:.1f}x")
         add(f"  peak RSS after exact, {label} (MB)", g(key, "hypergrad_exact_peak_rss_mb"))
@@ -344,6 +393,12 @@ def show(r: dict) -> None:
                            ("hyper_exact", ""), ("fomaml", "")):
             if g(key, f"{part}_ratio") is not None:
                 add(f"  ours {part} / plain step", g(key, f"{part}_ratio"), goal, "{:.2f}x")
+    cr = r.get("client_round") or {}
+    if "plain_finetune_s" in cr:
+        add(f"plain PyTorch fine-tuning, e=5 on {cr['train_samples']} samples (s)", cr["plain_finetune_s"], "", "{:.3f}")
+        for k, label in (("ift_fo", "IFT fo"), ("ift_fo_laststep", "IFT fo, --ift-at last-step"), ("fomaml", "FOMAML+")):
+            add(f"  whole client round, K=1, {label} (s)", cr[f"{k}_round_s"], "", "{:.3f}")
+            add("    ÷ plain fine-tuning", cr[f"{k}_round_s"] / cr["plain_finetune_s"], "", "{:.2f}x")
     for k, v in (r.get("workers", {}).get("workers") or {}).items():
         add(f"meta-train client updates/s, {k}", v["updates_per_s"], "", "{:.2f}")
         add("  vs 1 process at 1 thread", r["workers"]["speedup"][k], ">= 1.6 (2 workers)" if k.startswith("2") else "", "{:.2f}x")
