@@ -111,7 +111,7 @@ def _hyper_setup(name: str):
 
 
 def bench_hypergrad(name: str) -> dict:
-    from fedl2p_cli.core.finetune import ClientBN, _step, sgd_step
+    from fedl2p_cli.core.finetune import ClientBN, sgd_step, step_with_grad
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
     reps = 10 if name == "small-cnn" else 2
@@ -123,7 +123,7 @@ def bench_hypergrad(name: str) -> dict:
         out[f"hypergrad_{hess}_ratio"] = t / t_sgd
         out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
         out[f"rss_before_{hess}_mb"] = base
-    after, _, grad = _step(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var)))
+    after, _, grad = step_with_grad(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var)))
     out["hypergrad_fo_laststep_ratio"] = timeit(lambda: ift_hypergradient(
         m, after, lam, hyper, batch, batch, bn, hessian="fo", theta_train=theta, inner_grad=grad), reps) / t_sgd
     out["fomaml_ratio"] = timeit(lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn), reps) / t_sgd
@@ -152,7 +152,7 @@ def bench_steps(name: str, threads: int) -> dict:
     under BN C (beta 1), BN G (beta 0), BN I and a mixed beta 0.5; the hypergradient (fo, exact; fo with --ift-at
     last-step, which reuses the last fine-tuning step's gradient) and FOMAML+."""
     import torch.nn.functional as F
-    from fedl2p_cli.core.finetune import ClientBN, Strategy, _step, sgd_step
+    from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step, step_with_grad
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     torch.set_num_threads(threads)
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
@@ -168,7 +168,7 @@ def bench_steps(name: str, threads: int) -> dict:
         return loss.item()
 
     nb = len(s.beta)
-    after, _, grad = _step(m, theta, x, y, s, ClientBN(list(bn.mean), list(bn.var)))  # --ift-at last-step's inputs
+    after, _, grad = step_with_grad(m, theta, x, y, s, ClientBN(list(bn.mean), list(bn.var)))  # --ift-at last-step's inputs
 
     def ours(beta):
         st = Strategy(beta, s.lr)

@@ -63,3 +63,20 @@ def test_bn_i_step_equals_plain_pytorch(setup):
     opt.step()
     for k, p in plain.named_parameters():
         torch.testing.assert_close(ours[k], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(6, 3, 4, 4), (5, 4)])
+def test_mixed_batch_norm_backward_and_double_backward_match_finite_differences(shape):
+    """MixedBatchNorm's hand-derived backward (first order, reusing the forward's moments) and its double backward
+    (recomputing them differentiably), in float64, for x, weight, bias and beta."""
+    from fedl2p_cli.core.bn import MixedBatchNorm
+    g = torch.Generator().manual_seed(0)
+    c = shape[1]
+    x = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).requires_grad_(True)
+    bias = torch.randn(c, generator=g, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    rm, rv = torch.randn(c, generator=g, dtype=torch.float64), torch.rand(c, generator=g, dtype=torch.float64) + 0.5
+    f = lambda *a: MixedBatchNorm.apply(*a, rm, rv, 1e-5)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w, bias, beta))
+    assert torch.autograd.gradgradcheck(f, (x, w, bias, beta))

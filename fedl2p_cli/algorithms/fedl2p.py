@@ -96,14 +96,13 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             first = (beta, eta, ft.train_loss)
         vi = random_batch(len(yv), cfg.batch_size, gen)
         with timer.section("hypergrad"):
-            if cfg.meta_grad == "ift" and cfg.ift_at == "last-step":
-                mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                                       (xv[vi], yv[vi]), ft.bn, cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian,
-                                       cfg.psi_power, theta_train=ft.prev_params, inner_grad=ft.last_grad)
-            elif cfg.meta_grad == "ift":
-                ti = random_batch(len(yt), cfg.batch_size, gen)
+            if cfg.meta_grad == "ift":
+                last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
+                ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
                 mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
-                                       cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power)
+                                       cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
+                                       theta_train=ft.prev_params if last else None,
+                                       inner_grad=ft.last_grad if last else None)
             else:
                 mg = fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
                                      (xv[vi], yv[vi]), ft.bn)

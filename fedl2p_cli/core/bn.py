@@ -72,7 +72,7 @@ class MixedBatchNorm(torch.autograd.Function):
         mean, var = torch.lerp(rm, mean_b, b), torch.lerp(rv, var_b, b)
         scale = torch.rsqrt(var + eps) * w
         ctx.save_for_backward(x, w, b, rm, rv)
-        ctx.eps = eps
+        ctx.eps, ctx.moments = eps, (mean_b, var_b)
         ctx.mark_non_differentiable(mean_b, var_b)
         return torch.addcmul(_expand(bias - mean * scale, x), x, _expand(scale, x)), mean_b, var_b
 
@@ -80,7 +80,8 @@ class MixedBatchNorm(torch.autograd.Function):
     def backward(ctx, g: Tensor, _gm: Tensor, _gv: Tensor):
         x, w, b, rm, rv = ctx.saved_tensors
         dims, n = _dims(x), x.numel() // x.shape[1]
-        mean_b, var_b = batch_moments(x)
+        # a backward that will itself be differentiated needs the moments as functions of x; otherwise reuse them
+        mean_b, var_b = batch_moments(x) if torch.is_grad_enabled() else ctx.moments
         mean, var = torch.lerp(rm, mean_b, b), torch.lerp(rv, var_b, b)
         r = torch.rsqrt(var + ctx.eps)
         s = w * r

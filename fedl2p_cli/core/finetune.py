@@ -44,12 +44,13 @@ class FinetuneResult:
 
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
     """theta <- theta - eta * grad CE(f_{theta,beta}(x), y), and the client's running statistics move."""
-    new, loss, _ = _step(model, params, x, y, s, bn)
+    new, loss, _ = step_with_grad(model, params, x, y, s, bn)
     return new, loss
 
 
-def _step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy,
-          bn: ClientBN) -> tuple[Params, float, list[Tensor]]:
+def step_with_grad(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy,
+                   bn: ClientBN) -> tuple[Params, float, list[Tensor]]:
+    """`sgd_step` that also returns the step's gradient (the IFT's last-step reading reuses it)."""
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     pol = BNPolicy(s.beta, train=True, fused=True)  # first order: BN C/G/I layers take the fused kernels
     loss = ce_loss(model, leaves, x, y, pol)
@@ -66,12 +67,13 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
     fine-tuned weights and the same beta (`precise_bn`); "running" keeps the momentum-0.1 running statistics
     started from the stored ones (the paper's behaviour, stale for layers >= 2)."""
     bn = bn.copy()
-    prev, last, losses, grad = params, torch.arange(min(batch_size, len(y))), [], [torch.zeros_like(v) for v in params.values()]
+    prev, last, losses = params, torch.arange(min(batch_size, len(y))), []
+    grad = [torch.zeros_like(v) for v in params.values()]
     s = Strategy(None if s.beta is None else s.beta.detach(), s.lr.detach())
     for _ in range(epochs):
         for idx in shuffled_batches(len(y), batch_size, gen):
             prev, last = params, idx
-            params, l, grad = _step(model, params, x[idx], y[idx], s, bn)
+            params, l, grad = step_with_grad(model, params, x[idx], y[idx], s, bn)
             losses.append(l)
     if client_bn == "precise" and s.beta is not None:
         bn = precise_bn(model, params, x, s.beta)
