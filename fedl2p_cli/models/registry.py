@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..core.bn import MixBN, index_bn_layers
+from ..core.conv import use_double_backward_convs
 from ..errors import FedL2PError
 
 
@@ -78,7 +79,7 @@ def spec(name: str) -> ModelSpec:
 
 def build(name: str, in_channels: int, num_classes: int, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return index_bn_layers(spec(name).factory(in_channels, num_classes))
+    return use_double_backward_convs(index_bn_layers(spec(name).factory(in_channels, num_classes)))
 
 
 def param_names(model: nn.Module) -> list[str]:
