@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
     variants = [parse(v) for v in args.variants]
+    accuracy.prerequisites(args.cell)  # once, before the variants' processes would race for the build locks
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         rows = pool.starmap(run_variant, [(args.cell, v) for v in variants], chunksize=1)
     print("\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) |\n|---|---|---|---|---|")

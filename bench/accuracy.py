@@ -91,6 +91,19 @@ def sections(cell: str, full: bool = True) -> dict:
     return s
 
 
+def prerequisites(cell: str) -> dict[str, str]:
+    """Build (or reuse) the cell's partition, pretrained model and statistics; their artifact ids by stage. Scripts
+    that run variants in parallel processes call this first: otherwise every process would try to build them at once,
+    and all but one would stop at the build lock."""
+    import torch
+    torch.set_num_threads(1)
+    from fedl2p_cli.cli.render import RichProgress
+    from fedl2p_cli.stages import pipeline
+    res = pipeline.run(pipeline.Pipeline(f"prerequisites-{cell}", sections(cell, full=False), pipeline.Store(STORE)),
+                       None, RichProgress)
+    return {r.stage: r.artifact.id for r in res}
+
+
 def run_extras(cell: str, cell_extras: bool = True) -> None:
     """EXTRA_VARIANTS of a finished cell (unless cell_extras is False), then EVERY_CELL_EXTRAS and, on feature-shift
     cells, the other personalised-FL systems: meta-train / train them and personalise with the FT baselines (no
