@@ -36,6 +36,18 @@ def timeit(fn, reps: int, warmup: int = 1) -> float:
 
 # -- measurements -----------------------------------------------------------------------------
 
+def plain_model(m: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `m` as ordinary torch modules (nn.Conv2d instead of core.conv's Conv2d; MixBN with no policy active
+    runs F.batch_norm exactly as nn.BatchNorm2d does): the plain-PyTorch reference, in training mode."""
+    import copy
+    from fedl2p_cli.core.conv import Conv2d
+    plain = copy.deepcopy(m).train()
+    for mod in plain.modules():
+        if type(mod) is Conv2d:
+            mod.__class__ = torch.nn.Conv2d
+    return plain
+
+
 def bench_partition() -> dict:
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import partition
@@ -77,13 +89,13 @@ def bench_stats() -> dict:
         _, _, part = _embedded(d)
         xs = [part.client(c).train[0] for c in range(20)]
     model = registry.build("small-cnn", 1, 10).eval()
-
+    plain_eval = plain_model(model).eval()
     allx = torch.cat(xs)
 
     @torch.no_grad()
     def plain():  # the same samples, plain eval-mode forward at the same batch size
         for i in range(0, len(allx), 512):
-            model(allx[i:i + 512])
+            plain_eval(allx[i:i + 512])
 
     t_plain = timeit(plain, 5)
     t_stats = timeit(lambda: many_client_stats(model, xs), 5)
@@ -111,23 +123,27 @@ def _hyper_setup(name: str):
 
 
 def bench_hypergrad(name: str) -> dict:
+    """The hypergradient (fo, exact; fo with --ift-at last-step) and FOMAML+ / one of *our* beta-mixed SGD steps, timed
+    in turns (see `interleaved`: timing them one after the other let the machine's drift bias the ratios by up to
+    30% on ResNet-18); peak RSS after the first fo and after the first exact hypergradient."""
     from fedl2p_cli.core.finetune import ClientBN, sgd_step, step_with_grad
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
-    reps = 10 if name == "small-cnn" else 2
-    t_sgd = timeit(lambda: sgd_step(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var))), reps * 2)
-    out = {"sgd_step_s": t_sgd}
-    for hess in ("fo", "exact"):
-        base = peak_rss_mb()
-        t = timeit(lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian=hess), reps)
-        out[f"hypergrad_{hess}_ratio"] = t / t_sgd
-        out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
-        out[f"rss_before_{hess}_mb"] = base
     after, _, grad = step_with_grad(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var)))
-    out["hypergrad_fo_laststep_ratio"] = timeit(lambda: ift_hypergradient(
-        m, after, lam, hyper, batch, batch, bn, hessian="fo", theta_train=theta, inner_grad=grad), reps) / t_sgd
-    out["fomaml_ratio"] = timeit(lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn), reps) / t_sgd
-    return out
+    fns = {"sgd": lambda: sgd_step(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var))),
+           "fo": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="fo"),
+           "exact": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="exact"),
+           "fo_laststep": lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, hessian="fo",
+                                                    theta_train=theta, inner_grad=grad),
+           "fomaml": lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn)}
+    out = {}
+    for hess in ("fo", "exact"):
+        out[f"rss_before_{hess}_mb"] = peak_rss_mb()
+        fns[hess]()
+        out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
+    t = interleaved(fns, 10 if name == "small-cnn" else 2)
+    return out | {"sgd_step_s": t["sgd"], **{f"hypergrad_{k}_ratio" if k != "fomaml" else "fomaml_ratio": v / t["sgd"]
+                                              for k, v in t.items() if k != "sgd"}}
 
 
 def interleaved(fns: dict, reps: int) -> dict[str, float]:
@@ -157,7 +173,7 @@ def bench_steps(name: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
     x, y = batch
-    plain = m.train()
+    plain = plain_model(m)
     opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
 
     def plain_step():
@@ -179,7 +195,11 @@ def bench_steps(name: str, threads: int) -> dict:
            "hyper_fo": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="fo"),
            "hyper_fo_laststep": lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, hessian="fo",
                                                           theta_train=theta, inner_grad=grad),
-           "fomaml": lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn)}
+           "fomaml": lambda: fomaml_gradient(m, theta, lam, hyper, batch, batch, bn),
+           # the same hypergradients through nn.Conv2d's own double backward: what core.conv saves, in one run
+           "hyper_fo_native_conv": lambda: ift_hypergradient(plain, theta, lam, hyper, batch, batch, bn, hessian="fo"),
+           "hyper_fo_laststep_native_conv": lambda: ift_hypergradient(plain, after, lam, hyper, batch, batch, bn,
+                                                                      hessian="fo", theta_train=theta, inner_grad=grad)}
     if name == "small-cnn":  # third order: ~40x a step; on ResNet-18 that is minutes per sample on this CPU
         fns["hyper_exact"] = lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="exact")
     t = interleaved(fns, 15 if name == "small-cnn" else 3)
@@ -211,7 +231,7 @@ def bench_client_round() -> dict:
     xi, xs = torch.rand(n_bn), torch.randn(n_x)
     bn0 = ClientBN([b.running_mean.clone() for _, b in bn_layers(m)], [b.running_var.clone() for _, b in bn_layers(m)])
     (xt, yt) = data.train
-    plain = m.train()
+    plain = plain_model(m)
     opt = torch.optim.SGD(plain.parameters(), lr=0.01)
 
     def plain_finetune():
@@ -389,7 +409,7 @@ def show(r: dict) -> None:
         label = key[len("steps_"):].replace("_t", ", threads ")
         add(f"plain PyTorch SGD step, {label} (ms)", 1e3 * g(key, "plain_step_s") if g(key, "plain_step_s") else None)
         for part, goal in (("bnc", "<= 1.2"), ("mixed", "<= 1.2"), ("bng", ""), ("bni", ""), ("hyper_fo", "<= 8"),
-                           ("hyper_fo_laststep", "<= 8"),
+                           ("hyper_fo_laststep", "<= 8"), ("hyper_fo_native_conv", ""), ("hyper_fo_laststep_native_conv", ""),
                            ("hyper_exact", ""), ("fomaml", "")):
             if g(key, f"{part}_ratio") is not None:
                 add(f"  ours {part} / plain step", g(key, f"{part}_ratio"), goal, "{:.2f}x")
