@@ -110,6 +110,7 @@ def cases(tmp):
         (["run", toml(tmp, "pfl_algo", '[partition]\n[pretrain]\n[[pfl]]\nalgo = "x"\n')], "unknown --algo"),
         # personalize
         (["personalize", "--client-bn", "stale"], "unknown --client-bn"),
+        (["personalize", "--eval-stats", "batch"], "unknown --eval-stats"),
         (["personalize", "--methods", "ft-bnc,magic"], "unknown method"),
         (["personalize", "--seeds", "a,b"], "expected comma-separated integers"),
         (["personalize", "--seeds", "-1"], "--seeds must be >= 0"),

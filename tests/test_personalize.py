@@ -89,6 +89,43 @@ def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     assert out["ft-bng"][1] == out["fedl2p"][1]
 
 
+def test_test_batch_evaluation_of_beta_1_is_bn_i_and_of_other_betas_is_eq2_on_the_batch(tiny_store):
+    """--eval-stats test-batch: a learned beta mixes each test batch's statistics with the pretrained ones; at beta 1
+    that is exactly FT (BN I)'s evaluation, and it differs from the default running-statistics evaluation."""
+    store = tiny_store["store"]
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, table = stats.load(store, tiny_store["stats"].id)
+    from fedl2p_cli.stages.partition import load as load_part
+    _, part = load_part(store, tiny_store["partition"].id)
+    theta = {n: state[n] for n, _ in model.named_parameters()}
+    n_bn, n_p, c = table.xi.shape[1], len(theta), 0
+    data, lr = part.client(c), torch.full((n_p,), 0.01)
+    out = {}
+    for name, s in (("bni", Strategy(None, lr)), ("b1", Strategy(torch.ones(n_bn), lr)),
+                    ("mixed", Strategy(torch.full((n_bn,), 0.4), lr))):
+        ft = finetune(model, theta, *data.train, s, table.client_bn(c), 2, 16, torch.Generator().manual_seed(0))
+        out[name] = {e: personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 16, e) for e in ("running", "test-batch")}
+    assert out["b1"]["test-batch"] == out["bni"]["running"] == out["bni"]["test-batch"]
+    assert out["b1"]["test-batch"] != out["b1"]["running"]
+    assert out["mixed"]["test-batch"] != out["mixed"]["running"]
+
+
+def test_eval_stats_names_the_learned_methods_and_leaves_baselines_alone(tiny_store, tmp_path):
+    import shutil
+    from fedl2p_cli.artifacts import Store
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")  # a copy: other tests read the newest artifacts
+    store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
+    cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], eval_stats="test-batch")
+    art, _ = personalize.run(cfg, store, pre, st, [tiny_store["meta"].id])
+    assert art.id != tiny_store["personalize"].id
+    _, r = personalize.load(store, art.id)
+    _, r0 = personalize.load(store, tiny_store["personalize"].id)
+    assert r.methods == ["ft-bnc", "ft-bng", "ft-bni", "fedl2p-tbs"] and r.attrs["eval_stats"] == "test-batch"
+    np.testing.assert_array_equal(r.acc_after[:3], r0.acc_after[:3])
+    with pytest.raises(FedL2PError, match="unknown --eval-stats"):
+        personalize.run(personalize.PersonalizeConfig(eval_stats="batch"), store, pre, st)
+
+
 def test_results_and_summary(tiny_store):
     art = tiny_store["personalize"]
     _, r = personalize.load(tiny_store["store"], art.id)

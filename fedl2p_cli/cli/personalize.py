@@ -33,6 +33,12 @@ def personalize(
                                   "(BN C, FedL2P's beta): precise = recomputed after fine-tuning by one no-grad pass over the "
                                   "client's train data under the same beta (PreciseBN; consistent, not in the paper) | running "
                                   "= the paper's momentum-0.1 running statistics (started from stats.h5; stale for layers >= 2)."),
+    eval_stats: str = typer.Option("running", help="Test-time statistics of the learned methods (FedL2P and its "
+                                   "ablations): running = beta mixes the client's statistics with the pretrained ones "
+                                   "(the paper's inference) | test-batch = beta mixes each test batch's statistics, as in "
+                                   "training (not in the paper: gives a learned beta the transductive access to test "
+                                   "batches that FT (BN I) has; with beta 1 it is BN I's evaluation). Its methods are "
+                                   "named with a '-tbs' suffix. The FT baselines are unaffected."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     force: bool = options.FORCE,
@@ -40,7 +46,7 @@ def personalize(
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
     cfg = stage.PersonalizeConfig(unseen, options.csv_list(methods), epochs, batch_size, base_lr, options.int_list(seeds),
-                                  client_bn, pfl_steps)
+                                  client_bn, pfl_steps, eval_stats)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl)
     show(json.loads(art.file("summary.json").read_text()))
     render.artifact_line("personalize", art.id, art.path, reused)

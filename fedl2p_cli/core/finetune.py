@@ -137,6 +137,14 @@ def eval_policy(s: Strategy, bn: ClientBN) -> BNPolicy:
     return BNPolicy(s.beta, bn.mean, bn.var, train=False)
 
 
+EVAL_STATS = ("running", "test-batch")  # what a learned beta mixes with the pretrained statistics at test time
+
+
 def personalized_accuracy(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
-                  batch_size: int) -> tuple[float, float]:
+                          batch_size: int, eval_stats: str = "running") -> tuple[float, float]:
+    """eval_stats="running": beta mixes the client's statistics (the paper's inference, Eq. 2 with running
+    estimates). "test-batch" (not in the paper): beta mixes each test batch's statistics, as in training; with beta 1
+    that is BN I's transductive evaluation, so a learned beta gets the same access to test batches that BN I has."""
+    if eval_stats == "test-batch" and s.beta is not None:
+        return evaluate(model, params, x, y, BNPolicy(s.beta, train=True), batch_size)
     return evaluate(model, params, x, y, eval_policy(s, bn), batch_size if s.beta is None else 512)

@@ -12,7 +12,7 @@ from ..algorithms.fedl2p import hyper_fn
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Draft, Store
 from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, between, validate
-from ..core.finetune import CLIENT_BN, Strategy, finetune, personalized_accuracy
+from ..core.finetune import CLIENT_BN, EVAL_STATS, Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
 from ..core.metanets import normalize_inputs
 from ..core.selection import NO_FT, candidates, select_by_validation
@@ -46,6 +46,8 @@ class PersonalizeConfig:
     client_bn: str = "precise"  # precise: client BN statistics recomputed after fine-tuning | running (the paper's)
     # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
     pfl_steps: int = field(default=50, metadata=AT_LEAST_1 | {"identity_default": True})
+    # the learned methods' test-time statistics (see core.finetune.personalized_accuracy); added later
+    eval_stats: str = field(default="running", metadata={"identity_default": True})
 
 
 @dataclass
@@ -65,6 +67,8 @@ def check(cfg: PersonalizeConfig) -> None:
         raise FedL2PError("--methods lists a method twice")
     if cfg.client_bn not in CLIENT_BN:
         raise FedL2PError(f"unknown --client-bn '{cfg.client_bn}'; choose one of: {', '.join(CLIENT_BN)}")
+    if cfg.eval_stats not in EVAL_STATS:
+        raise FedL2PError(f"unknown --eval-stats '{cfg.eval_stats}'; choose one of: {', '.join(EVAL_STATS)}")
 
 
 def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pretrain_id: str, table: StatsTable) -> list[MetaMethod]:
@@ -84,7 +88,8 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
         _, lam, norm = meta_stage.load_lambda(store, a.id)
         check_shapes(a, lam, table)
         meta = MetaConfig(**a.config["meta"])
-        out.append(MetaMethod(a.metrics["variant"], a.id, lam, meta, norm))
+        suffix = "-tbs" if cfg.eval_stats == "test-batch" else ""  # its rows must not pass for the paper's inference
+        out.append(MetaMethod(a.metrics["variant"] + suffix, a.id, lam, meta, norm))
     return out
 
 
@@ -199,12 +204,14 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
                     continue
                 ft = finetune(model, theta_g, *data.train, s, table.client_bn(c), cfg.epochs, cfg.batch_size, gen_for(),
                               cfg.client_bn)
-                acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
+                acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size,
+                                                     "running" if m in HANDMADE else cfg.eval_stats)[1]
             progress.advance(1)
     progress.stop()
     return results_h5.Results(methods, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
                               part.domain[clients], before, acc, beta, eta, sparsity,
-                              {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn}, cand)
+                              {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
+                               "eval_stats": cfg.eval_stats}, cand)
 
 
 def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
