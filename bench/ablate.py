@@ -2,7 +2,8 @@
 
 Each VARIANT is `key=value[,key=value...]` over meta-train settings (those of a `[[meta-train]]` table, e.g.
 `meta_grad=fomaml,nets=bnnet,keep=last`); it is added to the cell's common meta-train settings (20 rounds, K = 3,
-e = 5, base LR 0.01). Every variant is meta-trained in its own process and personalised on the seen pool with the
+e = 5, base LR 0.01). Every variant is meta-trained in its own process and personalised on the seen pool (`--pool
+unseen`: the unseen one; `--eval-stats`: the learned methods' test-time statistics) with the
 FT baselines (3 seeds, the same clients and batches as the cell), reusing the cell's partition, pretrained model and
 statistics. Prints one row per variant: accuracy, paired difference to the best FT, and the learned beta per domain.
 """
@@ -32,7 +33,7 @@ def parse(text: str) -> dict:
     return out
 
 
-def run_variant(cell: str, variant: dict) -> dict:
+def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = "running") -> dict:
     import torch
     torch.set_num_threads(1)
     from fedl2p_cli.cli.render import RichProgress
@@ -40,7 +41,9 @@ def run_variant(cell: str, variant: dict) -> dict:
     from fedl2p_cli.stages import personalize as pers_stage
     secs = accuracy.sections(cell)
     secs["meta-train"] = [accuracy.META_COMMON | variant]
-    secs["personalize"] = dict(secs["personalize"], pools=["seen"], methods=["ft-bnc", "ft-bng", "ft-bni"])
+    secs["personalize"] = dict(secs["personalize"], pools=[pool], methods=["ft-bnc", "ft-bng", "ft-bni"])
+    if eval_stats != "running":
+        secs["personalize"]["eval_stats"] = eval_stats
     store = pipeline.Store(accuracy.STORE)
     try:
         res = pipeline.run(pipeline.Pipeline(f"ablate-{cell}", secs, store), None, RichProgress)
@@ -64,13 +67,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cell", choices=list(accuracy.CELLS))
     ap.add_argument("variants", nargs="+", help="key=value[,key=value...] meta-train settings per variant")
+    ap.add_argument("--pool", choices=("seen", "unseen"), default="seen",
+                    help="clients to personalise (unseen: the meta-nets learned on the seen pool, as in Table 4)")
+    ap.add_argument("--eval-stats", choices=("running", "test-batch"), default="running",
+                    help="test-time statistics of the learned methods (see `fedl2p personalize --help`)")
     ap.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
     variants = [parse(v) for v in args.variants]
     accuracy.prerequisites(args.cell)  # once, before the variants' processes would race for the build locks
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        rows = pool.starmap(run_variant, [(args.cell, v) for v in variants], chunksize=1)
+        rows = pool.starmap(run_variant, [(args.cell, v, args.pool, args.eval_stats) for v in variants], chunksize=1)
     print("\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) |\n|---|---|---|---|---|")
     for r in rows:
         v = ",".join(f"{k}={x}" for k, x in r["variant"].items())
