@@ -92,6 +92,7 @@ def cases(tmp):
         (["meta-train", "--client-bn", "stale"], "unknown --client-bn"),
         (["meta-train", "--meta-opt", "adamw"], "unknown --meta-opt"),
         (["meta-train", "--ift-at", "first"], "unknown --ift-at"),
+        (["meta-train", "--val-stats", "batch"], "unknown --val-stats"),
         (["meta-train", "--psi-power", "-1"], "--psi-power must be >= 0"),
         (["meta-train", "--nets", "all"], "unknown --nets"),
         (["meta-train", "--stats", "zzzz"], "no stats artifact"),

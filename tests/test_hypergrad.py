@@ -191,7 +191,10 @@ def test_ift_equals_unrolled_differentiation_at_a_stationary_point():
     torch.testing.assert_close(got, unrolled, rtol=1e-5, atol=1e-8)
 
 
-def test_fomaml_against_finite_differences(setup):
+@pytest.mark.parametrize("val_stats", ["running", "test-batch"])
+def test_fomaml_against_finite_differences(setup, val_stats):
+    """test-batch: the validation loss normalises with the validation batch's statistics mixed by beta (the oracle's
+    training-mode forward), for meta-nets learned for `personalize --eval-stats test-batch`."""
     model, theta, lam, hyper, tb, vb, bn, _ = setup
 
     def f(l):
@@ -199,9 +202,11 @@ def test_fomaml_against_finite_differences(setup):
         leaf = {k: v.clone().requires_grad_() for k, v in theta.items()}
         g = torch.autograd.grad(oracle.ce(leaf, oracle.buffers_of(model), *tb, beta, True), list(leaf.values()))
         stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+        if val_stats == "test-batch":
+            return oracle.ce(stepped, oracle.buffers_of(model), *vb, beta, True).item()
         return o_val(model, stepped, beta, vb, bn).item()
 
-    got = flat(fomaml_gradient(model, theta, lam, hyper, tb, vb, bn).grads)
+    got = flat(fomaml_gradient(model, theta, lam, hyper, tb, vb, bn, val_stats).grads)
     l0 = flat(lam)
     h = 1e-6
     for i in oracle.finite_difference_indices(got, [(k, v.numel()) for k, v in lam.items()]):

@@ -135,11 +135,14 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old["meta"].pop("beta_init")
     old["meta"].pop("init_gain")
     old["meta"].pop("ift_at")
+    old["meta"].pop("val_stats")
     assert config_dict(cfg) == old
     cfg.meta.beta_init = 0.9
     assert config_dict(cfg)["meta"]["beta_init"] == 0.9 and cfg.variant().endswith("-binit0.9")
     cfg.meta.ift_at = "last-step"
     assert config_dict(cfg)["meta"]["ift_at"] == "last-step" and cfg.variant().endswith("-laststep")
+    cfg.meta.val_stats = "test-batch"
+    assert config_dict(cfg)["meta"]["val_stats"] == "test-batch" and cfg.variant().endswith("-laststep-valtbs")
 
 
 def test_init_gain_scales_the_weights_and_makes_outputs_depend_on_inputs():
@@ -170,3 +173,14 @@ def test_ift_last_step_meta_trains_on_the_last_fine_tuning_step(tiny_store):
     assert art.metrics["variant"] == "fedl2p-laststep" and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
     assert all(torch.isfinite(v).all() for v in lam.values()) and art.id != tiny_store["meta"].id
+
+
+@pytest.mark.parametrize("meta_grad", ["ift", "fomaml"])
+def test_val_stats_test_batch_meta_trains_and_is_its_own_variant(tiny_store, meta_grad):
+    """--val-stats test-batch runs end to end for both meta-gradients, with finite losses, under its own name."""
+    meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad=meta_grad, val_stats="test-batch")
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
+    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
+    assert art.metrics["variant"].endswith("-valtbs") and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
+    lam = weights.load(art.file("lambda.safetensors"))
+    assert all(torch.isfinite(v).all() for v in lam.values())

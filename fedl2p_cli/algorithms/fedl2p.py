@@ -14,8 +14,8 @@ from torch import Tensor, nn
 
 from ..core.client import ClientData, Timer
 from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between
-from ..core.finetune import ClientBN, Strategy, eval_policy, finetune
-from ..core.functional import Params, evaluate, random_batch
+from ..core.finetune import ClientBN, Strategy, finetune, personalized_accuracy
+from ..core.functional import Params, random_batch
 from ..core.hypergrad import fomaml_gradient, ift_hypergradient
 from ..core.metanets import DEFAULT_META_LR, Lambda, grad_report, hyperparameters, sgd_update
 
@@ -54,6 +54,10 @@ class MetaConfig:
     # hessian fo, its gradient: one forward-backward fewer), as the authors' code and the paper's "theta* = theta'".
     # Left out of the artifact id at "star" (added later).
     ift_at: str = field(default="star", metadata={"option": "--ift-at", "identity_default": True})
+    # The validation loss's BN statistics: running = beta mixes the client's statistics (the paper) | test-batch = beta
+    # mixes each validation batch's statistics, to learn lambda for `personalize --eval-stats test-batch` (not in the
+    # paper). Left out of the artifact id at "running" (added later).
+    val_stats: str = field(default="running", metadata={"option": "--val-stats", "identity_default": True})
 
     @property
     def meta_lrs(self) -> dict[str, float]:
@@ -92,7 +96,8 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             ft = finetune(model, theta_g, xt, yt, Strategy(beta, eta), bn0, cfg.epochs, cfg.batch_size, gen, cfg.client_bn)
         if first_val is None:
             with timer.section("finetune"):
-                first_val, _ = evaluate(model, ft.params, xv, yv, eval_policy(Strategy(beta, eta), ft.bn))
+                first_val, _ = personalized_accuracy(model, ft.params, xv, yv, Strategy(beta, eta), ft.bn, cfg.batch_size,
+                                                     cfg.val_stats)
             first = (beta, eta, ft.train_loss)
         vi = random_batch(len(yv), cfg.batch_size, gen)
         with timer.section("hypergrad"):
@@ -102,10 +107,10 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
                 mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
                                        cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
                                        theta_train=ft.prev_params if last else None,
-                                       inner_grad=ft.last_grad if last else None)
+                                       inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats)
             else:
                 mg = fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                                     (xv[vi], yv[vi]), ft.bn)
+                                     (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
         if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
             raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
         reports.append(grad_report(mg.grads))

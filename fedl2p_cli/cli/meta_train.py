@@ -55,6 +55,10 @@ def meta_train(
                                "fine-tuning step, L_T(theta_prev) with theta' = theta* on that step's batch, as the authors' "
                                "code and the paper's 'theta* = theta'' (Sec. 3.3); with --hessian fo it reuses that step's "
                                "gradient, one forward-backward fewer per hypergradient."),
+    val_stats: str = typer.Option("running", help="BN statistics of the validation loss the meta-nets learn on: running = "
+                                  "beta mixes the client's statistics (the paper's inference) | test-batch = beta mixes each "
+                                  "validation batch's own statistics (not in the paper): meta-nets for `fedl2p personalize "
+                                  "--eval-stats test-batch`, which evaluates that way. Variant suffix -valtbs."),
     input_norm: str = typer.Option("none", help="none = raw xi and x as the paper | standardize = z-score every input feature "
                                    "over the seen clients (not in the paper; the mean/SD are stored with lambda)."),
     meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
@@ -83,7 +87,8 @@ def meta_train(
     meta = stage.MetaConfig(iterations=iterations, epochs=epochs, batch_size=batch_size, base_lr=base_lr, q=q, psi=psi,
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias,
-                      beta_init=beta_init, init_gain=init_gain, ift_at=ift_at)
+                      beta_init=beta_init, init_gain=init_gain, ift_at=ift_at,
+                      val_stats=val_stats)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
                                 input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())

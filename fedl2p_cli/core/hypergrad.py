@@ -66,9 +66,11 @@ def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch
     return ce_loss(model, stepped, x, y, BNPolicy(beta, train=True))
 
 
-def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: ClientBN) -> Tensor:
+def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: ClientBN, stats: str = "running") -> Tensor:
+    """stats="running": beta mixes the client's statistics bn; "test-batch": beta mixes the batch's own statistics."""
     x, y = batch
-    return ce_loss(model, theta, x, y, BNPolicy(beta, bn.mean, bn.var, train=False))
+    pol = BNPolicy(beta, train=True) if stats == "test-batch" else BNPolicy(beta, bn.mean, bn.var, train=False)
+    return ce_loss(model, theta, x, y, pol)
 
 
 def top_eigenvalue(hvp: Callable[[list[Tensor]], list[Tensor]], v0: list[Tensor], iters: int) -> float:
@@ -88,7 +90,8 @@ def top_eigenvalue(hvp: Callable[[list[Tensor]], list[Tensor]], v0: list[Tensor]
 def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: HyperFn, train_batch: Batch,
                       val_batch: Batch, bn: ClientBN, q: int = 3, psi: float = 0.1,
                       scale_by_psi: bool = False, hessian: str = "exact", psi_power: int = 0,
-                      theta_train: Params | None = None, inner_grad: list[Tensor] | None = None) -> MetaGrad:
+                      theta_train: Params | None = None, inner_grad: list[Tensor] | None = None,
+                      val_stats: str = "running") -> MetaGrad:
     """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta.
 
     L_T's argument is theta_star unless `theta_train` is given: then L_T(theta_train) is differentiated (the
@@ -102,7 +105,7 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     theta = theta_v if theta_train is None else _leaves(theta_train)
     th, lm = list(theta.values()), list(lam_l.values())
     beta, eta = hyper(lam_l)
-    lv = val_loss(model, theta_v, beta, val_batch, bn)
+    lv = val_loss(model, theta_v, beta, val_batch, bn, val_stats)
     g_all = _grad(lv, list(theta_v.values()) + lm, retain_graph=True)
     v, direct = g_all[:len(th)], g_all[len(th):]
     lt = train_loss(model, theta, beta, eta, train_batch, hessian, inner_grad)
@@ -123,7 +126,7 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
 
 
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,
-                    val_batch: Batch, bn: ClientBN) -> MetaGrad:
+                    val_batch: Batch, bn: ClientBN, val_stats: str = "running") -> MetaGrad:
     """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant."""
     lam_l, theta = _leaves(lam), _leaves(theta_prev)
     beta, eta = hyper(lam_l)
@@ -131,6 +134,6 @@ def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: Hy
     inner = ce_loss(model, theta, x, y, BNPolicy(beta, train=True))
     g = torch.autograd.grad(inner, list(theta.values()), create_graph=True)
     stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
-    lv = val_loss(model, stepped, beta, val_batch, bn)
+    lv = val_loss(model, stepped, beta, val_batch, bn, val_stats)
     grads = dict(zip(lam_l, _grad(lv, list(lam_l.values()))))
     return MetaGrad(grads, lv.item(), inner.item())

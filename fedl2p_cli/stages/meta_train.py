@@ -14,7 +14,7 @@ from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, validate
-from ..core.finetune import CLIENT_BN
+from ..core.finetune import CLIENT_BN, EVAL_STATS
 from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
@@ -83,6 +83,8 @@ class MetaTrainConfig:
             name += "-runningbn"
         if self.meta.ift_at == "last-step" and self.meta.meta_grad == "ift":
             name += "-laststep"
+        if self.meta.val_stats == "test-batch":
+            name += "-valtbs"
         return name
 
 
@@ -96,7 +98,8 @@ def check(cfg: MetaTrainConfig) -> None:
         raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
     for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
                          ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
-                         ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES), ("--ift-at", cfg.meta.ift_at, IFT_AT)):
+                         ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES), ("--ift-at", cfg.meta.ift_at, IFT_AT),
+                         ("--val-stats", cfg.meta.val_stats, EVAL_STATS)):
         if val not in ok:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
     if cfg.local and cfg.engine != "local":
