@@ -138,7 +138,7 @@ def test_history_shows_beta_per_domain_eta_groups_and_gradient_norms(tiny_store)
 def test_personalise_clients_the_model_never_saw(tmp_path):
     """[pretrain.partition] + exclude = "pretrain": stats, meta-train and personalize run on other clients, who hold
     none of the pretraining images."""
-    toml = f"""
+    toml = """
 name = "transfer"
 [partition]
 dataset = "digits-c"
