@@ -256,6 +256,19 @@ SWEEP = (0.0, 0.25, 0.5, 0.75, 1.0)
 SWEEP_LRS = (BASE_LR, BASE_LR / 10)  # at the base LR, beta = 0 (no batch statistics in training) is unstable
 
 
+def cell_inputs(ids: dict[str, str]):
+    """(pretrained model in eval mode, its parameters, statistics table, partition) from the artifact ids by stage."""
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.stages import partition as partition_stage
+    from fedl2p_cli.stages import pretrain as pretrain_stage
+    from fedl2p_cli.stages import stats as stats_stage
+    store = Store(STORE)
+    _, model, state = pretrain_stage.load(store, ids["pretrain"])
+    _, table = stats_stage.load(store, ids["stats"])
+    _, part = partition_stage.load(store, ids["partition"])
+    return model.eval(), {n: state[n] for n, _ in model.named_parameters()}, table, part
+
+
 def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[float]]]:
     """What beta the data asks for: per domain and learning rate, the mean test accuracy of fine-tuning every seen
     client with one fixed beta for all BN layers (PreciseBN statistics, the personalisation's batches)."""
@@ -263,17 +276,8 @@ def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[f
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
     from fedl2p_cli.engine.loop import generator
-    from fedl2p_cli.stages import partition as partition_stage
-    from fedl2p_cli.stages import pretrain as pretrain_stage
-    from fedl2p_cli.stages import stats as stats_stage
     torch.set_num_threads(1)
-    store = Store(STORE)
-    art = store.load("personalize", personalize_id)
-    _, model, state = pretrain_stage.load(store, art.parents["pretrain"])
-    model.eval()
-    theta = {n: state[n] for n, _ in model.named_parameters()}
-    _, table = stats_stage.load(store, art.parents["stats"])
-    _, part = partition_stage.load(store, art.parents["partition"])
+    model, theta, table, part = cell_inputs(Store(STORE).load("personalize", personalize_id).parents)
     n_bn = table.xi.shape[1]
     acc: dict[str, list[list[float]]] = {}
     for c in part.pool(False):

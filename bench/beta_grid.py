@@ -31,19 +31,10 @@ def client_scores(ids: dict[str, str], clients: list[int], grid: list[tuple[floa
                   seed: int) -> dict[int, list[list[float]]]:
     """{client: [[val acc, test acc] per grid vector]}."""
     import torch
-    from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
     from fedl2p_cli.engine.loop import generator
-    from fedl2p_cli.stages import partition as partition_stage
-    from fedl2p_cli.stages import pretrain as pretrain_stage
-    from fedl2p_cli.stages import stats as stats_stage
     torch.set_num_threads(1)
-    store = Store(accuracy.STORE)
-    _, model, state = pretrain_stage.load(store, ids["pretrain"])
-    model.eval()
-    theta = {n: state[n] for n, _ in model.named_parameters()}
-    _, table = stats_stage.load(store, ids["stats"])
-    _, part = partition_stage.load(store, ids["partition"])
+    model, theta, table, part = accuracy.cell_inputs(ids)
     out = {}
     for c in clients:
         data, row = part.client(c), []
@@ -81,13 +72,8 @@ def main() -> None:
 
 
 def compute(args: argparse.Namespace) -> dict:
-    from fedl2p_cli.artifacts import Store
-    from fedl2p_cli.stages import partition as partition_stage
-    from fedl2p_cli.stages import stats as stats_stage
     ids = accuracy.prerequisites(args.cell)
-    store = Store(accuracy.STORE)
-    _, part = partition_stage.load(store, ids["partition"])
-    _, table = stats_stage.load(store, ids["stats"])
+    _, _, table, part = accuracy.cell_inputs(ids)
     levels = [float(v) for v in args.levels.split(",")]
     grid = list(itertools.product(levels, repeat=table.xi.shape[1]))
     clients = part.pool(False)

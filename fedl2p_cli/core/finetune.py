@@ -130,21 +130,24 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
     return ClientBN(mean, var)
 
 
-def eval_policy(s: Strategy, bn: ClientBN) -> BNPolicy:
-    """Inference statistics: BN I uses the test batch's, otherwise beta mixes the client's running ones."""
-    if s.beta is None:
-        return BNPolicy(None, None, None, train=False)
-    return BNPolicy(s.beta, bn.mean, bn.var, train=False)
-
-
 EVAL_STATS = ("running", "test-batch")  # what a learned beta mixes with the pretrained statistics at test time
+
+
+def inference_policy(beta: Tensor | None, bn: ClientBN, stats: str = "running") -> BNPolicy:
+    """Test-time statistics. BN I (beta None), and any beta with stats="test-batch" (not in the paper): each batch's
+    own, mixed by beta with the pretrained ones as in training (at beta 1 that is BN I's transductive evaluation).
+    Otherwise (the paper's inference, Eq. 2 with running estimates) beta mixes the client's statistics bn."""
+    if beta is None or stats == "test-batch":
+        return BNPolicy(beta, None, None, train=False)
+    return BNPolicy(beta, bn.mean, bn.var, train=False)
+
+
+def eval_policy(s: Strategy, bn: ClientBN, stats: str = "running") -> BNPolicy:
+    return inference_policy(s.beta, bn, stats)
 
 
 def personalized_accuracy(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
                           batch_size: int, eval_stats: str = "running") -> tuple[float, float]:
-    """eval_stats="running": beta mixes the client's statistics (the paper's inference, Eq. 2 with running
-    estimates). "test-batch" (not in the paper): beta mixes each test batch's statistics, as in training; with beta 1
-    that is BN I's transductive evaluation, so a learned beta gets the same access to test batches that BN I has."""
-    if eval_stats == "test-batch" and s.beta is not None:
-        return evaluate(model, params, x, y, BNPolicy(s.beta, train=True), batch_size)
-    return evaluate(model, params, x, y, eval_policy(s, bn), batch_size if s.beta is None else 512)
+    """Loss and accuracy under `inference_policy`; batch statistics are taken over batches of `batch_size`."""
+    pol = eval_policy(s, bn, eval_stats)
+    return evaluate(model, params, x, y, pol, batch_size if pol.client_mean is None else 512)

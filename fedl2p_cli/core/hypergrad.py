@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .bn import BNPolicy
-from .finetune import ClientBN
+from .finetune import ClientBN, inference_policy
 from .functional import Params, ce_loss
 from .metanets import Lambda
 
@@ -67,10 +67,9 @@ def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch
 
 
 def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: ClientBN, stats: str = "running") -> Tensor:
-    """stats="running": beta mixes the client's statistics bn; "test-batch": beta mixes the batch's own statistics."""
+    """Evaluation-mode BN as at test time (`inference_policy`: the client's statistics, or the batch's own)."""
     x, y = batch
-    pol = BNPolicy(beta, train=True) if stats == "test-batch" else BNPolicy(beta, bn.mean, bn.var, train=False)
-    return ce_loss(model, theta, x, y, pol)
+    return ce_loss(model, theta, x, y, inference_policy(beta, bn, stats))
 
 
 def top_eigenvalue(hvp: Callable[[list[Tensor]], list[Tensor]], v0: list[Tensor], iters: int) -> float:
