@@ -136,6 +136,7 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old["meta"].pop("init_gain")
     old["meta"].pop("ift_at")
     old["meta"].pop("val_stats")
+    old["meta"].pop("eta_nonneg")
     assert config_dict(cfg) == old
     cfg.meta.beta_init = 0.9
     assert config_dict(cfg)["meta"]["beta_init"] == 0.9 and cfg.variant().endswith("-binit0.9")
@@ -184,3 +185,18 @@ def test_val_stats_test_batch_meta_trains_and_is_its_own_variant(tiny_store, met
     assert art.metrics["variant"].endswith("-valtbs") and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
     assert all(torch.isfinite(v).all() for v in lam.values())
+
+
+def test_eta_nonneg_freezes_instead_of_ascending():
+    """eta~ is unconstrained (the authors' code), so a learned LR can turn negative; --eta-nonneg makes it exactly 0
+    (a frozen, sparse tensor) and leaves positive ones alone, while the meta-gradient still reaches eta~."""
+    lam = init_lambda(3, 4, 5, 1e-3, "both", 0)
+    lam["eta"] = torch.tensor([-2e-3, 1e-3, -1e-4, 2e-3, 5e-4], requires_grad=True)
+    xi, x = torch.rand(3), torch.randn(4)
+    _, free = hyperparameters(lam, xi, x, 5, 1e-3, 1.0)
+    _, pos = hyperparameters(lam, xi, x, 5, 1e-3, 1.0, eta_nonneg=True)
+    assert (free[[0, 2]] < 0).all() and torch.equal(pos[[0, 2]].detach(), torch.zeros(2))
+    assert torch.equal(pos[[1, 3, 4]], free[[1, 3, 4]])
+    (g,) = torch.autograd.grad(pos.sum(), lam["eta"])
+    assert (g != 0).all()
+    assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(eta_nonneg=True)).variant().endswith("-etapos")

@@ -58,6 +58,9 @@ class MetaConfig:
     # mixes each validation batch's statistics, to learn lambda for `personalize --eval-stats test-batch` (not in the
     # paper). Left out of the artifact id at "running" (added later).
     val_stats: str = field(default="running", metadata={"option": "--val-stats", "identity_default": True})
+    # Clamp eta~ at 0 (straight-through) so a learned LR is never negative: the tensor is frozen instead of pushed
+    # uphill (not in the paper; the authors' eta~ is unconstrained). Left out of the artifact id at False (added later).
+    eta_nonneg: bool = field(default=False, metadata={"option": "--eta-nonneg", "identity_default": True})
 
     @property
     def meta_lrs(self) -> dict[str, float]:
@@ -76,7 +79,7 @@ class ClientResult:
 
 
 def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
-    return lambda lam: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta)
+    return lambda lam: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg)
 
 
 def _finite(lam: Lambda) -> bool:

@@ -59,6 +59,10 @@ def meta_train(
                                   "beta mixes the client's statistics (the paper's inference) | test-batch = beta mixes each "
                                   "validation batch's own statistics (not in the paper): meta-nets for `fedl2p personalize "
                                   "--eval-stats test-batch`, which evaluates that way. Variant suffix -valtbs."),
+    eta_nonneg: bool = typer.Option(False, "--eta-nonneg", help="Clamp eta~ at 0 (straight-through), so no learned LR is "
+                                    "negative: a tensor the meta-gradient pushes below 0 is frozen (counted as sparsity) instead "
+                                    "of moved uphill by gradient ascent. Not in the paper (the authors' eta~ is unconstrained). "
+                                    "Variant suffix -etapos."),
     input_norm: str = typer.Option("none", help="none = raw xi and x as the paper | standardize = z-score every input feature "
                                    "over the seen clients (not in the paper; the mean/SD are stored with lambda)."),
     meta_opt: str = typer.Option("fedavg", help="Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
@@ -88,7 +92,7 @@ def meta_train(
                       scale_by_psi=scale_by_psi, psi_power=psi_power, meta_grad=meta_grad, hessian=hessian, fixed_beta=beta,
                       lr_bnnet=lr_bnnet, lr_lrnet=lr_lrnet, lr_eta=lr_eta, client_bn=client_bn, hidden_bias=hidden_bias,
                       beta_init=beta_init, init_gain=init_gain, ift_at=ift_at,
-                      val_stats=val_stats)
+                      val_stats=val_stats, eta_nonneg=eta_nonneg)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
                                 input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())

@@ -63,14 +63,17 @@ def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, s
 
 
 def hyperparameters(lam: Lambda, xi: Tensor, x: Tensor, n_params: int, base_lr: float,
-                    fixed_beta: float) -> tuple[Tensor, Tensor]:
-    """Eq. 4: beta = BNNet(xi) in [0,1]; eta = LRNet(x) in [0,1000] times eta~ (per parameter tensor)."""
+                    fixed_beta: float, eta_nonneg: bool = False) -> tuple[Tensor, Tensor]:
+    """Eq. 4: beta = BNNet(xi) in [0,1]; eta = LRNet(x) in [0,1000] times eta~ (per parameter tensor). eta~ is a free
+    parameter (as in the authors' code), so a tensor's eta can turn negative: gradient *ascent* on it. eta_nonneg
+    (not in the paper) clamps eta~ at 0, straight-through, so such a tensor is frozen instead (and counts as sparse)."""
     if "bnnet.0.weight" in lam:
         beta = clamp_ste(mlp(lam, "bnnet", xi), *BETA_RANGE)
     else:
         beta = torch.full((xi.numel(),), float(fixed_beta), dtype=xi.dtype)
     if "lrnet.0.weight" in lam:
-        eta = clamp_ste(mlp(lam, "lrnet", x), *LR_RANGE) * lam["eta"]
+        scale = clamp_ste(lam["eta"], 0.0, float("inf")) if eta_nonneg else lam["eta"]
+        eta = clamp_ste(mlp(lam, "lrnet", x), *LR_RANGE) * scale
     else:
         eta = torch.full((n_params,), float(base_lr), dtype=x.dtype)
     return beta, eta

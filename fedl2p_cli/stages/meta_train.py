@@ -85,6 +85,8 @@ class MetaTrainConfig:
             name += "-laststep"
         if self.meta.val_stats == "test-batch":
             name += "-valtbs"
+        if self.meta.eta_nonneg:
+            name += "-etapos"
         return name
 
 
@@ -133,7 +135,8 @@ class Context:
         seen = self.part.pool(False)
         n_p = len(self.theta_g)
         with torch.no_grad():
-            outs = [hyperparameters(lam, *self.inputs(c), n_p, self.cfg.meta.base_lr, self.cfg.meta.fixed_beta) for c in seen]
+            outs = [hyperparameters(lam, *self.inputs(c), n_p, self.cfg.meta.base_lr, self.cfg.meta.fixed_beta,
+                                    self.cfg.meta.eta_nonneg) for c in seen]
         beta = torch.stack([o[0] for o in outs])
         eta = torch.stack([o[1] for o in outs]).mean(0)
         dom = torch.as_tensor(self.part.domain[seen])
