@@ -49,14 +49,15 @@ def main() -> None:
     model, theta, table, part = accuracy.cell_inputs(art.parents)
     cfg = art.config
     base_lr, epochs, bs, stats = float(cfg["base_lr"]), int(cfg["epochs"]), int(cfg["batch_size"]), cfg.get("eval_stats", "running")
-    names = list(combos(r.beta[meta][0], r.eta[meta][0], b_fixed, base_lr, scales))
+    per_client = [combos(r.beta[meta][j], r.eta[meta][j], b_fixed, base_lr, scales) for j in range(len(r.client))]
+    names = list(per_client[0])
     acc = np.full((len(names), len(r.seeds), len(r.client)), np.nan)
-    for j, c in enumerate(r.client):
-        data = part.client(int(c))
-        for i, (b, e) in enumerate(combos(r.beta[meta][j], r.eta[meta][j], b_fixed, base_lr, scales).values()):
+    for j, c in enumerate(int(c) for c in r.client):
+        data = part.client(c)
+        for i, (b, e) in enumerate(per_client[j].values()):
             s = Strategy(torch.from_numpy(b), torch.from_numpy(e))
             for k, seed in enumerate(r.seeds):
-                ft = finetune(model, theta, *data.train, s, table.client_bn(int(c)), epochs, bs, generator(seed, int(c), 7),
+                ft = finetune(model, theta, *data.train, s, table.client_bn(c), epochs, bs, generator(seed, c, 7),
                               cfg.get("client_bn", "precise"))
                 acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, bs, stats)[1]
         print(f"client {c} done", file=sys.stderr, flush=True)
@@ -68,10 +69,9 @@ def main() -> None:
     for i, n in enumerate(names):
         d = m[i] - m[0]
         print(f"| {n} | {m[i].mean():.2f} ± {m[i].std():.2f} | {d.mean():+.2f} ± {d.std():.2f} |")
-    for h, bl in (("ft-bnc", "FT (BN C)"), ("ft-bni", "FT (BN I)"), ("ft-bng", "FT (BN G)")):
-        if h in r.methods:
-            v = 100 * r.acc_after[r.methods.index(h)].mean(axis=1)
-            print(f"| {bl} (stored) | {v.mean():.2f} ± {v.std():.2f} | |")
+    for h in (b for b in pers_stage.BASELINES if b in r.methods):
+        v = 100 * r.acc_after[r.methods.index(h)].mean(axis=1)
+        print(f"| {pers_stage.LABELS[h]} (stored) | {v.mean():.2f} ± {v.std():.2f} | |")
     ratio = r.eta[meta] / base_lr
     print("\nlearned eta / base LR per tensor (mean [min, max] over clients); learned beta mean per BN layer: "
           + " / ".join(f"{v:.2f}" for v in r.beta[meta].mean(0)))
