@@ -41,8 +41,12 @@ def main() -> None:
     from fedl2p_cli.engine.loop import generator
     from fedl2p_cli.stages import personalize as pers_stage
     torch.set_num_threads(1)
+    from fedl2p_cli.errors import FedL2PError
     store = Store(accuracy.STORE)
-    art, r = pers_stage.load(store, args.personalize)
+    try:
+        art, r = pers_stage.load(store, args.personalize)
+    except FedL2PError as e:  # a wrong id: one line, not a traceback
+        sys.exit(f"error: personalize: {e}")
     meta = [m for m in r.methods if m not in pers_stage.HANDMADE][0]
     meta_art = store.load("meta-train", [a for k, a in art.parents.items() if k.startswith("meta-train")][0])
     b_fixed = args.beta if args.beta is not None else float(meta_art.config["meta"].get("beta_init", 0.5))
