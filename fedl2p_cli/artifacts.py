@@ -103,6 +103,7 @@ class Draft:
         return self.tmp / name
 
     def publish(self) -> Artifact:
+        from .device import describe  # imports torch: only when an artifact is written
         files = {p.name: sha256_file(p) for p in sorted(self.tmp.iterdir()) if p.is_file()}
         manifest = {
             "id": self.id,
@@ -114,6 +115,7 @@ class Draft:
             "parents": self.parents,
             "files": files,
             "metrics": self.metrics,
+            "computed_on": describe(),  # where the work ran; not part of the id (see fedl2p_cli/device.py)
         }
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
         final = self.store.root / self.stage / self.id

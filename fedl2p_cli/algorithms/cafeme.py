@@ -61,7 +61,7 @@ def adapt(model: nn.Module, sites, omega: Omega, x: Tensor, y: Tensor, steps: in
     model.train()
     w = dict(omega) if create_graph else {k: v.detach().requires_grad_(True) for k, v in omega.items()}
     for _ in range(steps):
-        idx = random_batch(len(y), cfg.batch_size, gen)
+        idx = random_batch(len(y), cfg.batch_size, gen, x.device)
         mu, psi = split(w)
         zeta = modulator(mu, x[idx], y[idx], cfg.num_classes)
         l = loss(model, sites, psi, x[idx], y[idx], zeta)
@@ -97,14 +97,14 @@ def client_update(model: nn.Module, sites, omega: Omega, train: tuple[Tensor, Te
 def accuracy(model: nn.Module, sites, psi: dict, zeta: Tensor, x: Tensor, y: Tensor, batch_size: int) -> float:
     """Test accuracy of f_psi | zeta, BN on each test batch's statistics (batches of `batch_size`)."""
     model.train()
-    chunks = list(torch.arange(len(y)).split(batch_size))
+    chunks = list(torch.arange(len(y), device=y.device).split(batch_size))
     if len(chunks) > 1 and len(chunks[-1]) < 2:  # batch statistics need two samples
         chunks[-2] = torch.cat([chunks[-2], chunks.pop()])
-    correct = 0
+    correct = y.new_zeros(())
     with gated(model, sites, zeta):
         for idx in chunks:
-            correct += int((functional_call(model, psi, (x[idx],)).argmax(1) == y[idx]).sum())
-    return correct / max(len(y), 1)
+            correct += (functional_call(model, psi, (x[idx],)).argmax(1) == y[idx]).sum()
+    return correct.item() / max(len(y), 1)  # one host read
 
 
 def personalize_and_test(model: nn.Module, sites, omega: Omega, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor],

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ..core.functional import get_state, random_batch, set_state, shuffled_batches
+from ..core.functional import epochs_of_batches, get_state, random_batch, set_state
 
 State = dict[str, Tensor]
 
@@ -34,18 +34,22 @@ def sgd_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, 
     set_state(model, state).train()
     params = [p for n, p in model.named_parameters() if not (cfg.freeze_head and n.startswith(cfg.head))]
     losses = []
-    for _ in range(cfg.epochs):
-        for idx in shuffled_batches(len(y), cfg.batch_size, gen):
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                for p, g in zip(params, grads):
-                    p.sub_(lr * g)
-            losses.append(loss.item())
-    return get_state(model), sum(losses) / max(len(losses), 1)
+    for idx in epochs_of_batches(len(y), cfg.batch_size, gen, cfg.epochs, x.device):
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(lr * g)
+        losses.append(loss.detach())  # on the device: no host sync per step
+    return get_state(model), mean_loss(losses)
 
 
-def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: float, beta: float) -> tuple[State, float]:
+def mean_loss(losses: list[Tensor]) -> float:
+    """The steps' mean loss, read from the device once (summed in order in float64, as per-step floats were)."""
+    return sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
+
+
+def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: float, beta: float) -> tuple[State, Tensor]:
     """One Per-FedAvg (HF) step on three independent batches D, D', D'':
     w_tmp = w - alpha grad f(w; D);  w <- w - beta (I - alpha H(w; D'')) grad f(w_tmp; D')."""
     (x1, y1), (x2, y2), (x3, y3) = batches
@@ -63,7 +67,7 @@ def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: fl
     hv = torch.autograd.grad(g3, w, grad_outputs=g2)
     with torch.no_grad():
         new = {n: a - beta * (g - alpha * h) for n, a, g, h in zip(names, w, g2, hv)}
-    return new, l1.item()
+    return new, l1.detach()
 
 
 def perfedavg_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,
@@ -74,11 +78,11 @@ def perfedavg_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: f
     steps = max(1, len(y) // (3 * cfg.batch_size)) * cfg.epochs
     losses = []
     for _ in range(steps):
-        batches = tuple((x[i], y[i]) for i in (random_batch(len(y), cfg.batch_size, gen) for _ in range(3)))
+        batches = tuple((x[i], y[i]) for i in (random_batch(len(y), cfg.batch_size, gen, x.device) for _ in range(3)))
         params, l = perfedavg_hf_step(model, params, batches, cfg.pf_alpha, lr)
         losses.append(l)
     set_state(model, {**get_state(model), **params})
-    return get_state(model), sum(losses) / len(losses)
+    return get_state(model), mean_loss(losses)
 
 
 ALGORITHMS: dict[str, ClientFn] = {"fedavg": sgd_client, "fedbabu": sgd_client, "perfedavg-hf": perfedavg_client}

@@ -110,12 +110,16 @@ class BNPolicy:
     train: bool = True
     recorded: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
     fused: bool = False  # first-order fine-tuning only (training forwards; see _fused): not for graphs differentiated twice
+    levels: list[float] | None = None  # beta on the host (fused path): choosing a kernel then needs no device read
 
     def _fused(self, m: MixBN, x: Tensor) -> Tensor | None:
         """BN C / BN I (beta 1 or none) and BN G (beta 0) layers through F.batch_norm's fused kernels, the path a
         plain nn.BatchNorm takes; the batch moments are recorded through its running-statistics output (momentum 1:
         mean and unbiased variance). None for a mixed beta, which takes the general path."""
-        b = None if self.beta is None else float(self.beta[m.bn_index])
+        if self.beta is None:
+            b = None
+        else:
+            b = self.levels[m.bn_index] if self.levels is not None else float(self.beta[m.bn_index])
         if b is not None and b not in (0.0, 1.0):
             return None
         n = x.numel() // x.shape[1]

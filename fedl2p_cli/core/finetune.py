@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .bn import BNPolicy, MixBN, update_running
-from .functional import Params, ce_loss, evaluate, forward, shuffled_batches
+from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward
 
 CLIENT_BN = ("precise", "running")  # how the client's statistics for evaluation are obtained after fine-tuning
 
@@ -38,27 +38,28 @@ class FinetuneResult:
     bn: ClientBN
     prev_params: Params  # parameters before the last step (for FOMAML+ and the IFT's last-step reading)
     last_batch: Tensor
-    train_loss: float
+    train_loss: float    # mean over the steps, read from the device once
     last_grad: list[Tensor]  # that step's gradient: params = prev_params - lr * last_grad
 
 
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
     """theta <- theta - eta * grad CE(f_{theta,beta}(x), y), and the client's running statistics move."""
     new, loss, _ = step_with_grad(model, params, x, y, s, bn)
-    return new, loss
+    return new, loss.item()
 
 
-def step_with_grad(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy,
-                   bn: ClientBN) -> tuple[Params, float, list[Tensor]]:
-    """`sgd_step` that also returns the step's gradient (the IFT's last-step reading reuses it)."""
+def step_with_grad(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
+                   levels: list[float] | None = None) -> tuple[Params, Tensor, list[Tensor]]:
+    """`sgd_step` that also returns the step's gradient (the IFT's last-step reading reuses it). The loss stays a
+    device tensor (no host sync per step); `levels`: beta on the host, read once per fine-tuning (`finetune`)."""
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    pol = BNPolicy(s.beta, train=True, fused=True)  # first order: BN C/G/I layers take the fused kernels
+    pol = BNPolicy(s.beta, train=True, fused=True, levels=levels)  # first order: BN C/G/I layers take the fused kernels
     loss = ce_loss(model, leaves, x, y, pol)
     grads = list(torch.autograd.grad(loss, list(leaves.values())))
     with torch.no_grad():
         new = {k: v - lr * g for (k, v), lr, g in zip(leaves.items(), s.lr, grads)}
     update_running(bn.mean, bn.var, pol.recorded)
-    return new, loss.item(), grads
+    return new, loss.detach(), grads
 
 
 def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN, epochs: int,
@@ -67,17 +68,19 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
     fine-tuned weights and the same beta (`precise_bn`); "running" keeps the momentum-0.1 running statistics
     started from the stored ones (the paper's behaviour, stale for layers >= 2)."""
     bn = bn.copy()
-    prev, last, losses = params, torch.arange(min(batch_size, len(y))), []
+    prev, last, losses = params, torch.arange(min(batch_size, len(y)), device=y.device), []
     grad = [torch.zeros_like(v) for v in params.values()]
     s = Strategy(None if s.beta is None else s.beta.detach(), s.lr.detach())
-    for _ in range(epochs):
-        for idx in shuffled_batches(len(y), batch_size, gen):
-            prev, last = params, idx
-            params, l, grad = step_with_grad(model, params, x[idx], y[idx], s, bn)
-            losses.append(l)
+    levels = None if s.beta is None else s.beta.tolist()  # the fused-kernel choice per layer, read once
+    for idx in epochs_of_batches(len(y), batch_size, gen, epochs, x.device):
+        prev, last = params, idx
+        params, l, grad = step_with_grad(model, params, x[idx], y[idx], s, bn, levels)
+        losses.append(l)
     if client_bn == "precise" and s.beta is not None:
         bn = precise_bn(model, params, x, s.beta)
-    return FinetuneResult(params, bn, prev, last, sum(losses) / max(len(losses), 1), grad)
+    # one host read; summed in order in float64, as the per-step Python floats were
+    loss = sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
+    return FinetuneResult(params, bn, prev, last, loss, grad)
 
 
 class _Stop(Exception):
@@ -116,8 +119,8 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
         order = sorted(pol.recorded)
         return ClientBN([pol.recorded[i][0] for i in order], [pol.recorded[i][1] for i in order])
     n_bn = len(beta)
-    mean: list[Tensor] = [torch.empty(0)] * n_bn
-    var: list[Tensor] = [torch.empty(0)] * n_bn
+    mean: list[Tensor] = [x.new_empty(0)] * n_bn
+    var: list[Tensor] = [x.new_empty(0)] * n_bn
     for b in range(n_bn):
         acc: list = [0.0, 0.0, 0]
         for i in range(0, len(x), chunk):

@@ -21,24 +21,43 @@ def ce_loss(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolic
     return F.cross_entropy(forward(model, params, x, pol), y)
 
 
-def shuffled_batches(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
-    """One epoch of index batches; the last partial batch is kept unless it has a single sample (BN)."""
-    perm = torch.randperm(n, generator=gen)
+def _on(idx: Tensor, device: torch.device | None) -> Tensor:
+    # batch order is always drawn on the CPU generator (a GPU run sees a CPU run's batches); the indices then go to
+    # the data's device without a host sync (a pageable copy is staged at once, nothing waits for the GPU)
+    return idx if device is None else idx.to(device, non_blocking=True)
+
+
+def _epoch(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
+    perm = torch.randperm(n, generator=gen, device=gen.device)
     out = list(perm.split(batch_size))
     if len(out) > 1 and len(out[-1]) < 2:
         out[-2] = torch.cat([out[-2], out.pop()])
     return out
 
 
-def random_batch(n: int, batch_size: int, gen: torch.Generator) -> Tensor:
-    return torch.randperm(n, generator=gen)[:batch_size]
+def shuffled_batches(n: int, batch_size: int, gen: torch.Generator, device: torch.device | None = None) -> list[Tensor]:
+    """One epoch of index batches; the last partial batch is kept unless it has a single sample (BN)."""
+    return epochs_of_batches(n, batch_size, gen, 1, device)
+
+
+def epochs_of_batches(n: int, batch_size: int, gen: torch.Generator, epochs: int,
+                      device: torch.device | None = None) -> list[Tensor]:
+    """`epochs` epochs of `shuffled_batches`, drawn in the same order from `gen` and moved to `device` in one copy."""
+    batches = [b for _ in range(epochs) for b in _epoch(n, batch_size, gen)]
+    if device is None or device == batches[0].device:
+        return batches
+    return list(_on(torch.cat(batches), device).split([len(b) for b in batches]))
+
+
+def random_batch(n: int, batch_size: int, gen: torch.Generator, device: torch.device | None = None) -> Tensor:
+    return _on(torch.randperm(n, generator=gen, device=gen.device)[:batch_size], device)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolicy | None = None,
              batch_size: int = 512) -> tuple[float, float]:
     """Mean cross-entropy and accuracy; `batch_size` matters only when the policy uses batch statistics."""
-    total_loss, correct = 0.0, 0
+    total_loss, correct = x.new_zeros((), dtype=torch.float64), y.new_zeros((), dtype=torch.int64)  # read once, at the end
     for i in range(0, len(y), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
         if len(yb) < 2 and pol is not None and pol.client_mean is None and i > 0:
@@ -47,10 +66,10 @@ def evaluate(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPoli
             yb = yb[-1:]
         else:
             logits = forward(model, params, xb, pol)
-        total_loss += F.cross_entropy(logits, yb, reduction="sum").item()
-        correct += (logits.argmax(1) == yb).sum().item()
+        total_loss += F.cross_entropy(logits, yb, reduction="sum").double()  # float64 sums: as Python floats were
+        correct += (logits.argmax(1) == yb).sum()
     n = max(len(y), 1)
-    return total_loss / n, correct / n
+    return total_loss.item() / n, correct.item() / n
 
 
 def get_state(model: nn.Module) -> dict[str, torch.Tensor]:

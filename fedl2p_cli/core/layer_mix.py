@@ -32,14 +32,14 @@ def layers_of(param_names: list[str]) -> list[str]:
 
 def _linear(out: Hyper, key: str, d_in: int, d_out: int, gen: torch.Generator) -> None:
     bound = 1.0 / math.sqrt(d_in)  # nn.Linear's default range
-    out[f"{key}.weight"] = (torch.rand(d_out, d_in, generator=gen) * 2 - 1) * bound
-    out[f"{key}.bias"] = (torch.rand(d_out, generator=gen) * 2 - 1) * bound
+    out[f"{key}.weight"] = (torch.rand(d_out, d_in, generator=gen, device=gen.device) * 2 - 1) * bound
+    out[f"{key}.bias"] = (torch.rand(d_out, generator=gen, device=gen.device) * 2 - 1) * bound
 
 
 def init_hypernet(n_clients: int, layers: list[str], embed_dim: int, hidden: int, gen: torch.Generator) -> Hyper:
     """One client's hypernetwork: embedding ~ N(0, 1) (nn.Embedding's init), MLP embed -> hidden -> hidden -> hidden,
     one linear head hidden -> N per layer."""
-    hn: Hyper = {"embedding": torch.randn(embed_dim, generator=gen)}
+    hn: Hyper = {"embedding": torch.randn(embed_dim, generator=gen, device=gen.device)}
     for i, (a, b) in enumerate(zip([embed_dim, hidden, hidden], [hidden] * 3)):
         _linear(hn, f"mlp.{i}", a, b, gen)
     for layer in layers:

@@ -32,9 +32,9 @@ def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generat
     out: Lambda = {}
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         std = gain * math.sqrt(2.0 / (a + b))
-        out[f"{prefix}.{i}.weight"] = torch.randn(b, a, generator=gen) * std
+        out[f"{prefix}.{i}.weight"] = torch.randn(b, a, generator=gen, device=gen.device) * std
         last = i == len(dims) - 2
-        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias) if last or hidden_bias == "paper" else 0.0)
+        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias) if last or hidden_bias == "paper" else 0.0, device=gen.device)
     return out
 
 
@@ -58,7 +58,7 @@ def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, s
         lam |= init_mlp("bnnet", n_bn, n_bn, beta_init, gen, gain, hidden_bias)
     if nets in ("both", "lrnet"):
         lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen, gain, hidden_bias)
-        lam["eta"] = torch.full((n_params,), float(base_lr))
+        lam["eta"] = torch.full((n_params,), float(base_lr), device=gen.device)
     return lam
 
 
@@ -70,12 +70,12 @@ def hyperparameters(lam: Lambda, xi: Tensor, x: Tensor, n_params: int, base_lr: 
     if "bnnet.0.weight" in lam:
         beta = clamp_ste(mlp(lam, "bnnet", xi), *BETA_RANGE)
     else:
-        beta = torch.full((xi.numel(),), float(fixed_beta), dtype=xi.dtype)
+        beta = xi.new_full((xi.numel(),), float(fixed_beta))
     if "lrnet.0.weight" in lam:
         scale = clamp_ste(lam["eta"], 0.0, float("inf")) if eta_nonneg else lam["eta"]
         eta = clamp_ste(mlp(lam, "lrnet", x), *LR_RANGE) * scale
     else:
-        eta = torch.full((n_params,), float(base_lr), dtype=x.dtype)
+        eta = x.new_full((n_params,), float(base_lr))
     return beta, eta
 
 

@@ -40,7 +40,8 @@ def gate_sites(model: nn.Module, in_channels: int, size: int = 32) -> list[tuple
     was = model.training
     try:
         with torch.no_grad():
-            model.eval()(torch.zeros(1, in_channels, size, size, dtype=next(model.parameters()).dtype))
+            p = next(model.parameters())
+            model.eval()(p.new_zeros(1, in_channels, size, size))
     finally:
         model.train(was)
         for h in hooks:
@@ -71,7 +72,7 @@ def gated(model: nn.Module, sites: list[tuple[str, int]], zeta: Tensor | None) -
 
 def _uniform(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> Tensor:
     bound = 1.0 / math.sqrt(fan_in)
-    return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+    return (torch.rand(shape, generator=gen, device=gen.device) * 2 - 1) * bound
 
 
 def init_modulator(in_channels: int, num_classes: int, out_dim: int, gen: torch.Generator) -> Mod:
@@ -85,7 +86,7 @@ def init_modulator(in_channels: int, num_classes: int, out_dim: int, gen: torch.
     dims = [WIDTHS[-1] + num_classes, *HIDDEN, out_dim]
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         mod[f"fc{i}.weight"] = _uniform((b, a), a, gen)
-        mod[f"fc{i}.bias"] = _uniform((b,), a, gen) if i < len(dims) - 2 else torch.zeros(b)
+        mod[f"fc{i}.bias"] = _uniform((b,), a, gen) if i < len(dims) - 2 else torch.zeros(b, device=gen.device)
     return mod
 
 
