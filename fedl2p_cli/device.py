@@ -25,6 +25,7 @@ CHOICES = "auto | cpu | cuda | cuda:N"
 
 _current = torch.device("cpu")   # library default: the CPU (every result bit-identical to earlier versions)
 _deterministic = False
+_explicit = False   # chosen by the user (--device, FEDL2P_DEVICE), so a pipeline file's `device` key does not override it
 
 
 def resolve(spec: str) -> torch.device:
@@ -48,12 +49,12 @@ def resolve(spec: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def use(spec: str | torch.device = "auto", deterministic: bool = False) -> torch.device:
+def use(spec: str | torch.device = "auto", deterministic: bool = False, explicit: bool = True) -> torch.device:
     """Set this process's device and determinism. `deterministic`: cuDNN's deterministic kernels and
     torch.use_deterministic_algorithms, so a GPU run repeats bit for bit (CPU runs always do)."""
-    global _current, _deterministic
+    global _current, _deterministic, _explicit
     _current = resolve(spec) if isinstance(spec, str) else spec
-    _deterministic = deterministic
+    _deterministic, _explicit = deterministic, explicit
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's reproducible workspace
         torch.backends.cudnn.deterministic = True
@@ -66,6 +67,12 @@ def use(spec: str | torch.device = "auto", deterministic: bool = False) -> torch
 
 def current() -> torch.device:
     return _current
+
+
+def default_to(spec: str) -> None:
+    """A pipeline file's `device`: used unless the user chose one on the command line or in FEDL2P_DEVICE."""
+    if not _explicit:
+        use(spec, _deterministic, explicit=False)
 
 
 def spec() -> tuple[str, bool]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -24,10 +25,12 @@ def _global(threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS",
                                         "cores) made a meta-train round take 109 s instead of 4.4 s when another process "
                                         "was busy, and for the small CNN one thread is as fast as two. Raise it for big "
                                         "models on an idle machine."),
-            device: str = typer.Option("auto", "--device", envvar="FEDL2P_DEVICE",
-                                       help="Where every stage computes: auto (the first CUDA GPU when one is present, "
-                                       "else the CPU), cpu, cuda or cuda:N. Not part of an artifact's id; its manifest "
-                                       "records it (computed_on). GPU results agree with the CPU's to float32 rounding."),
+            device: Optional[str] = typer.Option(None, "--device", envvar="FEDL2P_DEVICE", show_default="auto",
+                                                 help="Where every stage computes: auto (the first CUDA GPU when one is "
+                                                 "present, else the CPU), cpu, cuda or cuda:N. A pipeline file's top-level "
+                                                 "`device` key applies when this is not given. Not part of an artifact's id; "
+                                                 "its manifest records it (computed_on). GPU results agree with the CPU's to "
+                                                 "float32 rounding, not bit for bit."),
             deterministic: bool = typer.Option(False, "--deterministic", envvar="FEDL2P_DETERMINISTIC",
                                                help="cuDNN's deterministic kernels and torch.use_deterministic_algorithms: "
                                                "a GPU run repeats bit for bit (a little slower). CPU runs always do.")) -> None:
@@ -35,7 +38,7 @@ def _global(threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS",
 
     from .. import device as dev
     torch.set_num_threads(threads)
-    dev.use(device, deterministic)
+    dev.use(device or "auto", deterministic, explicit=device is not None)
 app.command()(partition.partition)
 app.command()(pretrain.pretrain)
 app.command()(stats.stats)

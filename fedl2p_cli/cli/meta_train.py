@@ -80,6 +80,9 @@ def meta_train(
                                "processes) | flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers "
                                "at a time; needs pip install 'fedl2p[flower]'). The same artifact either way (bit for bit; "
                                "not part of its id)."),
+    gpus_per_client: float = typer.Option(0.0, help="With --engine flower on a GPU: the share of a GPU each ClientApp "
+                                          "gets (0.25 runs four ClientApps per GPU, on every GPU Ray sees). Not part of "
+                                          "the artifact's id."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
@@ -94,7 +97,8 @@ def meta_train(
                       beta_init=beta_init, init_gain=init_gain, ift_at=ift_at,
                       val_stats=val_stats, eta_nonneg=eta_nonneg)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
-                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine, meta=meta)
+                                input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine,
+                                gpus_per_client=gpus_per_client, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)

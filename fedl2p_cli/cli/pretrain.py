@@ -29,14 +29,19 @@ def pretrain(
                                "processes) | flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers "
                                "at a time; needs pip install 'fedl2p[flower]'). The same artifact either way (bit for bit; "
                                "not part of its id)."),
+    gpus_per_client: float = typer.Option(0.0, help="With --engine flower on a GPU: the share of a GPU each ClientApp "
+                                          "gets (0.25 runs four ClientApps per GPU, on every GPU Ray sees). Not part of "
+                                          "the artifact's id."),
     partition: Optional[str] = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Pretrain the global model federatedly on the seen clients -> model.safetensors, history.csv, curves.png."""
-    cfg = stage.PretrainConfig(algo, model, rounds, fraction, local_epochs, batch_size, lr, pf_alpha, eval_every, seed,
-                               str(init) if init else None, None, reset_head, workers, engine)
+    cfg = stage.PretrainConfig(algo=algo, model=model, rounds=rounds, fraction=fraction, local_epochs=local_epochs,
+                               batch_size=batch_size, lr=lr, pf_alpha=pf_alpha, eval_every=eval_every, seed=seed,
+                               init=str(init) if init else None, reset_head=reset_head, workers=workers, engine=engine,
+                               gpus_per_client=gpus_per_client)
     art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
     if art.metrics:
         render.table("global model", ["metric", "value"], [[k, v] for k, v in art.metrics.items()])

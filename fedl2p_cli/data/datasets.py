@@ -40,8 +40,8 @@ class Dataset:
 
 def normalize(images: torch.Tensor, mean, std, dtype=torch.float32) -> torch.Tensor:
     """uint8 [N,C,H,W] -> standardised float."""
-    m = torch.as_tensor(mean, dtype=dtype).view(1, -1, 1, 1)
-    s = torch.as_tensor(std, dtype=dtype).view(1, -1, 1, 1)
+    m = torch.as_tensor(mean, dtype=dtype, device=images.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=dtype, device=images.device).view(1, -1, 1, 1)
     return (images.to(dtype) / 255.0 - m) / s
 
 

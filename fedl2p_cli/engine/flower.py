@@ -94,7 +94,8 @@ class FlowerPool:
     """`map(tasks)` -> results in task order, computed by ClientApps in Flower's simulation runtime (Ray backend,
     `workers` ClientApps at a time, one CPU and one torch thread each)."""
 
-    def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, nodes: int):
+    def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, nodes: int,
+                 gpus_per_client: float = 0.0):
         require_flower()
         from flwr.serverapp import ServerApp
         from flwr.simulation import run_simulation
@@ -113,9 +114,12 @@ class FlowerPool:
                 except Exception as e:  # noqa: BLE001
                     self._results.put(FedL2PError(f"Flower round failed: {type(e).__name__}: {e}"))
 
-        backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                   "init_args": {"num_cpus": workers, "logging_level": "ERROR", "log_to_driver": False,
-                                 "include_dashboard": False}}
+        # Ray schedules ClientApps by these resources: 0.25 GPU per client runs four at a time on each GPU
+        init = {"num_cpus": workers, "logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False}
+        if gpus_per_client > 0:
+            import torch
+            init["num_gpus"] = torch.cuda.device_count()
+        backend = {"client_resources": {"num_cpus": 1, "num_gpus": float(gpus_per_client)}, "init_args": init}
         self._thread = threading.Thread(target=self._simulate, daemon=True,
                                         args=(run_simulation, server, client_app(build, args, update), nodes, backend))
         self._thread.start()

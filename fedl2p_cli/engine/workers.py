@@ -23,6 +23,13 @@ def _init(build: Callable[..., Any], args: tuple, update: Callable) -> None:
     _CONTEXT, _UPDATE = build(*args), update
 
 
+def on_device(spec: tuple[str, bool], build: Callable[..., Any], *args: Any) -> Any:
+    """`build(*args)` after choosing the parent's device: how a worker process or ClientApp makes the same choice."""
+    from .. import device
+    device.use(*spec)
+    return build(*args)
+
+
 def _run(task: tuple) -> Any:
     return _UPDATE(_CONTEXT, *task)
 
@@ -55,10 +62,16 @@ class ClientPool:
 
 
 def open_pool(engine: str, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-              nodes: int):
+              nodes: int, gpus_per_client: float = 0.0):
     """The executor of a round's client updates: `local` (this process, or `workers` processes) or `flower`
-    (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time)."""
+    (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time, each given
+    `gpus_per_client` of a GPU). Every process computes on this process's device (`fedl2p --device`)."""
+    from .. import device
+    spec = device.spec()
+    if engine == "flower" and gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
+        spec = ("cuda", spec[1])
+    args = (spec, build, *args)
     if engine == "flower":
         from .flower import FlowerPool
-        return FlowerPool(workers, build, args, update, nodes)
-    return ClientPool(workers, build, args, update, local_context)
+        return FlowerPool(workers, on_device, args, update, nodes, gpus_per_client)
+    return ClientPool(workers, on_device, args, update, local_context)

@@ -65,13 +65,25 @@ class Partition:
     def client(self, c: int) -> ClientData:
         """Normalised tensors of client `c`, built once and cached."""
         if c not in self._cache:
-            o = self.offsets[c]
-            x = normalize(self.images[o[0]:o[3]], self.mean, self.std)
-            y = self.labels[o[0]:o[3]]
-            cut = [int(v - o[0]) for v in o]
-            parts = [(x[a:b], y[a:b]) for a, b in zip(cut[:-1], cut[1:])]
-            self._cache[c] = ClientData(*parts)
+            self._cache[c] = self._slice(c, self.images, self.labels)
         return self._cache[c]
+
+    def client_on(self, c: int, device: torch.device) -> ClientData:
+        """Client `c`'s tensors on `device`. The CPU: `client(c)`. A GPU: the partition's uint8 pixels go to the
+        device once per process, and each call slices and normalises them there (no host traffic per update)."""
+        if device.type == "cpu":
+            return self.client(c)
+        key = f"on:{device}"
+        if key not in self._cache:
+            self._cache[key] = (self.images.to(device), self.labels.to(device))
+        return self._slice(c, *self._cache[key])
+
+    def _slice(self, c: int, images: torch.Tensor, labels: torch.Tensor) -> ClientData:
+        o = self.offsets[c]
+        x = normalize(images[o[0]:o[3]], self.mean, self.std)
+        y = labels[o[0]:o[3]]
+        cut = [int(v - o[0]) for v in o]
+        return ClientData(*[(x[a:b], y[a:b]) for a, b in zip(cut[:-1], cut[1:])])
 
 
 def write(path: Path, p: Partition) -> None:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import torch
 
+from .. import device
 from ..algorithms.fedl2p import MetaConfig, client_update
 from ..core.client import ClientData
 from ..core.finetune import ClientBN
@@ -75,18 +77,22 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     return int(meta["client"]), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
 
 
-def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict):
-    """One site's meta-train client update, from its own data and statistics."""
+def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, where: str = "auto"):
+    """One site's meta-train client update, from its own data and statistics, on the site's own device (`where`:
+    the SuperNode's node-config `device`, else its FEDL2P_DEVICE, else auto). The reply goes back from the CPU."""
     torch.set_num_threads(1)
+    dev = device.resolve(where)
     c, data = load_site(folder)
     model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])
     set_state(model, theta)
-    model.eval()
+    model.to(dev).eval()
+    data, theta, lam = device.move((data, theta, lam), dev)
     st = client_stats(model, data.train[0])
     theta_g = {n: theta[n] for n, _ in model.named_parameters()}
     meta = MetaConfig(**cfg_dict["meta"])
-    return mt.guarded(c, lambda timer: client_update(model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var),
-                                                      data, meta, generator(cfg_dict["seed"], rnd, c), timer))
+    return device.to_host(mt.guarded(c, lambda timer: client_update(
+        model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
+        generator(cfg_dict["seed"], rnd, c), timer)))
 
 
 def _client_app():
@@ -102,7 +108,8 @@ def _client_app():
     @app.train()
     def train(msg, context):
         spec, theta, lam, rnd, cfg_dict = unrecord(msg.content)
-        return Message(records(site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict)),
+        where = str(context.node_config.get("device", os.environ.get(device.ENV, "auto")))
+        return Message(records(site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict, where)),
                        reply_to=msg)
 
     return app

@@ -13,7 +13,8 @@ from ..algorithms.fedl2p import IFT_AT, ClientResult, Diverged, MetaConfig, clie
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
-from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, validate
+from .. import device
+from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, validate
 from ..core.finetune import CLIENT_BN, EVAL_STATS
 from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
@@ -52,6 +53,8 @@ class MetaTrainConfig:
     keep: str = "best"           # best: the paper's lowest-mean-val-loss round | last: the final aggregate (not in the paper)
     workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
     engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
+    # --engine flower on GPUs: the share of a GPU each ClientApp gets (0.25: four per GPU); not part of the identity
+    gpus_per_client: float = field(default=0.0, metadata=UNIT | {"option": "--gpus-per-client"})
     meta: MetaConfig = field(default_factory=MetaConfig)
 
     def variant(self) -> str:
@@ -106,6 +109,17 @@ def check(cfg: MetaTrainConfig) -> None:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
     if cfg.local and cfg.engine != "local":
         raise FedL2PError("--engine flower runs federated rounds; --local (L2P) has none, use --engine local")
+    check_gpus(cfg.engine, cfg.gpus_per_client)
+
+
+def check_gpus(engine: str, gpus_per_client: float) -> None:
+    """--gpus-per-client goes with --engine flower on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs
+    from a ClientApp that was given none)."""
+    on_gpu = device.current().type == "cuda"
+    if gpus_per_client > 0 and not (engine == "flower" and on_gpu):
+        raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+    if engine == "flower" and on_gpu and gpus_per_client == 0:
+        raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")
 
 
 @dataclass
@@ -118,14 +132,19 @@ class Context:
     stats: StatsTable
     cfg: MetaTrainConfig
     norm: dict | None = None  # input standardisation, from the seen clients (None: raw inputs, as the paper)
+    dev: torch.device = torch.device("cpu")  # where client updates compute; model and theta_g live there
+    lam_cache: device.RoundCache = field(default_factory=device.RoundCache)
 
     def inputs(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         return normalize_inputs(self.norm, *self.stats.inputs(c))
 
     def update(self, c: int, lam: Lambda, gen: torch.Generator, timer: Timer) -> ClientResult:
-        xi, x = self.inputs(c)
-        return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
-                             self.cfg.meta, gen, timer)
+        """One client's update on the context's device; its result comes back on the CPU."""
+        dev = self.dev
+        xi, x = device.move(self.inputs(c), dev)
+        r = client_update(self.model, self.theta_g, self.lam_cache.get(lam, dev), xi, x,
+                          device.move(self.stats.client_bn(c), dev), self.part.client_on(c, dev), self.cfg.meta, gen, timer)
+        return device.to_host(r)
 
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
@@ -176,12 +195,14 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
     _, model, state = pretrain_stage.load(store, pretrain_id)
     if table is None:
         _, table = stats_stage.load(store, stats_id)
-    theta_g = {n: state[n] for n, _ in model.named_parameters()}
+    dev = device.current()
+    model.to(dev)
+    theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
     norm = None
     if cfg.input_norm == "standardize":
         rows = [table.row(c) for c in part.pool(False)]
         norm = input_normalizer(table.xi[rows], table.x[rows])
-    return Context(model, theta_g, part, table, cfg, norm)
+    return Context(model, theta_g, part, table, cfg, norm, dev)
 
 
 def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResult | str, dict]:
@@ -308,7 +329,8 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine")} | {"variant": cfg.variant()}
+    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine", "gpus_per_client")}
+    config |= {"variant": cfg.variant()}
 
     def build(draft: Draft) -> None:
         ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
@@ -324,7 +346,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
             with open_pool(cfg.engine, cfg.workers, make_context, (*ids, cfg), client_task, ctx,
-                           len(part.pool(False))) as pool:
+                           len(part.pool(False)), cfg.gpus_per_client) as pool:
                 lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool)
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})

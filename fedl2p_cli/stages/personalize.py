@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import device
 from ..algorithms.fedl2p import hyper_fn
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Draft, Store
@@ -152,7 +153,7 @@ def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn
             vl, va = evaluate(model, theta_g, *data.val)
             out[i] = vl, va, evaluate(model, theta_g, *data.test)[1]
             continue
-        s = fixed_strategy(name, f, cfg.base_lr, n_bn, n_p)
+        s = device.move(fixed_strategy(name, f, cfg.base_lr, n_bn, n_p), data.train[0].device)
         ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
         vl, va = personalized_accuracy(model, ft.params, *data.val, s, ft.bn, cfg.batch_size)
         out[i] = vl, va, personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
@@ -161,9 +162,11 @@ def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn
 
 def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table: StatsTable, metas: list[MetaMethod],
                   clients: list[int], progress: Progress, pfls: list[pfl_stage.Trained] = ()) -> results_h5.Results:
+    dev = device.current()
     _, model, state = pretrain_stage.load(store, pre_id)
-    model.eval()
-    theta_g = {n: state[n] for n, _ in model.named_parameters()}
+    model.to(dev).eval()
+    theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
+    pfls = [pfl_stage.to_device(t, dev) for t in pfls]
     n_bn, n_p = table.xi.shape[1], len(theta_g)
     tuned = TUNED in cfg.methods
     methods = list(dict.fromkeys([m for m in cfg.methods if m in HANDMADE] + [mm.name for mm in metas] + [t.algo for t in pfls]))
@@ -176,10 +179,10 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
     sizes = torch.tensor([v.numel() for v in theta_g.values()], dtype=torch.float64)
     progress.start(f"personalize ({'unseen' if cfg.unseen else 'seen'} clients)", len(clients) * len(cfg.seeds))
     for j, c in enumerate(clients):
-        data = part.client(c)
+        data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
         before[j] = global_accuracy(model, state, *data.test)
         model.eval()
-        strat = strategies(cfg, metas, c, table, n_bn, n_p)
+        strat = strategies(cfg, metas, c, table, n_bn, n_p)  # on the CPU, where they are recorded
         for i, m in enumerate(methods):
             s = strat.get(m)
             if s is None:
@@ -187,10 +190,11 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
             beta[m][j] = np.nan if s.beta is None else s.beta.numpy()
             eta[m][j] = s.lr.numpy()
             sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
+        strat = device.move(strat, dev)
         for k, seed in enumerate(cfg.seeds):
             gen_for = lambda: generator(seed, c, 7)  # noqa: E731  the same batch order for every method: paired
             if tuned:  # its grid contains the FT baselines at the base LR (same batches): their rows come from it
-                cand[k, j] = tune_client(cfg, model, theta_g, data, table.client_bn(c), gen_for, n_bn, n_p)
+                cand[k, j] = tune_client(cfg, model, theta_g, data, bn0, gen_for, n_bn, n_p)
                 pick = select_by_validation(cand[k, j, :, 1], cand[k, j, :, 0])
                 acc[methods.index(TUNED), k, j] = cand[k, j, pick, 2]
                 for m in BASELINES:
@@ -202,8 +206,7 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
                 s = strat.get(m)
                 if s is None or (tuned and m in BASELINES):
                     continue
-                ft = finetune(model, theta_g, *data.train, s, table.client_bn(c), cfg.epochs, cfg.batch_size, gen_for(),
-                              cfg.client_bn)
+                ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
                 acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size,
                                                      "running" if m in HANDMADE else cfg.eval_stats)[1]
             progress.advance(1)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import device
 from ..algorithms import cafeme, pfedla
 from ..algorithms.local import LocalConfig
 from ..artifacts import Artifact, Draft, Store
@@ -90,12 +91,14 @@ class PFedLAStrategy:
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.dev = device.current()
         self.seen = part.pool(False)
         names = [n for n, _ in self.model.named_parameters()]
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
                                          generator(cfg.seed, 1))
         self.k = retained_k(cfg)
         self.local = LocalConfig(cfg.local_epochs, cfg.batch_size)
+        self.model.to(self.dev)  # the server's tensors follow in configure (the state itself stays on the CPU)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, server_tensors(self.server))
@@ -104,20 +107,20 @@ class PFedLAStrategy:
         return False
 
     def configure(self, st: LoopState, rnd: int) -> list[tuple]:
-        restore_server(self.server, st.tensors)
+        restore_server(self.server, device.move(st.tensors, self.dev))
         return [(self.seen.index(c), rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
 
     def client(self, i: int, rnd: int):
         c = self.seen[i]
-        return pfedla.client_round(self.model, self.server, i, self.part.client(c), self.local, self.cfg.lr,
-                                   self.cfg.hn_lr, self.k, generator(self.cfg.seed, rnd, c))
+        return pfedla.client_round(self.model, self.server, i, self.part.client_on(c, self.dev), self.local,
+                                   self.cfg.lr, self.cfg.hn_lr, self.k, generator(self.cfg.seed, rnd, c))
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
         pfedla.apply_round(self.server, {i: r for (i, _), r in zip(tasks, results)})
-        st.tensors = server_tensors(self.server)
+        st.tensors = device.to_host(server_tensors(self.server))
         rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
-            rec["val_acc"] = float(np.mean([pfedla_val(self.model, self.server, i, self.part.client(c).val, self.k)
+            rec["val_acc"] = float(np.mean([pfedla_val(self.model, self.server, i, self.part.client_on(c, self.dev).val, self.k)
                                             for i, c in enumerate(self.seen)]))
         return rec
 
@@ -157,13 +160,17 @@ class CAFeMeStrategy:
         self.sites = gate_sites(self.model, part.in_channels)
         self.ccfg = cafeme_config(cfg, part.num_classes)
         self.seen = part.pool(False)
+        self.dev = device.current()
+        self.model.to(self.dev)
+        self.omega_cache = device.RoundCache()
         if any(len(part.client(c).val[1]) < 2 for c in self.seen):
             raise FedL2PError("cafeme needs a held-out split on every seen client; partition with --val-fraction > 0")
 
     def initial_state(self) -> LoopState:
         mu = init_modulator(self.part.in_channels, self.part.num_classes, sum(c for _, c in self.sites),
                             generator(self.cfg.seed, 2))
-        return LoopState(0, cafeme.join(mu, {n: p.detach().clone() for n, p in self.model.named_parameters()}))
+        psi = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        return LoopState(0, cafeme.join(mu, device.to_host(psi)))
 
     def stop(self, st: LoopState) -> bool:
         return False
@@ -177,9 +184,10 @@ class CAFeMeStrategy:
         return tasks
 
     def client(self, c: int, omega: dict, moments: dict | None, t: int, rnd: int):
-        data = self.part.client(c)
-        return cafeme.client_update(self.model, self.sites, omega, data.train, data.val, self.ccfg,
-                                    generator(self.cfg.seed, rnd, c), moments, t)
+        data = self.part.client_on(c, self.dev)
+        r = cafeme.client_update(self.model, self.sites, self.omega_cache.get(omega, self.dev), data.train, data.val,
+                                 self.ccfg, generator(self.cfg.seed, rnd, c), device.move(moments, self.dev), t)
+        return device.to_host(r)
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
         for (c, _, _, t, _), (_, loss, moments) in zip(tasks, results):
@@ -192,9 +200,10 @@ class CAFeMeStrategy:
         st.tensors = {k: v for k, v in st.tensors.items() if k.startswith("adam")} | omega
         rec = {"round": rnd + 1, "held_out_loss": float(np.mean([r[1] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
+            on = device.move(omega, self.dev)
             rec["val_acc"] = float(np.mean([cafeme.personalize_and_test(
-                self.model, self.sites, omega, self.part.client(c).train, self.part.client(c).val, self.cfg.steps,
-                self.ccfg, generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
+                self.model, self.sites, on, self.part.client_on(c, self.dev).train, self.part.client_on(c, self.dev).val,
+                self.cfg.steps, self.ccfg, generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
         return rec
 
     def progress_info(self, rec: dict, st: LoopState) -> dict:
@@ -247,6 +256,14 @@ class Trained:
     server: pfedla.Server | None = None
     omega: dict | None = None
     sites: list | None = None
+
+
+def to_device(t: Trained, dev: torch.device) -> Trained:
+    """A trained system with its model and tensors on `dev` (a CPU one is returned as it is)."""
+    if dev.type == "cpu":
+        return t
+    t.model.to(dev)
+    return device.move(t, dev)
 
 
 def load(store: Store, ref: str | None) -> Trained:

@@ -95,13 +95,18 @@ def load(path: Path, store_override: Path | None = None) -> Pipeline:
         raise FedL2PError(f"pipeline file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise FedL2PError(f"pipeline {path} is not valid TOML: {e}") from None
-    unknown = [k for k in data if k not in ORDER and k not in ("store", "name", "description")]
+    unknown = [k for k in data if k not in ORDER and k not in ("store", "name", "description", "device")]
     if unknown:
         raise FedL2PError(f"pipeline {path}: unknown section '{unknown[0]}'; sections are: {', '.join(ORDER)}")
     for need in ("partition", "pretrain"):
         if need not in data:
             raise FedL2PError(f"pipeline {path} has no [{need}] section")
     root = store_override or Path(data.get("store", "artifacts"))
+    if "device" in data:  # where this pipeline computes, unless --device / FEDL2P_DEVICE say otherwise
+        if not isinstance(data["device"], str):
+            raise FedL2PError(f"pipeline {path}: device must be a string such as \"cuda\", got {data['device']!r}")
+        from .. import device
+        device.default_to(data["device"])
     return Pipeline(data.get("name", path.stem), data, Store(root))
 
 

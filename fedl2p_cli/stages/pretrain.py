@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
+from .. import device
 from ..algorithms.local import ALGORITHMS, LocalConfig
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
-from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
+from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, validate
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
 from ..engine.rounds import run_rounds
@@ -43,6 +44,8 @@ class PretrainConfig:
     reset_head: bool = False
     workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
     engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
+    # --engine flower on GPUs: the share of a GPU each ClientApp gets (0.25: four per GPU); not part of the identity
+    gpus_per_client: float = field(default=0.0, metadata=UNIT | {"option": "--gpus-per-client"})
 
 
 def check(cfg: PretrainConfig) -> None:
@@ -52,6 +55,8 @@ def check(cfg: PretrainConfig) -> None:
     if cfg.engine not in ENGINES:
         raise FedL2PError(f"unknown --engine '{cfg.engine}'; choose one of: {', '.join(ENGINES)}")
     registry.spec(cfg.model)
+    from .meta_train import check_gpus
+    check_gpus(cfg.engine, cfg.gpus_per_client)
 
 
 def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,8 +69,8 @@ def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: tor
     if len(y) == 0:
         return float("nan")
     set_state(model, state).eval()
-    correct = sum((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum().item() for i in range(0, len(y), 1024))
-    return correct / len(y)
+    correct = sum((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum() for i in range(0, len(y), 1024))
+    return int(correct) / len(y)  # one host read
 
 
 def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
@@ -91,18 +96,20 @@ class PretrainStrategy:
     """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule."""
 
     def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module):
-        self.cfg, self.part, self.model = cfg, part, model
+        self.dev = device.current()
+        self.cfg, self.part, self.model = cfg, part, model.to(self.dev)
         self.label = f"pretrain {cfg.algo}"
         self.seen, unseen = part.pool(False), part.pool(True)
         for c in self.seen:  # build every client's tensors once, before the rounds
             part.client(c)
-        self.tests = {"seen": pool_tensors(part, self.seen, "test"),
-                      "unseen": pool_tensors(part, unseen, "test") if unseen else None}
+        self.tests = device.move({"seen": pool_tensors(part, self.seen, "test"),
+                                  "unseen": pool_tensors(part, unseen, "test") if unseen else None}, self.dev)
+        self.state_cache = device.RoundCache()
         self.local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.head_prefix(model), cfg.algo == "fedbabu",
                                  cfg.pf_alpha)
 
     def initial_state(self) -> LoopState:
-        return LoopState(0, get_state(self.model))
+        return LoopState(0, device.to_host(get_state(self.model)))
 
     def stop(self, st: LoopState) -> bool:
         return False
@@ -112,9 +119,11 @@ class PretrainStrategy:
         return [(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
 
     def client(self, state: dict, c: int, lr: float, rnd: int) -> tuple[dict, int, float]:
-        x, y = self.part.client(c).train
-        new, loss = ALGORITHMS[self.cfg.algo](self.model, state, x, y, lr, self.local, generator(self.cfg.seed, rnd, c))
-        return new, len(y), loss
+        """One client's local update on this process's device; the new state comes back on the CPU."""
+        x, y = self.part.client_on(c, self.dev).train
+        new, loss = ALGORITHMS[self.cfg.algo](self.model, self.state_cache.get(state, self.dev), x, y, lr, self.local,
+                                              generator(self.cfg.seed, rnd, c))
+        return device.to_host(new), len(y), loss
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
         with timer.section("aggregate"):
@@ -150,7 +159,7 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
     strategy = make_strategy(cfg, part)
     workers, engine = (cfg.workers, cfg.engine) if where else (1, "local")
     with open_pool(engine, workers, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy,
-                   len(strategy.seen)) as pool:
+                   len(strategy.seen), cfg.gpus_per_client) as pool:
         st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map)
     return st.tensors, st.history
 
@@ -170,7 +179,8 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
     part_art, part = partition_stage.load(store, partition_ref)
     parents = {"partition": part_art.id}
-    conf = config_dict(cfg, exclude=("workers", "engine", "init") if cfg.init else ("workers", "engine"))
+    runtime = ("workers", "engine", "gpus_per_client")  # where it runs, not what it computes
+    conf = config_dict(cfg, exclude=(*runtime, "init") if cfg.init else runtime)
     conf |= {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
     def build(draft: Draft) -> None:

@@ -16,6 +16,7 @@ from ..io import stats_h5
 from ..models.registry import param_names
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
+from .. import device
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
@@ -25,11 +26,13 @@ class StatsConfig:
 
 
 def compute(model: torch.nn.Module, part, clients: list[int], batch_size: int, progress: Progress) -> dict:
-    rows = []
+    """Every client's statistics on the model's device (its train split only), gathered on the CPU."""
+    dev, rows = next(model.parameters()).device, []
     progress.start("client statistics", len(clients))
     for s in range(0, len(clients), 64):  # chunks, so the bar moves; equal-sized clients share forward passes
         chunk = clients[s:s + 64]
-        rows += many_client_stats(model, [part.client(c).train[0] for c in chunk], batch_size)
+        xs = [part.client_on(c, dev).train[0] for c in chunk]
+        rows += [device.to_host(r) for r in many_client_stats(model, xs, batch_size)]
         progress.advance(len(chunk))
     progress.stop()
     return {"x": torch.stack([r.x for r in rows]), "xi": torch.stack([r.xi for r in rows]),
@@ -61,7 +64,8 @@ def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretra
         _, model, _ = pretrain_stage.load(store, pre_art.id)
         check_fit(model, part)
         clients = list(range(part.num_clients))
-        cols = compute(model, part, clients, cfg.batch_size, progress or NoProgress())
+        cols = compute(model.to(device.current()), part, clients, cfg.batch_size, progress or NoProgress())
+        model.cpu()
         bns = [m for _, m in bn_layers(model)]
         table = stats_h5.StatsTable(
             pre_art.config["model"], [n for n, _ in stat_layers(model)], [n for n, _ in bn_layers(model)], param_names(model),
