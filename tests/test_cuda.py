@@ -1,0 +1,124 @@
+"""On a CUDA GPU (skipped without one): every stage end to end, the hypergradient against the float64 oracle, one
+client update on CPU and GPU, and --deterministic repeating bit for bit. Run on a GPU machine:
+`python -m pytest tests/test_cuda.py`."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from fedl2p_cli import device
+from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+from fedl2p_cli.artifacts import Store
+from fedl2p_cli.core.finetune import ClientBN
+from fedl2p_cli.core.hypergrad import ift_hypergradient
+from fedl2p_cli.io import weights
+from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
+
+from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
+from .helpers import smooth_setup
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# float32 on a GPU against the CPU: different kernels and summation orders, so agreement is to rounding, not bits
+CPU_GPU = dict(rtol=1e-3, atol=1e-4)
+
+
+@pytest.fixture
+def on_cuda():
+    device.use("cuda")
+    yield torch.device("cuda", 0)
+    device.use("cpu", explicit=False)
+    torch.use_deterministic_algorithms(False)
+
+
+def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
+    store = Store(tmp_path)
+    part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
+    pres = {a: pretrain.run(pretrain.PretrainConfig(algo=a, **TINY_PRETRAIN), store, part.id, plot=False)[0]
+            for a in ("fedavg", "fedbabu", "perfedavg-hf")}
+    pre = pres["fedavg"]
+    assert pre.id == tiny_store["pretrain"].id and pre.manifest["computed_on"]["device"] == "cuda:0"
+    cpu_model = weights.load(tiny_store["pretrain"].file("model.safetensors"))
+    gpu_model = weights.load(pre.file("model.safetensors"))
+    for k, v in cpu_model.items():
+        torch.testing.assert_close(gpu_model[k], v, rtol=1e-2, atol=1e-3)  # 3 rounds of SGD drift a little further
+    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id)
+    metas = [meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store, pre.id, st.id)[0]
+             for m in (TINY_META, replace(TINY_META, hessian="exact"), replace(TINY_META, meta_grad="fomaml"),
+                       replace(TINY_META, ift_at="last-step"))]
+    metas.append(meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, local=True, meta=TINY_META), store,
+                                pre.id, st.id)[0])
+    assert all(m.metrics["diverged"] is None for m in metas)
+    for algo in ("pfedla", "heurpfedla", "cafeme"):
+        pfl.run(pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02, eval_every=1),
+                store, part.id)
+    for unseen in (False, True):
+        for eval_stats in ("running", "test-batch"):
+            cfg = personalize.PersonalizeConfig(unseen=unseen, methods=["ft-bnc", "ft-bng", "ft-bni", "ft-tuned", "pfedla",
+                                                                        "cafeme"], epochs=1, batch_size=16, base_lr=0.01,
+                                                seeds=[0], pfl_steps=3, eval_stats=eval_stats)
+            art, _ = personalize.run(cfg, store, pre.id, st.id, [metas[0].id] if unseen else [m.id for m in metas])
+            _, r = personalize.load(store, art.id)
+            assert np.isfinite(r.acc_after[[i for i, m in enumerate(r.methods) if m != "pfedla"]]).all()
+
+
+def test_hypergradient_on_cuda_matches_the_float64_oracle_on_the_cpu():
+    """Alg. 2 computed on the GPU in float64 against the dense oracle computed on the CPU (tests/test_hypergrad.py)."""
+    from fedl2p_cli.core.metanets import hyperparameters
+    from fedl2p_cli.core.stats import client_stats
+
+    from .test_hypergrad import dense_pieces, flat, neumann_oracle
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    cuda = torch.device("cuda", 0)
+    model, theta, lam, hyper, (x, y), bn = smooth_setup()
+    try:
+        tb, vb = (x[:12], y[:12]), (x[12:], y[12:])
+        want = neumann_oracle(dense_pieces(model, theta, lam, hyper, tb, vb, bn))
+        st = client_stats(model, x)  # the inputs smooth_setup's hyper reads, rebuilt on the GPU
+        gxi, gxs = st.xi.double().to(cuda), st.x.double().to(cuda)
+        n_p = len(theta)
+        gtheta, glam, gtb, gvb = device.move((theta, lam, tb, vb), cuda)
+        gbn = ClientBN(device.move(bn.mean, cuda), device.move(bn.var, cuda))
+        got = ift_hypergradient(model.to(cuda), gtheta, glam, lambda l: hyperparameters(l, gxi, gxs, n_p, 0.05, 0.5),
+                                gtb, gvb, gbn, hessian="exact")
+        torch.testing.assert_close(flat(got.grads).cpu(), want, rtol=1e-7, atol=1e-10)
+    finally:
+        model.cpu()
+        torch.set_default_dtype(old)
+
+
+def _one_update(model, theta, lam, inputs, bn, data, dev):
+    args = device.move((theta, lam, *inputs, bn, data), dev)
+    model.to(dev)
+    r = client_update(model, *args, MetaConfig(epochs=2, batch_size=16, base_lr=0.01), torch.Generator().manual_seed(0))
+    model.cpu()
+    return device.to_host(r)
+
+
+def test_one_client_update_agrees_on_cpu_and_cuda_and_repeats_when_deterministic(tiny_store):
+    store = tiny_store["store"]
+    _, part = partition.load(store, tiny_store["partition"].id)
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, table = stats.load(store, tiny_store["stats"].id)
+    c = part.pool(False)[0]
+    theta = {n: state[n] for n, _ in model.named_parameters()}
+    from fedl2p_cli.core.metanets import init_lambda
+    lam = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta), 0.01, "both", 0)
+    inputs, bn = table.inputs(c), table.client_bn(c)
+    cpu = _one_update(model, theta, lam, inputs, bn, part.client(c), torch.device("cpu"))
+    cuda = torch.device("cuda", 0)
+    gpu = _one_update(model, theta, lam, inputs, bn, part.client_on(c, cuda), cuda)
+    for k in lam:
+        torch.testing.assert_close(gpu.lam[k], cpu.lam[k], **CPU_GPU)
+    assert abs(gpu.val_loss - cpu.val_loss) < 1e-3
+    try:
+        device.use("cuda", deterministic=True)
+        a = _one_update(model, theta, lam, inputs, bn, part.client_on(c, cuda), cuda)
+        b = _one_update(model, theta, lam, inputs, bn, part.client_on(c, cuda), cuda)
+        assert all(torch.equal(a.lam[k], b.lam[k]) for k in lam) and a.val_loss == b.val_loss
+    finally:
+        device.use("cpu", explicit=False)
+        torch.use_deterministic_algorithms(False)

@@ -1,0 +1,166 @@
+"""Device hygiene on the CPU: every client update runs with torch's default device set to "meta" while its inputs are
+CPU tensors, so a tensor created without following its inputs (a bare torch.zeros / arange / full / tensor) lands on
+the meta device and the update fails. Plus the one place that decides the device, and what the manifest records."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedl2p_cli import device
+from fedl2p_cli.algorithms import cafeme, local, pfedla
+from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+from fedl2p_cli.core.client import ClientData
+from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, personalized_accuracy, precise_bn
+from fedl2p_cli.core.functional import evaluate, get_state
+from fedl2p_cli.core.metanets import init_lambda
+from fedl2p_cli.core.modulate import gate_sites, init_modulator
+from fedl2p_cli.core.stats import client_stats
+from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.models.registry import build, get_params
+
+
+def cpu_tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in cpu_tensors(v)]
+    if hasattr(obj, "__dataclass_fields__"):
+        return [t for k in obj.__dataclass_fields__ for t in cpu_tensors(getattr(obj, k))]
+    return []
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A small CNN, its statistics and a client with train, validation and test data, all on the CPU."""
+    torch.manual_seed(0)
+    model = build("small-cnn", 1, 4, seed=0)
+    x = torch.randn(40, 1, 16, 16)
+    y = torch.randint(0, 4, (40,))
+    data = ClientData((x[:24], y[:24]), (x[24:32], y[24:32]), (x[32:], y[32:]))
+    st = client_stats(model.eval(), data.train[0])
+    theta = get_params(model)
+    return model, theta, data, st
+
+
+def on_meta(fn):
+    """Run fn() with "meta" as torch's default device; every tensor it returns must be a CPU tensor."""
+    with torch.device("meta"):
+        out = fn()
+    bad = [t.device for t in cpu_tensors(out) if t.device.type != "cpu"]
+    assert not bad, f"tensors on {bad[0]}: created without following the inputs' device"
+    return out
+
+
+META = MetaConfig(epochs=1, batch_size=8, base_lr=0.01)
+VARIANTS = {"ift-fo": META, "ift-exact": replace(META, hessian="exact"), "ift-last-step": replace(META, ift_at="last-step"),
+            "fomaml": replace(META, meta_grad="fomaml"), "valtbs": replace(META, val_stats="test-batch"),
+            "running-bn": replace(META, client_bn="running"), "eta-nonneg": replace(META, eta_nonneg=True)}
+
+
+@pytest.mark.parametrize("nets", ["both", "bnnet", "lrnet"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_meta_client_update_follows_its_inputs(client, variant, nets):
+    if nets != "both" and variant != "ift-fo":
+        pytest.skip("the nets ablations once, with the default meta-gradient")
+    model, theta, data, st = client
+    lam = init_lambda(len(st.xi), len(st.x), len(theta), 0.01, nets, 0)
+    gen = torch.Generator().manual_seed(0)
+    r = on_meta(lambda: client_update(model, theta, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data,
+                                      VARIANTS[variant], gen))
+    assert set(r.lam) == set(lam)
+
+
+@pytest.mark.parametrize("method", ["bnc", "bng", "bni", "mixed", "mixed-chunked"])
+def test_finetune_and_evaluation_follow_their_inputs(client, method):
+    model, theta, data, st = client
+    n_bn, n_p = len(st.xi), len(theta)
+    beta = {"bnc": torch.ones(n_bn), "bng": torch.zeros(n_bn), "bni": None}.get(method, torch.full((n_bn,), 0.3))
+    s = Strategy(beta, torch.full((n_p,), 0.01))
+    gen = torch.Generator().manual_seed(1)
+
+    def run():
+        ft = finetune(model, theta, *data.train, s, ClientBN(st.bn_mean, st.bn_var), 2, 8, gen)
+        bn = precise_bn(model, ft.params, data.train[0], beta, chunk=10) if method == "mixed-chunked" else ft.bn
+        return ft.params, bn, personalized_accuracy(model, ft.params, *data.test, s, bn, 8), \
+            evaluate(model, theta, *data.val), personalized_accuracy(model, ft.params, *data.test, s, bn, 8, "test-batch")
+
+    on_meta(run)
+
+
+def test_statistics_follow_their_inputs(client):
+    model, _, data, _ = client
+    on_meta(lambda: client_stats(model.eval(), data.train[0]))
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "fedbabu", "perfedavg-hf"])
+def test_pretraining_updates_follow_their_inputs(client, algo):
+    model, _, data, _ = client
+    cfg = local.LocalConfig(1, 8, "10.", algo == "fedbabu", 0.01)
+    state = get_state(model)
+    gen = torch.Generator().manual_seed(2)
+    on_meta(lambda: local.ALGORITHMS[algo](model, state, *data.train, 0.05, cfg, gen))
+    model.load_state_dict(state)  # the module is a workspace: leave it as the other tests found it
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_pfedla_round_follows_its_inputs(client, k):
+    model, _, data, _ = client
+    names = [n for n, _ in model.named_parameters()]
+    server = pfedla.init_server([0, 1, 2], get_state(model), names, 8, 16, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(4)
+    on_meta(lambda: pfedla.client_round(model, server, 1, data, local.LocalConfig(1, 8), 0.05, 0.01, k, gen))
+    on_meta(lambda: pfedla.personalized(server, 2, k))
+
+
+@pytest.mark.parametrize("order", ["first", "second"])
+def test_cafeme_update_and_personalisation_follow_their_inputs(client, order):
+    model, _, data, _ = client
+    sites = gate_sites(model, 1)
+    mu = init_modulator(1, 4, sum(c for _, c in sites), torch.Generator().manual_seed(5))
+    omega = cafeme.join(mu, {n: p.detach().clone() for n, p in model.named_parameters()})
+    cfg = cafeme.CAFeMeConfig(2, 0.05, 1e-3, 8, order, "adam", 4)
+    gen = torch.Generator().manual_seed(6)
+    on_meta(lambda: cafeme.client_update(model, sites, omega, data.train, data.val, cfg, gen))
+    on_meta(lambda: cafeme.personalize_and_test(model, sites, omega, data.train, data.test, 2, cfg, gen))
+
+
+def test_the_check_catches_a_tensor_made_on_the_default_device(client):
+    """The harness itself: a bare factory call inside the update is caught."""
+    _, theta, _, _ = client
+    with pytest.raises((RuntimeError, NotImplementedError, AssertionError)):
+        on_meta(lambda: {k: v + torch.zeros(v.shape) for k, v in theta.items()})
+
+
+def test_the_device_option_is_decided_in_one_place():
+    assert device.resolve("cpu") == torch.device("cpu")
+    assert device.resolve("auto") == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    for bad in ("tpu", "cuda:x", "mps"):
+        with pytest.raises(FedL2PError, match="--device"):
+            device.resolve(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(FedL2PError, match="no CUDA device"):
+            device.resolve("cuda")
+    assert device.current() == torch.device("cpu")  # the library's default: results as before
+
+
+def test_move_returns_cpu_tensors_themselves_and_walks_containers():
+    t = torch.ones(2)
+    bn = ClientBN([t], [t])
+    assert device.move(t, "cpu") is t and device.move({"a": [t, (t,)]}, "cpu")["a"][1][0] is t
+    assert device.move(bn, "cpu").mean[0] is t and device.move(None, "cpu") is None
+
+
+def test_manifest_records_where_an_artifact_was_computed(tiny_store):
+    on = tiny_store["meta"].manifest["computed_on"]
+    assert on["device"] == "cpu" and on["torch"] == torch.__version__ and on["deterministic"] is False
+    assert "computed_on" not in tiny_store["meta"].config  # not part of the id
+
+
+def test_gpus_per_client_is_refused_where_it_means_nothing():
+    from fedl2p_cli.stages.meta_train import check_gpus
+    with pytest.raises(FedL2PError, match="--gpus-per-client"):
+        check_gpus("local", 0.5)
+    check_gpus("flower", 0.0)  # on the CPU, Flower needs no GPU share
