@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower bench bench-accuracy bench-pfl clean-artifacts
+.PHONY: setup data quickstart test test-flower bench bench-gpu bench-accuracy bench-pfl clean-artifacts
 
 setup: $(STAMP)
 	@bash scripts/get-fmnist.sh || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -39,6 +39,9 @@ test-flower: $(FLVENV)/.installed
 
 bench: $(STAMP) data
 	$(BIN)/python bench/bench.py
+
+bench-gpu: $(STAMP)  # needs a CUDA GPU (prints a line and exits without one); writes bench/gpu.json
+	$(BIN)/python bench/gpu.py
 
 bench-accuracy: $(STAMP) data
 	$(BIN)/python bench/accuracy.py

@@ -1,0 +1,178 @@
+"""`make bench-gpu`: FedL2P's client work on a CUDA GPU (skipped without one), written to bench/gpu.json.
+
+On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-cifar and the small CNN:
+- one plain PyTorch SGD step (nn.Module, torch.optim.SGD) and one of our beta-mixed steps (beta 0.5), their ratio;
+- the `fo` IFT hypergradient and FOMAML+, each / our step;
+- one whole client round of the CIFAR-10 pipeline's meta-training (36 train and 12 validation images, e = 15, K = 3,
+  FOMAML+ and IFT): seconds, GPU utilisation proxy (busy share = kernel time / wall time is not available without a
+  profiler, so the round's samples per second are reported instead), peak GPU memory;
+- client updates per second one at a time and with N worker processes sharing the GPU (`--workers N --device cuda`,
+  the executor meta-training uses: same artifact id, each process one CUDA context);
+- the projected wall time of `pipelines/cifar10-a0.1-fedavg.toml` (500 pretraining rounds of 100 FedAvg clients,
+  500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency.
+Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+CIFAR = dict(channels=3, size=32, classes=10, train=36, val=12, epochs=15, iterations=3, batch=32)
+
+
+def timed(fns: dict, reps: int) -> dict[str, float]:
+    """Median seconds of each function, called in turns, with the device synchronised around each call."""
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            torch.cuda.synchronize()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def client(model_name: str, dev: torch.device, seed: int = 0):
+    """A model on `dev`, its lambda, statistics and one CIFAR-shaped client (synthetic data)."""
+    from fedl2p_cli import device
+    from fedl2p_cli.core.bn import bn_layers
+    from fedl2p_cli.core.client import ClientData
+    from fedl2p_cli.core.finetune import ClientBN
+    from fedl2p_cli.core.metanets import init_lambda
+    from fedl2p_cli.core.stats import client_stats
+    from fedl2p_cli.models import registry
+    g = torch.Generator().manual_seed(seed)
+    n = CIFAR["train"] + CIFAR["val"]
+    x = torch.randn(n, CIFAR["channels"], CIFAR["size"], CIFAR["size"], generator=g)
+    y = torch.randint(0, CIFAR["classes"], (n,), generator=g)
+    m = registry.build(model_name, CIFAR["channels"], CIFAR["classes"]).to(dev).eval()
+    x, y = x.to(dev), y.to(dev)
+    tr = CIFAR["train"]
+    data = ClientData((x[:tr], y[:tr]), (x[tr:], y[tr:]), (x[:0], y[:0]))
+    st = client_stats(m, data.train[0])
+    theta = {k: v.detach().clone() for k, v in m.named_parameters()}
+    lam = device.move(init_lambda(len(st.xi), len(st.x), len(theta), 1e-3, "both", 0), dev)
+    bn = ClientBN(st.bn_mean, st.bn_var)
+    assert len(bn_layers(m)) == len(st.xi)
+    return m, theta, lam, st, bn, data
+
+
+def steps(model_name: str, dev: torch.device) -> dict:
+    import torch.nn.functional as F
+    from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
+    from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
+    from fedl2p_cli.core.metanets import hyperparameters
+    from bench.bench import plain_model
+    m, theta, lam, st, bn, data = client(model_name, dev)
+    x, y = data.train[0][:32], data.train[1][:32]
+    hyper = lambda l: hyperparameters(l, st.xi, st.x, len(theta), 1e-3, 1.0)  # noqa: E731
+    _, eta = (t.detach() for t in hyper(lam))
+    mixed = Strategy(torch.full_like(st.xi, 0.5), eta)
+    plain = plain_model(m)
+    opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
+
+    def plain_step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(plain(x), y).backward()
+        opt.step()
+
+    fns = {"plain": plain_step,
+           "mixed": lambda: sgd_step(m, theta, x, y, mixed, ClientBN(list(bn.mean), list(bn.var))),
+           "hyper_fo": lambda: ift_hypergradient(m, theta, lam, hyper, (x, y), (x, y), bn, hessian="fo"),
+           "fomaml": lambda: fomaml_gradient(m, theta, lam, hyper, (x, y), (x, y), bn)}
+    t = timed(fns, 20)
+    return {"plain_step_s": t["plain"], "mixed_step_vs_plain": t["mixed"] / t["plain"],
+            "hyper_fo_vs_mixed_step": t["hyper_fo"] / t["mixed"], "fomaml_vs_mixed_step": t["fomaml"] / t["mixed"]}
+
+
+def round_one(model_name: str, dev: torch.device, meta_grad: str) -> float:
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+    m, theta, lam, st, bn, data = client(model_name, dev)
+    cfg = MetaConfig(iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=meta_grad)
+    return timed({"r": lambda: client_update(m, theta, lam, st.xi, st.x, bn, data, cfg, torch.Generator().manual_seed(0))}, 5)["r"]
+
+
+def _worker_round(task: tuple) -> float:
+    model_name, meta_grad, reps = task
+    dev = torch.device("cuda", 0)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        round_one_once(model_name, dev, meta_grad)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+_CACHE: dict = {}
+
+
+def round_one_once(model_name: str, dev: torch.device, meta_grad: str) -> None:
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+    if model_name not in _CACHE:
+        _CACHE[model_name] = client(model_name, dev)
+    m, theta, lam, st, bn, data = _CACHE[model_name]
+    cfg = MetaConfig(iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=meta_grad)
+    client_update(m, theta, lam, st.xi, st.x, bn, data, cfg, torch.Generator().manual_seed(0))
+
+
+def concurrency(model_name: str, meta_grad: str, procs: int, per_proc: int = 6) -> float:
+    """Client updates per second with `procs` processes sharing the GPU (each warmed up first)."""
+    import multiprocessing as mp
+    with mp.get_context("spawn").Pool(procs) as pool:
+        pool.map(_worker_round, [(model_name, meta_grad, 1)] * procs)  # CUDA contexts, cuDNN plans, caches
+        t0 = time.perf_counter()
+        pool.map(_worker_round, [(model_name, meta_grad, per_proc)] * procs)
+        return procs * per_proc / (time.perf_counter() - t0)
+
+
+def pretrain_client_s(dev: torch.device) -> float:
+    """One FedAvg client of the CIFAR-10 pipeline (36 train images, 1 local epoch, batch 32) on ResNet-18-cifar."""
+    from fedl2p_cli.algorithms.local import LocalConfig, sgd_client
+    from fedl2p_cli.core.functional import get_state
+    m, _, _, _, _, data = client("resnet18-cifar", dev)
+    state = get_state(m)
+    cfg = LocalConfig(1, 32, "fc.")
+    return timed({"c": lambda: sgd_client(m, state, *data.train, 0.1, cfg, torch.Generator().manual_seed(0))}, 10)["c"]
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        print("bench-gpu: no CUDA device here; nothing measured")
+        return
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda", 0)
+    out: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("resnet18-cifar", "small-cnn"):
+        r = steps(name, dev)
+        for mg in ("fomaml", "ift"):
+            torch.cuda.reset_peak_memory_stats(dev)
+            r[f"{mg}_client_round_s"] = round_one(name, dev, mg)
+            r[f"{mg}_peak_gpu_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
+            r[f"{mg}_updates_per_s"] = {n: concurrency(name, mg, n) for n in (1, 2, 4, 8)}
+        out[name] = r
+        print(name, json.dumps(r, indent=1), flush=True)
+    r18 = out["resnet18-cifar"]
+    best = max(r18["ift_updates_per_s"].values())
+    pre = pretrain_client_s(dev)
+    out["projection_cifar10_a0.1_h"] = {
+        "pretrain_500_rounds_x_100_clients": 500 * 100 * pre / 3600,
+        "meta_train_500_rounds_x_100_clients_ift": 500 * 100 / best / 3600,
+        "meta_train_per_round_s_ift": 100 / best,
+        "note": "pretraining clients one at a time; meta-training at the best measured concurrency"}
+    (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+    print(json.dumps(out["projection_cifar10_a0.1_h"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
