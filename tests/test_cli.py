@@ -65,6 +65,18 @@ def cases(tmp):
         (["partition", "--dataset", "image-folder", "--data-dir", tmp / "missing"], "image-folder needs"),
         (["partition", "--dataset", "fmnist", "--data-dir", tmp / "missing"], "does not exist"),
         (["partition", "--dataset", "digits", "--exclude", "zzzz"], "no partition artifact with id"),
+        # per-domain options: format, range, domain names, where they apply
+        (["partition", "--dataset", "digits-c", "--domain-alpha", "clean"], "--domain-alpha takes domain=value pairs"),
+        (["partition", "--dataset", "digits-c", "--domain-alpha", "clean=x"], "--domain-alpha takes domain=value pairs"),
+        (["partition", "--dataset", "digits-c", "--domain-alpha", "clean=0"], "--domain-alpha must be > 0"),
+        (["partition", "--dataset", "digits-c", "--domain-alpha", "clean=nan"], "--domain-alpha must be a finite number"),
+        (["partition", "--dataset", "digits-c", "--domain-samples", "clean=2"], "--domain-samples must be >= 3"),
+        (["partition", "--dataset", "digits-c", "--domain-severity", "invert=6"], "--domain-severity must be in [1, 5]"),
+        (["partition", "--dataset", "digits-c", "--corruptions", "clean,invert", "--domain-alpha", "fog=1"],
+         "--domain-alpha names 'fog', not a domain of this partition (clean, invert)"),
+        (["partition", "--dataset", "digits-c", "--scheme", "shards", "--domain-alpha", "clean=1"], "--scheme shards has none"),
+        (["partition", "--dataset", "digits", "--domain-severity", "all=2"], "--domain-severity applies to generated"),
+        (["partition", "--dataset", "digits-c", "--clients", "7", "--domain-samples", "clean=5000"], "lower --clients"),
         # pretrain
         (["pretrain", "--from", "zzzz"], "no partition artifact with id"),
         (["pretrain", "--algo", "sgd"], "unknown algorithm"),

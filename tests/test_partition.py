@@ -78,3 +78,33 @@ def test_unseen_pools_per_domain_and_whole_domains():
 def test_bad_input(kw):
     with pytest.raises(FedL2PError):
         build_partition(PartitionConfig(dataset="digits", **({"clients": 10, "samples_per_client": 50} | kw)), synthetic())
+
+
+def test_per_domain_options_give_each_domain_its_own_skew_size_and_shift():
+    """--domain-alpha, --domain-samples and --domain-severity: the named domains' clients get their own label skew,
+    sample count and corruption level; every other domain is exactly what the global options give."""
+    ds = synthetic(n=9000)
+    common = dict(dataset="digits-c", corruptions=["clean", "contrast", "invert"], clients=30, alpha=1000.0,
+                  samples_per_client=90, unseen_fraction=0.0, severity=3)
+    p = build_partition(PartitionConfig(**common, domain_alpha={"clean": 0.05}, domain_samples={"clean": 40},
+                                        domain_severity={"contrast": 5}), ds)
+    sizes = p.offsets[:, 3] - p.offsets[:, 0]
+    dom = {n: p.domain == d for d, n in enumerate(p.domain_names)}
+    assert set(sizes[dom["clean"]]) == {40} and set(sizes[~dom["clean"]]) == {90}
+    ent = label_entropy(p.label_hist)
+    assert ent[dom["clean"]].mean() < 0.6 < 2.0 < ent[~dom["clean"]].mean()  # Dir(0.05): ~one class; Dir(1000): all ten
+    from fedl2p_cli.data import corruptions as corr
+    for d, name in enumerate(p.domain_names):  # each domain's pixels: its corruption at its own severity
+        rows = np.concatenate([np.arange(p.offsets[c, 0], p.offsets[c, 3]) for c in np.nonzero(p.domain == d)[0]])
+        level = 5 if name == "contrast" else 3
+        want = corr.apply(name, ds.images[p.source_index[rows]], level, d)  # seed 0 * 1000 + d, as the stage draws it
+        assert torch.equal(p.images[rows], want), name
+        assert not torch.equal(corr.apply(name, ds.images[p.source_index[rows]], 3 if level == 5 else 5, d), want) or \
+            name in ("clean", "invert"), name  # the level matters for contrast (so the check can fail)
+
+
+def test_per_domain_options_at_their_defaults_keep_every_partition_id():
+    from fedl2p_cli.stages.common import config_dict
+    d = config_dict(PartitionConfig(dataset="digits-c"))
+    assert not {"domain_alpha", "domain_samples", "domain_severity"} & set(d)
+    assert "domain_alpha" in config_dict(PartitionConfig(dataset="digits-c", domain_alpha={"clean": 1.0}))

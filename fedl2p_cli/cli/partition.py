@@ -26,6 +26,10 @@ def partition(
                                               "(default clean,gaussian_noise,gaussian_blur,contrast,brightness,invert,pixelate), rotations rotate<degrees> "
                                               "(fmnist-r default rotate0,rotate20,...,rotate180) or CIFAR-10-C types."),
     severity: int = typer.Option(3, help="Corruption severity 1..5."),
+    domain_alpha: Optional[str] = typer.Option(None, help="Per-domain --alpha, e.g. clean=0.05,invert=1000: clients of "
+                                               "those domains draw their label mix from Dir(value); the others from --alpha."),
+    domain_samples: Optional[str] = typer.Option(None, help="Per-domain --samples-per-client, e.g. clean=60 (>= 3)."),
+    domain_severity: Optional[str] = typer.Option(None, help="Per-domain --severity of generated corruptions, e.g. contrast=5."),
     seed: int = typer.Option(0, help="Seed of every random draw; the same seed gives an identical partition."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="FEDL2P_DATA", help="Where the dataset files are (see README)."),
     download: bool = typer.Option(False, help="Allow torchvision to download the dataset when it is not found."),
@@ -37,9 +41,14 @@ def partition(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
-    cfg = stage.PartitionConfig(dataset, alpha, clients, samples_per_client, val_fraction, test_fraction, seed,
-                                unseen_fraction, options.csv_list(unseen_domains) or [], options.csv_list(corruptions),
-                                severity, str(data_dir) if data_dir else None, download, exclude, scheme, shard_classes)
+    cfg = stage.PartitionConfig(
+        dataset=dataset, alpha=alpha, clients=clients, samples_per_client=samples_per_client, val_fraction=val_fraction,
+        test_fraction=test_fraction, seed=seed, unseen_fraction=unseen_fraction,
+        unseen_domains=options.csv_list(unseen_domains) or [], corruptions=options.csv_list(corruptions), severity=severity,
+        data_dir=str(data_dir) if data_dir else None, download=download, exclude=exclude, scheme=scheme,
+        shard_classes=shard_classes, domain_alpha=options.domain_values(domain_alpha, float, "--domain-alpha"),
+        domain_samples=options.domain_values(domain_samples, int, "--domain-samples"),
+        domain_severity=options.domain_values(domain_severity, int, "--domain-severity"))
     art, reused = stage.run(cfg, options.store(store), force, plot)
     show(art.metrics)
     render.artifact_line("partition", art.id, art.path, reused)

@@ -66,6 +66,9 @@ def _type_ok(value: Any, tp: Any) -> bool:
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
         return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin is dict:  # per-domain settings: {name: value}
+        key, item = typing.get_args(tp) or (Any, Any)
+        return isinstance(value, dict) and all(_type_ok(k, key) and _type_ok(v, item) for k, v in value.items())
     if tp is bool:
         return isinstance(value, bool)
     if tp is int:
@@ -86,6 +89,9 @@ def _type_word(tp: Any) -> str:
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
         return f"a list of {_type_word(item).removeprefix('an ').removeprefix('a ')}s"
+    if typing.get_origin(tp) is dict:
+        _, item = typing.get_args(tp)
+        return f"a table of domain = {_type_word(item).removeprefix('an ').removeprefix('a ')}"
     return words.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -101,7 +107,7 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
             validate(value, name)
             continue
         rng = f.metadata.get(RANGE)
-        numbers = value if isinstance(value, list) else [value]
+        numbers = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
         for v in numbers:
             if isinstance(v, float) and not math.isfinite(v):
                 raise ConfigError(f"{name(f)} must be a finite number, got {v}")

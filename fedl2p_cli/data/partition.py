@@ -53,19 +53,26 @@ def split_client(rng: np.random.Generator, idx: list[int], val_fraction: float, 
     return ClientSplit(domain, np.sort(train), np.sort(val), np.sort(test))
 
 
-def dirichlet_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_pool: list[int], samples: int,
-                        alpha: float, val_fraction: float, test_fraction: float, seed: int) -> list[ClientSplit]:
-    """Each pool (a domain) is split among its clients by Dir(alpha); every client gets `samples` indices."""
-    if alpha <= 0:
-        raise FedL2PError(f"--alpha must be > 0 (large values such as 1000 are ~IID), got {alpha}")
-    if samples < 3:
-        raise FedL2PError(f"--samples-per-client must be at least 3, got {samples}")
+def per_pool(value, n: int) -> list:
+    """One value for every pool, or a list with one per pool (the per-domain options)."""
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+def dirichlet_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_pool: list[int], samples: int | list[int],
+                        alpha: float | list[float], val_fraction: float, test_fraction: float, seed: int) -> list[ClientSplit]:
+    """Each pool (a domain) is split among its clients by Dir(alpha); every client gets `samples` indices (both may
+    be given per pool)."""
+    alphas, sizes = per_pool(alpha, len(pools)), per_pool(samples, len(pools))
+    if min(alphas) <= 0:
+        raise FedL2PError(f"--alpha must be > 0 (large values such as 1000 are ~IID), got {min(alphas)}")
+    if min(sizes) < 3:
+        raise FedL2PError(f"--samples-per-client must be at least 3, got {min(sizes)}")
     if not 0 <= val_fraction < 1 or not 0 < test_fraction < 1:
         raise FedL2PError("--val-fraction must be in [0,1) and --test-fraction in (0,1)")
     rng = np.random.default_rng(seed)
     k = int(labels.max()) + 1
     out: list[ClientSplit] = []
-    for d, (pool, n_clients) in enumerate(zip(pools, clients_per_pool)):
+    for d, (pool, n_clients, samples, alpha) in enumerate(zip(pools, clients_per_pool, sizes, alphas)):
         if n_clients * samples > len(pool):
             raise FedL2PError(f"domain {d} holds {len(pool)} samples but {n_clients} clients x {samples} samples "
                               f"= {n_clients * samples} were asked for; lower --clients or --samples-per-client")
@@ -76,7 +83,7 @@ def dirichlet_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per
     return out
 
 
-def shards_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_pool: list[int], samples: int,
+def shards_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_pool: list[int], samples: int | list[int],
                      classes_per_client: int, val_fraction: float, test_fraction: float, seed: int) -> list[ClientSplit]:
     """Shards (pFedLA's non-IID.1, CAFeMe's shards): every client holds `classes_per_client` distinct classes in
     equal amounts (the remainder of samples / classes goes one each to its first classes). Classes are drawn
@@ -86,11 +93,12 @@ def shards_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_po
     k = int(labels.max()) + 1
     if not 1 <= classes_per_client <= k:
         raise FedL2PError(f"--shard-classes must be in 1..{k}, got {classes_per_client}")
-    if samples < classes_per_client:
-        raise FedL2PError(f"--samples-per-client ({samples}) must be at least --shard-classes ({classes_per_client})")
+    sizes = per_pool(samples, len(pools))
+    if min(sizes) < classes_per_client:
+        raise FedL2PError(f"--samples-per-client ({min(sizes)}) must be at least --shard-classes ({classes_per_client})")
     rng = np.random.default_rng(seed)
     out: list[ClientSplit] = []
-    for d, (pool, n_clients) in enumerate(zip(pools, clients_per_pool)):
+    for d, (pool, n_clients, samples) in enumerate(zip(pools, clients_per_pool, sizes)):
         pool = rng.permutation(pool)
         by_class = [list(pool[labels[pool] == c]) for c in range(k)]
         for _ in range(n_clients):

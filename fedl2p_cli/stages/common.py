@@ -42,10 +42,14 @@ def _identity(cfg: Any) -> dict:
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
-        if f.metadata.get("identity_default") and v == f.default:
+        if f.metadata.get("identity_default") and v == _default(f):
             continue
         out[f.name] = _identity(v) if dataclasses.is_dataclass(v) else copy.deepcopy(v)
     return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING else f.default
 
 
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],

@@ -44,6 +44,11 @@ class PartitionConfig:
     # added after partitions existed: left out of the id at their defaults, so existing partitions keep theirs
     scheme: str = field(default="dirichlet", metadata={"identity_default": True})  # dirichlet | shards
     shard_classes: int = field(default=4, metadata=between(1) | {"identity_default": True})
+    # per-domain overrides of alpha, samples_per_client and severity ({domain: value}; a domain not named takes the
+    # global value): clients of different domains with different label skew, size or shift (the planted-signal cell)
+    domain_alpha: dict[str, float] = field(default_factory=dict, metadata=POSITIVE | {"identity_default": True})
+    domain_samples: dict[str, int] = field(default_factory=dict, metadata=between(3) | {"identity_default": True})
+    domain_severity: dict[str, int] = field(default_factory=dict, metadata=between(1, 5) | {"identity_default": True})
 
 
 def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
@@ -74,13 +79,15 @@ def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.nda
     unknown = [d for d in cfg.unseen_domains if d not in names]
     if unknown:
         raise FedL2PError(f"unknown --unseen-domains '{unknown[0]}'; domains are: {', '.join(names)}")
+    check_domains(cfg, names, generated)
     per_pool = [len(a) for a in np.array_split(np.arange(cfg.clients), len(names))]
     labels = ds.labels.numpy()
+    samples = [cfg.domain_samples.get(n, cfg.samples_per_client) for n in names]
     if cfg.scheme == "shards":
-        splits = shards_partition(labels, pools, per_pool, cfg.samples_per_client, cfg.shard_classes,
+        splits = shards_partition(labels, pools, per_pool, samples, cfg.shard_classes,
                                   cfg.val_fraction, cfg.test_fraction, cfg.seed)
     else:
-        splits = dirichlet_partition(labels, pools, per_pool, cfg.samples_per_client, cfg.alpha,
+        splits = dirichlet_partition(labels, pools, per_pool, samples, [cfg.domain_alpha.get(n, cfg.alpha) for n in names],
                                      cfg.val_fraction, cfg.test_fraction, cfg.seed)
     idx = np.concatenate([s.indices() for s in splits])
     images = ds.images[torch.from_numpy(idx)]
@@ -89,7 +96,7 @@ def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.nda
         starts = np.cumsum([0] + [len(s.indices()) for s in splits])
         for d, name in enumerate(names):
             rows = np.concatenate([np.arange(starts[c], starts[c + 1]) for c in np.nonzero(domain == d)[0]])
-            images[rows] = corr.apply(name, images[rows], cfg.severity, cfg.seed * 1000 + d)
+            images[rows] = corr.apply(name, images[rows], cfg.domain_severity.get(name, cfg.severity), cfg.seed * 1000 + d)
     offsets = np.cumsum([[0, len(s.train), len(s.val), len(s.test)] for s in splits], axis=1)
     offsets += np.concatenate([[0], np.cumsum([len(s.indices()) for s in splits])[:-1]])[:, None]
     hist = np.stack([np.bincount(labels[s.indices()], minlength=len(ds.classes)) for s in splits])
@@ -99,6 +106,19 @@ def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.nda
         dataset=cfg.dataset, images=images, labels=torch.from_numpy(labels[idx]), source_index=torch.from_numpy(idx),
         offsets=offsets.astype(np.int64), domain=domain, unseen=unseen, label_hist=hist, classes=ds.classes,
         domain_names=names, mean=mean, std=std, attrs={"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity, "scheme": cfg.scheme})
+
+
+def check_domains(cfg: PartitionConfig, names: list[str], generated: bool) -> None:
+    """The per-domain options name this partition's domains, and each applies where it means something."""
+    for opt, values in (("--domain-alpha", cfg.domain_alpha), ("--domain-samples", cfg.domain_samples),
+                        ("--domain-severity", cfg.domain_severity)):
+        bad = [d for d in values if d not in names]
+        if bad:
+            raise FedL2PError(f"{opt} names '{bad[0]}', not a domain of this partition ({', '.join(names)})")
+    if cfg.domain_alpha and cfg.scheme == "shards":
+        raise FedL2PError("--domain-alpha sets Dirichlet concentrations; --scheme shards has none")
+    if cfg.domain_severity and not generated:
+        raise FedL2PError("--domain-severity applies to generated corruption domains (fmnist-c, digits-c, --corruptions)")
 
 
 def summary(p: partition_h5.Partition) -> dict:
