@@ -70,22 +70,33 @@ PFL_SYSTEMS = [{"algo": a, "rounds": 60, "fraction": 0.25, "local_epochs": 5, "l
 # take ~2x an IFT round) does not allow all four in every cell
 LABEL_VARIANTS = VARIANTS[0::2][:2]
 
+# The planted-signal cell (issue 26): two kinds of clients whose best BN strategies are opposite by construction.
+# Clean clients (the pretraining distribution) with extreme label skew (Dir(0.05): about one class) and few images:
+# their own BN statistics describe one class, the pretrained ones are right (beta near 0). Inverted-image clients
+# with IID labels: the pretrained statistics are wrong for them, their own are right (beta near 1). Half of each
+# client's non-test images are validation, so a choice made on validation is not noise.
+PLANTED_PARTITION = {"dataset": "fmnist-c", "corruptions": ["clean", "invert"], "clients": 48, "samples_per_client": 200,
+                     "alpha": 1000.0, "domain_alpha": {"clean": 0.05}, "domain_samples": {"clean": 100},
+                     "val_fraction": 0.5, "test_fraction": 0.3, "unseen_fraction": 0.25, "severity": 3, "seed": 0,
+                     "exclude": "pretrain"}
+
 CELLS = {"fs-1000": ("feature", 1000.0), "fs-0.1": ("feature", 0.1), "ls-1000": ("label", 1000.0),
-         "ls-0.1": ("label", 0.1), "ls-1": ("label", 1.0), "ls-0.5": ("label", 0.5)}
+         "ls-0.1": ("label", 0.1), "ls-1": ("label", 1.0), "ls-0.5": ("label", 0.5), "planted": ("planted", 0.05)}
+SHIFTED = ("feature", "planted")  # cells personalising the clean model to clients it never saw
 
 
 def sections(cell: str, full: bool = True) -> dict:
     kind, alpha = CELLS[cell]
-    ls_alpha = 1000.0 if kind == "feature" else alpha
+    ls_alpha = 1000.0 if kind in SHIFTED else alpha
     s = {"pretrain": dict(PRETRAIN)}
-    if kind == "feature":
-        s["partition"] = FS_PARTITION | {"alpha": alpha}
+    if kind in SHIFTED:
+        s["partition"] = PLANTED_PARTITION if kind == "planted" else FS_PARTITION | {"alpha": alpha}
         s["pretrain"]["partition"] = LS_PARTITION | {"alpha": ls_alpha}
     else:
         s["partition"] = LS_PARTITION | {"alpha": alpha}
     s["stats"] = {}
     if full:
-        s["meta-train"] = [META_COMMON | v for v in (VARIANTS if kind == "feature" else LABEL_VARIANTS)]
+        s["meta-train"] = [META_COMMON | v for v in (VARIANTS if kind in SHIFTED else LABEL_VARIANTS)]
         s["personalize"] = {"pools": ["seen", "unseen"], "epochs": EPOCHS, "batch_size": 32, "base_lr": BASE_LR,
                             "seeds": SEEDS, "methods": ["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"]}
     return s
@@ -343,7 +354,7 @@ def beta_report(done: list[list[dict]]) -> str:
     lines = []
     for cell in done:
         for r in cell:
-            if r["kind"] != "feature" or r["pool"] != "seen":
+            if r["kind"] not in SHIFTED or r["pool"] != "seen":
                 continue
             for m, v in r["methods"].items():
                 if "beta_per_domain" not in v:
@@ -392,7 +403,7 @@ def main() -> None:
             pool.starmap(run_extras, [(c, False) for c in args.cells], chunksize=1)
     elif not args.report_only:
         ctx = mp.get_context("spawn")
-        if any(CELLS[c][0] == "feature" for c in args.cells):  # its model is shared: build it once, first
+        if any(CELLS[c][0] in SHIFTED for c in args.cells):  # its model is shared: build it once, first
             run_cell("ls-1000", False)
         with ctx.Pool(args.jobs) as pool:
             pool.starmap(run_cell, [(c, True) for c in args.cells], chunksize=1)
@@ -403,7 +414,7 @@ def main() -> None:
             print(f"[{c}] not complete; left out of the report")
             continue
         for r in rows:
-            if r["kind"] == "feature" and r["pool"] == "seen":
+            if r["kind"] in SHIFTED and r["pool"] == "seen":
                 r["ari"] = cluster_rows(c, r)
                 cache = HERE / f".sweep-lrs-{r['personalize']}.json"  # a pure function of the artifact: computed once
                 if not cache.is_file():

@@ -18,10 +18,11 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import __version__
 from .errors import ArtifactError
@@ -77,6 +78,12 @@ class Artifact:
         return self.manifest["parents"]
 
     @property
+    def age(self) -> tuple:
+        """Sort key of "the newest": creation time in ns (artifacts written before it existed: 0, then their
+        one-second `created`), then the id, so equal times still give one answer."""
+        return self.manifest.get("created_ns", 0), self.manifest.get("created", ""), self.id
+
+    @property
     def metrics(self) -> dict:
         return self.manifest.get("metrics", {})
 
@@ -111,6 +118,7 @@ class Draft:
             "schema": SCHEMA_VERSION,
             "package_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "created_ns": time.time_ns(),  # orders "the newest": two artifacts made in the same second do not tie
             "config": self.config,
             "parents": self.parents,
             "files": files,
@@ -207,6 +215,11 @@ class Store:
             return []
         return sorted(p.name for p in d.iterdir() if not p.name.startswith(".") and (p / "manifest.json").is_file())
 
+    def newest(self, stage: str, where: Callable[[Artifact], bool]) -> Artifact | None:
+        """The newest artifact of `stage` that satisfies `where` (None if none does)."""
+        hits = [a for a in self.iter(stage) if where(a)]
+        return max(hits, key=lambda a: a.age) if hits else None
+
     def iter(self, stage: str | None = None) -> Iterator[Artifact]:
         for s in [stage] if stage else STAGES:
             for aid in self.ids(s):
@@ -218,7 +231,7 @@ class Store:
         if ref is None:
             if not ids:
                 raise ArtifactError(f"no {stage} artifact in {self.root}; run `fedl2p {stage}` first")
-            return max(ids, key=lambda i: self._manifest(stage, i).get("created", ""))
+            return max((Artifact(self.root / stage / i, self._manifest(stage, i)) for i in ids), key=lambda a: a.age).id
         hits = [i for i in ids if i.startswith(ref)]
         if not hits:
             raise ArtifactError(f"no {stage} artifact with id '{ref}' in {self.root} (see `fedl2p artifacts list`)")

@@ -84,3 +84,18 @@ def test_layering_algorithms_import_only_core():
                 if isinstance(node, ast.ImportFrom) and node.level > 0:
                     target = (node.module or "").split(".")[0] if node.level == 2 else layer
                     assert target in allowed, f"{layer}/{f.name} imports from {'.' * node.level}{node.module}"
+
+
+def test_the_newest_artifact_is_unambiguous_within_one_second(tmp_path):
+    """Many artifacts published in the same second (a script's loop): "the newest" is the last one published, not
+    an arbitrary one of those sharing the one-second `created` stamp."""
+    store = Store(tmp_path)
+    made = []
+    for i in range(6):
+        d = store.draft("stats", {"i": i}, {"pretrain": "p"})
+        d.path("f.txt").write_text(str(i))
+        made.append(d.publish())
+    assert len({a.manifest["created"] for a in made}) < len(made)  # the old stamp ties (else the test proves nothing)
+    assert store.load("stats").id == made[-1].id
+    assert store.newest("stats", lambda a: a.config["i"] < 4).id == made[3].id
+    assert store.newest("stats", lambda a: False) is None

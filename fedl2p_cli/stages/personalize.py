@@ -79,11 +79,11 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
     for m in cfg.methods:
         if m in HANDMADE or m in known or m in pfl_stage.ALGOS:
             continue
-        cands = [a for a in store.iter("meta-train") if a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id]
-        if not cands:
+        hit = store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id)
+        if hit is None:
             raise FedL2PError(f"unknown method '{m}': not a baseline ({', '.join(HANDMADE)}) and no meta-train artifact "
                               f"of that variant for pretrained model {pretrain_id}")
-        arts.append(store.load("meta-train", max(cands, key=lambda a: a.manifest["created"]).id))
+        arts.append(store.load("meta-train", hit.id))
     out = []
     for a in arts:
         _, lam, norm = meta_stage.load_lambda(store, a.id)
@@ -103,10 +103,10 @@ def resolve_pfl(store: Store, cfg: PersonalizeConfig, pfl_refs: list[str], parti
     known = {a.config["algo"] for a in arts}
     for m in cfg.methods:
         if m in pfl_stage.ALGOS and m not in known:
-            cands = [a for a in store.iter("pfl") if a.config.get("algo") == m and a.parents.get("partition") == partition_id]
-            if not cands:
+            hit = store.newest("pfl", lambda a: a.config.get("algo") == m and a.parents.get("partition") == partition_id)
+            if hit is None:
                 raise FedL2PError(f"method '{m}' has no pfl artifact for partition {partition_id}; run `fedl2p pfl-train --algo {m}` first")
-            arts.append(max(cands, key=lambda a: a.manifest["created"]))
+            arts.append(hit)
     return [pfl_stage.load(store, a.id) for a in arts]
 
 

@@ -96,10 +96,10 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, stats_h5.StatsTable]:
 def load_matching(store: Store, ref: str | None, pretrain_id: str) -> tuple[Artifact, stats_h5.StatsTable]:
     """The stats artifact for this pretrained model; another model's is refused with one line."""
     if ref is None:
-        ids = [a for a in store.iter("stats") if a.parents.get("pretrain") == pretrain_id]
-        if not ids:
+        hit = store.newest("stats", lambda a: a.parents.get("pretrain") == pretrain_id)
+        if hit is None:
             raise ArtifactError(f"no stats artifact for pretrained model {pretrain_id}; run `fedl2p stats --pretrain {pretrain_id}`")
-        ref = max(ids, key=lambda a: a.manifest["created"]).id
+        ref = hit.id
     art, table = load(store, ref)
     if art.parents.get("pretrain") != pretrain_id:
         raise ArtifactError(f"stats {art.id} was computed for pretrained model {art.parents.get('pretrain')}, not {pretrain_id}")
