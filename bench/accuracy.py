@@ -29,7 +29,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 STORE = Path(os.environ.get("FEDL2P_STORE", HERE.parent / "artifacts"))
-SEEDS = [0, 1, 2]
+SEEDS = [0, 1, 2]          # personalisation seeds (batch order of every method's fine-tuning), inside each meta-train seed
+META_SEEDS = [0, 1, 2]     # meta-train seeds (meta-net init, client sampling, batches): every learned row's spread
 EPOCHS = 5
 BASE_LR = 0.01
 
@@ -69,6 +70,14 @@ PFL_SYSTEMS = [{"algo": a, "rounds": 60, "fraction": 0.25, "local_epochs": 5, "l
 # label-shift cells run the paper's two meta-gradients only: the 2-core budget (the power-iteration variant's rounds
 # take ~2x an IFT round) does not allow all four in every cell
 LABEL_VARIANTS = VARIANTS[0::2][:2]
+PLANTED_VARIANTS = LABEL_VARIANTS  # the paper's IFT and FOMAML+ at the paper's defaults first
+
+
+def seeded(variants: list[dict]) -> list[dict]:
+    """Each variant once per meta-train seed; two worker processes each (the same artifact as one) unless this is
+    already a worker of the cells' pool (a daemon process may not start processes)."""
+    workers = 1 if mp.current_process().daemon else 2
+    return [META_COMMON | v | {"seed": s, "workers": workers} for v in variants for s in META_SEEDS]
 
 # The planted-signal cell (issue 26): two kinds of clients whose best BN strategies are opposite by construction.
 # Clean clients (the pretraining distribution) with extreme label skew (Dir(0.05): about one class) and few images:
@@ -96,7 +105,7 @@ def sections(cell: str, full: bool = True) -> dict:
         s["partition"] = LS_PARTITION | {"alpha": alpha}
     s["stats"] = {}
     if full:
-        s["meta-train"] = [META_COMMON | v for v in (VARIANTS if kind in SHIFTED else LABEL_VARIANTS)]
+        s["meta-train"] = seeded({"feature": VARIANTS, "label": LABEL_VARIANTS, "planted": PLANTED_VARIANTS}[kind])
         s["personalize"] = {"pools": ["seen", "unseen"], "epochs": EPOCHS, "batch_size": 32, "base_lr": BASE_LR,
                             "seeds": SEEDS, "methods": ["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"]}
     return s
@@ -124,7 +133,7 @@ def run_extras(cell: str, cell_extras: bool = True) -> None:
         if not group:
             continue
         secs = sections(cell)
-        secs["meta-train"] = [META_COMMON | v for v in group]
+        secs["meta-train"] = seeded(group)
         secs["personalize"] = dict(secs["personalize"], methods=["ft-bnc", "ft-bng", "ft-bni"])
         _run(f"{cell} ({label})", secs)
     if CELLS[cell][0] == "feature":
@@ -405,8 +414,12 @@ def main() -> None:
         ctx = mp.get_context("spawn")
         if any(CELLS[c][0] in SHIFTED for c in args.cells):  # its model is shared: build it once, first
             run_cell("ls-1000", False)
-        with ctx.Pool(args.jobs) as pool:
-            pool.starmap(run_cell, [(c, True) for c in args.cells], chunksize=1)
+        if args.jobs == 1 or len(args.cells) == 1:  # in this process: its meta-trains may use worker processes
+            for c in args.cells:
+                run_cell(c, True)
+        else:
+            with ctx.Pool(args.jobs) as pool:
+                pool.starmap(run_cell, [(c, True) for c in args.cells], chunksize=1)
     done, central = [], {}
     for c in CELLS:
         rows = collect(c)

@@ -171,7 +171,7 @@ def test_ift_last_step_meta_trains_on_the_last_fine_tuning_step(tiny_store):
     meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, ift_at="last-step")
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
     art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
-    assert art.metrics["variant"] == "fedl2p-laststep" and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
+    assert art.metrics["variant"] == "fedl2p-laststep-seed1" and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
     assert all(torch.isfinite(v).all() for v in lam.values()) and art.id != tiny_store["meta"].id
 
@@ -182,7 +182,7 @@ def test_val_stats_test_batch_meta_trains_and_is_its_own_variant(tiny_store, met
     meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad=meta_grad, val_stats="test-batch")
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
     art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
-    assert art.metrics["variant"].endswith("-valtbs") and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
+    assert art.metrics["variant"].endswith("-valtbs-seed1") and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
     assert all(torch.isfinite(v).all() for v in lam.values())
 

@@ -90,6 +90,8 @@ class MetaTrainConfig:
             name += "-valtbs"
         if self.meta.eta_nonneg:
             name += "-etapos"
+        if self.seed:  # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
+            name += f"-seed{self.seed}"
         return name
 
 
