@@ -330,16 +330,45 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     return out
 
 
+def over_meta_seeds(methods: dict) -> dict:
+    """Learned rows of one pool merged over their meta-train seeds (variant names ending -seedN): mean and SD over
+    the meta-train seeds of each seed's mean over personalisation seeds; `pers_sd` is the mean personalisation-seed SD.
+    Hand-made rows (no meta-train seed) are kept as they are."""
+    import re
+    groups: dict[str, list[dict]] = {}
+    for m, v in methods.items():
+        groups.setdefault(re.sub(r"-seed\d+$", "", m), []).append(v)
+    out = {}
+    for m, vs in groups.items():
+        if len(vs) == 1 and m.startswith("ft-"):
+            out[m] = vs[0]
+            continue
+        means = np.array([v["mean"] for v in vs])
+        merged = {"mean": float(np.mean(means)), "sd": float(np.std(means)), "pers_sd": float(np.mean([v["sd"] for v in vs])),
+                  "meta_seeds": len(vs), "per_meta_seed": means.tolist()}
+        for k in ("vs_best_baseline", "vs_ft_tuned", "clients_better"):
+            if all(k in v for v in vs):
+                merged[k] = float(np.mean([v[k] for v in vs]))
+                merged[k + "_sd"] = float(np.std([v[k] for v in vs]))
+        if all("beta_per_domain" in v for v in vs):
+            merged["beta_per_domain"] = {d: np.mean([v["beta_per_domain"][d] for v in vs], axis=0).tolist()
+                                         for d in vs[0]["beta_per_domain"]}
+        out[m] = merged
+    return out
+
+
 def report(done: list[list[dict]]) -> str:
     from fedl2p_cli.stages.personalize import LABELS
-    rows = [r for cell in done for r in cell]
+    rows = [r | {"methods": over_meta_seeds(r["methods"])} for cell in done for r in cell]
     methods = list(dict.fromkeys(m for r in rows for m in r["methods"]))
     hand = [m for m in methods if m.startswith("ft-")]
     learned = [m for m in methods if m not in hand]
     head = "| scenario | α | pool | global | " + " | ".join(LABELS.get(m, m) for m in hand) + " | oracle (test, bound) | " + \
         " | ".join(LABELS.get(m, m) for m in learned) + " |"
-    lines = [f"Personalised test accuracy (%), mean ± SD over seeds {SEEDS}, e = {EPOCHS}, base LR {BASE_LR}, small CNN, "
-             "2-core CPU. Learned methods: value (Δ vs best of FT BN C/G/I; Δ vs FT tuned).", "", head,
+    lines = [f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR}, small CNN, 2-core CPU. Hand-made rows: mean ± SD "
+             f"over personalisation seeds {SEEDS}. Learned rows: mean ± SD over meta-train seeds {META_SEEDS} (each the mean "
+             f"over the personalisation seeds), [the mean personalisation-seed SD], (Δ vs best of FT BN C/G/I; Δ vs FT "
+             "tuned, paired, mean over meta-train seeds).", "", head,
              "|---" * (5 + len(hand) + len(learned)) + "|"]
     for r in rows:
         ms = r["methods"]
@@ -352,7 +381,8 @@ def report(done: list[list[dict]]) -> str:
                 lrn.append("N/A" if r["pool"] == "unseen" and no_model else "–")
                 continue
             v = ms[m]
-            lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
+            pers = f" [{100 * v['pers_sd']:.2f}]" if "pers_sd" in v else ""
+            lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}{pers} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
                        f"{100 * v.get('vs_ft_tuned', np.nan):+.2f})")
         lines.append(f"| {r['kind']} shift | {r['alpha']:g} | {r['pool']} | {100 * r['global']:.2f} | " + " | ".join(cells)
                      + f" | {orc} | " + " | ".join(lrn) + " |")
@@ -365,7 +395,7 @@ def beta_report(done: list[list[dict]]) -> str:
         for r in cell:
             if r["kind"] not in SHIFTED or r["pool"] != "seen":
                 continue
-            for m, v in r["methods"].items():
+            for m, v in over_meta_seeds(r["methods"]).items():
                 if "beta_per_domain" not in v:
                     continue
                 lines += [f"β per domain and BN layer, {m}, feature shift α = {r['alpha']:g} (seen clients)", "",
