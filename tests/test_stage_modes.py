@@ -42,7 +42,7 @@ def test_l2p_end_to_end_and_resume_after_a_kill(tiny_store):
     full, _ = run(tiny_store, cfg)
     lam = lam_of(full)
     seen = sorted({int(k.split(".")[0][6:]) for k in lam})
-    assert full.metrics["variant"] == "l2p" and len(seen) >= 3  # one lambda per seen client
+    assert full.metrics["variant"] == "l2p-seed5" and len(seen) >= 3  # one lambda per seen client
     assert all(torch.isfinite(v).all() for v in lam.values())
     with pytest.raises(Killed):
         run(tiny_store, cfg, force=True, progress=KillAfter(2))
@@ -74,7 +74,7 @@ def test_meta_variants_run_and_learn_what_they_should(tiny_store, variant):
     art, _ = run(tiny_store, cfg)
     base, _ = run(tiny_store, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=2, meta=TINY_META, keep="last"))
     assert art.metrics["variant"] == {"fomaml": "fedl2p-fomaml", "bnnet": "fedl2p-bnnet", "lrnet": "fedl2p-lrnet-b1",
-                                      "k2": "fedl2p"}[variant] + "-last"
+                                      "k2": "fedl2p"}[variant] + "-last-seed2"
     lam, lam_base = lam_of(art), lam_of(base)
     assert all(torch.isfinite(v).all() for v in lam.values()) and not same(lam, lam_base)
     rows = history(art)
