@@ -25,7 +25,7 @@ quickstart: $(STAMP) data
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2  # two worker processes of one torch thread each (tests/conftest.py)
 
-# The Flower engine's tests, in their own venv: the flower extra pins typer<0.21 and rich<15.
+# The whole suite with the flower extra installed (its own venv: the extra pins typer<0.21, rich<15, click<8.3).
 FLVENV ?= .venv-flower
 $(FLVENV)/.installed: pyproject.toml
 	$(PY) -m venv $(FLVENV)
@@ -34,8 +34,8 @@ $(FLVENV)/.installed: pyproject.toml
 	$(FLVENV)/bin/pip install -q -e '.[test,flower]'
 	touch $(FLVENV)/.installed
 
-test-flower: $(FLVENV)/.installed
-	$(FLVENV)/bin/python -m pytest tests/test_flower.py
+test-flower: $(FLVENV)/.installed  # the whole suite under flwr's typer, rich and click pins, Flower's own tests included
+	$(FLVENV)/bin/python -m pytest -n 2
 
 bench: $(STAMP) data
 	$(BIN)/python bench/bench.py

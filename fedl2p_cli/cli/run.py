@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,7 +12,7 @@ pipeline = options.Lazy("fedl2p_cli.stages.pipeline")
 
 
 def run(
-    file: Path = typer.Argument(..., help="Pipeline TOML file (see pipelines/)."),
+    file: Annotated[Path, typer.Argument(help="Pipeline TOML file (see pipelines/).", show_default=False)],
     force: Optional[str] = typer.Option(None, "--force", help="Re-run this stage and every later one even if their artifacts exist."),
     store: Optional[Path] = options.STORE,
 ) -> None:
