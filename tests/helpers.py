@@ -61,3 +61,17 @@ class KillAfter:
 
     def stop(self):
         pass
+
+
+def tiny_client(tiny_store):
+    """The tiny store's first seen client, ready for one client update: (model, theta_g, initial lambda, (xi, x),
+    its stored BN statistics, the partition, the client id)."""
+    from fedl2p_cli.stages import partition, pretrain, stats
+    store = tiny_store["store"]
+    _, part = partition.load(store, tiny_store["partition"].id)
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, table = stats.load(store, tiny_store["stats"].id)
+    c = part.pool(False)[0]
+    theta = {n: state[n] for n, _ in model.named_parameters()}
+    lam = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta), 0.01, "both", 0)
+    return model, theta, lam, table.inputs(c), table.client_bn(c), part, c

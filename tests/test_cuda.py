@@ -17,7 +17,7 @@ from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
-from .helpers import smooth_setup
+from .helpers import smooth_setup, tiny_client
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -99,15 +99,7 @@ def _one_update(model, theta, lam, inputs, bn, data, dev):
 
 
 def test_one_client_update_agrees_on_cpu_and_cuda_and_repeats_when_deterministic(tiny_store):
-    store = tiny_store["store"]
-    _, part = partition.load(store, tiny_store["partition"].id)
-    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
-    _, table = stats.load(store, tiny_store["stats"].id)
-    c = part.pool(False)[0]
-    theta = {n: state[n] for n, _ in model.named_parameters()}
-    from fedl2p_cli.core.metanets import init_lambda
-    lam = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta), 0.01, "both", 0)
-    inputs, bn = table.inputs(c), table.client_bn(c)
+    model, theta, lam, inputs, bn, part, c = tiny_client(tiny_store)
     cpu = _one_update(model, theta, lam, inputs, bn, part.client(c), torch.device("cpu"))
     cuda = torch.device("cuda", 0)
     gpu = _one_update(model, theta, lam, inputs, bn, part.client_on(c, cuda), cuda)

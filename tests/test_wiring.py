@@ -35,6 +35,7 @@ from fedl2p_cli.io import partition_h5, stats_h5, weights
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
+from .helpers import tiny_client
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
 CANARIES = ("seen:train", "seen:val", "seen:test", "unseen:all")
@@ -143,14 +144,8 @@ def test_each_output_reads_exactly_its_splits(isolation, output):
 
 @pytest.fixture(scope="module")
 def one_client(tiny_store):
-    store = tiny_store["store"]
-    _, part = partition.load(store, tiny_store["partition"].id)
-    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
-    _, table = stats.load(store, tiny_store["stats"].id)
-    c = part.pool(False)[0]
-    theta = {n: state[n] for n, _ in model.named_parameters()}
-    lam = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta), 0.01, "both", 0)
-    return model, theta, lam, table.inputs(c), table.client_bn(c), part.client(c)
+    model, theta, lam, inputs, bn, part, c = tiny_client(tiny_store)
+    return model, theta, lam, inputs, bn, part.client(c)
 
 
 def with_canary(data: ClientData, split: str) -> ClientData:
