@@ -28,6 +28,24 @@ from . import __version__
 from .errors import ArtifactError
 
 SCHEMA_VERSION = 1
+ENV_LOCK_TIMEOUT = "FEDL2P_LOCK_TIMEOUT"
+
+
+def _stderr(message: str) -> None:
+    import sys
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class LockWait:
+    """How a builder waits for another process building the same artifact (as huggingface_hub's cache lock):
+    `timeout` seconds (None: as long as it takes; 0: refuse at once), telling `notify` once what it waits for."""
+
+    timeout: float | None = None
+    notify: Callable[[str], None] = _stderr
+
+
+LOCK_WAIT = LockWait()
 STAGES = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze")
 ENV_STORE = "FEDL2P_STORE"
 
@@ -151,23 +169,48 @@ class Store:
         made = [p for p in (self.root, self.root / stage) if not p.exists()]
         (self.root / stage).mkdir(parents=True, exist_ok=True)
         lock = self.root / stage / f".lock-{aid}"
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ArtifactError(f"another fedl2p process is building {stage}/{aid} in {self.root}; wait for it to "
-                                    "finish (it resumes from the same checkpoints)") from None
+            fd = self._acquire(lock, f"{stage}/{aid}")
             self._clean_stale(stage, aid)
             yield
         finally:
-            lock.unlink(missing_ok=True)
-            os.close(fd)
+            if fd is not None:
+                lock.unlink(missing_ok=True)
+                os.close(fd)
             for p in reversed(made):
                 try:
                     p.rmdir()  # only if empty
                 except OSError:
                     pass
+
+    def _acquire(self, lock: Path, what: str) -> int:
+        """The build lock's descriptor, once no other process holds it (waiting as LOCK_WAIT says). A holder removes
+        the lock file on its way out, so a lock taken on a file no longer at `lock` is dropped and taken again."""
+        wait = LOCK_WAIT
+        deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
+        told = False
+        while True:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ArtifactError(f"another fedl2p process is building {what} in {self.root}; gave up waiting after "
+                                        f"{wait.timeout:g} s (--lock-timeout)") from None
+                if not told:
+                    limit = "" if wait.timeout is None else f" (at most {wait.timeout:g} s, --lock-timeout)"
+                    wait.notify(f"waiting for another fedl2p process building {what} in {self.root}{limit}")
+                    told = True
+                time.sleep(0.2)
+                continue
+            try:
+                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # the previous holder unlinked it: lock the file that is there now
 
     def _clean_stale(self, stage: str, own: str) -> None:
         """Remove `.tmp-<id>-*` folders whose builder is dead: ours (we hold the lock), and any other id whose lock

@@ -270,3 +270,33 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     assert lam and all(torch.isfinite(v).all() for v in lam.values())
     leftovers = [p.name for p in (kill_root / "meta-train").iterdir() if p.name.startswith(".")]
     assert leftovers == [], leftovers
+
+
+def test_two_processes_asking_for_one_artifact_build_it_once(tiny_store, tmp_path):
+    """Two real processes run the same meta-train at once: the second waits for the first's build lock (saying so,
+    once), then reuses its artifact; with --lock-timeout it gives up after that many seconds, in one line."""
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store["store"].root, root)
+    args = ["meta-train", "--rounds", "40", "--fraction", "0.5", "--epochs", "1", "--batch-size", "16", "--base-lr", "0.01",
+            "--seed", "4", "--pretrain", tiny_store["pretrain"].id, "--stats", tiny_store["stats"].id]
+    env = dict(os.environ, FEDL2P_STORE=str(root), COLUMNS="200")
+    cmd = [sys.executable, "-m", "fedl2p_cli", *args]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not any((root / "meta-train").glob(".work-*")) and time.time() < deadline and first.poll() is None:
+            time.sleep(0.05)  # the first holds the lock once its checkpoint folder exists
+        assert first.poll() is None, "the first process finished before the second could ask; raise --rounds"
+        waiters = [subprocess.Popen([sys.executable, "-m", "fedl2p_cli", *pre, *args], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for pre in (["--lock-timeout", "0.3"], [])]
+        impatient, second = [(w.wait(timeout=240), *w.communicate()) for w in waiters]
+        out1, err1 = first.communicate(timeout=240)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert impatient[0] == 2 and impatient[2].strip().endswith("gave up waiting after 0.3 s (--lock-timeout)")
+    assert first.returncode == 0 and "wrote" in out1 and "waiting" not in err1
+    assert second[0] == 0 and "reused" in second[1], second
+    assert second[2].count("waiting for another fedl2p process building meta-train/") == 1
+    assert len(Store(root).ids("meta-train")) == len(tiny_store["store"].ids("meta-train")) + 1

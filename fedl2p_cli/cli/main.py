@@ -33,11 +33,18 @@ def _global(threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS",
                                                  "float32 rounding, not bit for bit."),
             deterministic: bool = typer.Option(False, "--deterministic", envvar="FEDL2P_DETERMINISTIC",
                                                help="cuDNN's deterministic kernels and torch.use_deterministic_algorithms: "
-                                               "a GPU run repeats bit for bit (a little slower). CPU runs always do.")) -> None:
+                                               "a GPU run repeats bit for bit (a little slower). CPU runs always do."),
+            lock_timeout: Optional[float] = typer.Option(None, "--lock-timeout", envvar="FEDL2P_LOCK_TIMEOUT", min=0,
+                                                         show_default="no limit",
+                                                         help="Seconds to wait while another fedl2p process builds the same "
+                                                         "artifact (two pipelines sharing a partition, a script run twice); "
+                                                         "then its artifact is reused. 0 refuses at once.")) -> None:
     import torch
 
     from .. import device as dev
+    from ..artifacts import LOCK_WAIT
     torch.set_num_threads(threads)
+    LOCK_WAIT.timeout = lock_timeout
     dev.use(device or "auto", deterministic, explicit=device is not None)
 app.command()(partition.partition)
 app.command()(pretrain.pretrain)

@@ -59,7 +59,7 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
     if store.exists(stage, aid) and not force:
         return store.load(stage, aid), True
     with store.building(stage, aid):
-        if store.exists(stage, aid) and not force:  # another process finished it while we waited for nothing
+        if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
             return store.load(stage, aid), True
         draft = store.draft(stage, config, parents)
         try:
