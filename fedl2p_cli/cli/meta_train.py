@@ -83,6 +83,14 @@ def meta_train(
     gpus_per_client: float = typer.Option(0.0, help="With --engine flower on a GPU: the share of a GPU each ClientApp "
                                           "gets (0.25 runs four ClientApps per GPU, on every GPU Ray sees). Not part of "
                                           "the artifact's id."),
+    norm_bound: float = typer.Option(0.0, help="Not in the paper: drop a client whose lambda moved more than this many "
+                                     "times the round's median move (0: no bound). Replies with other tensors, shapes or "
+                                     "dtypes, non-finite values or an impossible sample count are always dropped; every "
+                                     "drop is named in history.csv's `dropped` column."),
+    aggregate: str = typer.Option("mean", "--aggregate", help="How the server combines the clients' lambdas: mean (the "
+                                  "paper's FedAvg, weighted by samples) | median (coordinate-wise) | trimmed-mean "
+                                  "(coordinate-wise, 20% cut at each end). The last two are not in the paper: they bound "
+                                  "what a few hostile sites can do."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
@@ -98,7 +106,7 @@ def meta_train(
                       val_stats=val_stats, eta_nonneg=eta_nonneg)
     cfg = stage.MetaTrainConfig(rounds=rounds, fraction=fraction, nets=nets, local=local, patience=patience, seed=seed,
                                 input_norm=input_norm, meta_opt=meta_opt, server_lr=server_lr, keep=keep, workers=workers, engine=engine,
-                                gpus_per_client=gpus_per_client, meta=meta)
+                                gpus_per_client=gpus_per_client, norm_bound=norm_bound, aggregator=aggregate, meta=meta)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)

@@ -20,3 +20,45 @@ def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> d
             acc += s[k].to(torch.float64) * (w / total)
         out[k] = acc.to(ref.dtype)
     return out
+
+
+ROBUST = ("mean", "median", "trimmed-mean")  # how the server combines the clients' lambdas
+
+
+def reject_reason(sent: dict[str, Tensor], got: dict[str, Tensor], n: int, n_max: int | None) -> str | None:
+    """Why a client's reply cannot be aggregated, or None: the tensors sent out come back, each with its shape and
+    dtype, all finite, with a claimed sample count in [1, n_max] (n_max: the client's known train size, if any)."""
+    if set(got) != set(sent):
+        missing, extra = sorted(set(sent) - set(got)), sorted(set(got) - set(sent))
+        return f"tensors {'missing ' + missing[0] if missing else 'unexpected ' + extra[0]}"
+    for k, ref in sent.items():
+        t = got[k]
+        if not isinstance(t, Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
+            return f"{k} is {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}, expected {ref.dtype} {tuple(ref.shape)}"
+        if not bool(torch.isfinite(t).all()):
+            return f"{k} is not finite"
+    if not isinstance(n, int) or n < 1 or (n_max is not None and n > n_max):
+        return f"claims {n} samples (expected 1..{n_max})"
+    return None
+
+
+def update_norms(sent: dict[str, Tensor], updates: list[dict[str, Tensor]]) -> list[float]:
+    """||lambda_i - lambda_sent|| of each client, over all tensors (float64)."""
+    return [float(torch.sqrt(sum(((u[k].double() - v.double()) ** 2).sum() for k, v in sent.items()))) for u in updates]
+
+
+def robust_average(states: list[dict[str, Tensor]], weights: list[float], rule: str, trim: float = 0.2) -> dict[str, Tensor]:
+    """`mean`: FedAvg (the paper). `median`: the coordinate-wise median (the lower one of an even count); `trimmed-mean`: the coordinate-wise mean of
+    what is left after dropping the `trim` share at each end (Yin et al. 2018; both unweighted, not in the paper)."""
+    if rule == "mean":
+        return weighted_average(states, weights)
+    out = {}
+    for k in states[0]:
+        stack = torch.stack([s[k].to(torch.float64) for s in states])
+        if rule == "median":
+            out[k] = stack.median(0).values.to(states[0][k].dtype)
+            continue
+        cut = int(trim * len(states))
+        kept = stack.sort(0).values[cut:len(states) - cut]
+        out[k] = kept.mean(0).to(states[0][k].dtype)
+    return out

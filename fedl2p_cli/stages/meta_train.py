@@ -11,7 +11,7 @@ import torch
 
 from ..algorithms.fedl2p import IFT_AT, ClientResult, Diverged, MetaConfig, client_update
 from ..artifacts import Artifact, Draft, Store
-from ..core.aggregate import weighted_average
+from ..core.aggregate import ROBUST, reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from .. import device
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, validate
@@ -55,6 +55,12 @@ class MetaTrainConfig:
     engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
     # --engine flower on GPUs: the share of a GPU each ClientApp gets (0.25: four per GPU); not part of the identity
     gpus_per_client: float = field(default=0.0, metadata=UNIT | {"option": "--gpus-per-client"})
+    # untrusted replies (not in the paper): drop a client whose lambda moved more than norm_bound x the round's median
+    # move (0: no bound), and combine the rest by `aggregator` (mean = the paper's FedAvg | median | trimmed-mean).
+    # Replies of the wrong tensors, shapes or dtypes, non-finite or claiming an impossible sample count are always
+    # dropped. Both left out of the artifact id at their defaults (added later).
+    norm_bound: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
+    aggregator: str = field(default="mean", metadata={"option": "--aggregate", "identity_default": True})
     meta: MetaConfig = field(default_factory=MetaConfig)
 
     def variant(self) -> str:
@@ -90,6 +96,10 @@ class MetaTrainConfig:
             name += "-valtbs"
         if self.meta.eta_nonneg:
             name += "-etapos"
+        if self.aggregator != "mean":
+            name += "-" + {"median": "median", "trimmed-mean": "trim"}[self.aggregator]
+        if self.norm_bound:
+            name += f"-nb{self.norm_bound:g}"
         if self.seed:  # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
             name += f"-seed{self.seed}"
         return name
@@ -106,7 +116,7 @@ def check(cfg: MetaTrainConfig) -> None:
     for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
                          ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
                          ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES), ("--ift-at", cfg.meta.ift_at, IFT_AT),
-                         ("--val-stats", cfg.meta.val_stats, EVAL_STATS)):
+                         ("--val-stats", cfg.meta.val_stats, EVAL_STATS), ("--aggregate", cfg.aggregator, ROBUST)):
         if val not in ok:
             raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
     if cfg.local and cfg.engine != "local":
@@ -243,24 +253,46 @@ class MetaStrategy:
         lam = group_of(st.tensors, "lam")
         return [(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
 
+    def accepted(self, lam: Lambda, tasks: list[tuple], results: list[ClientResult]) -> tuple[list[ClientResult], list[str]]:
+        """The replies that may be aggregated, and why each other one was dropped (never aggregated, always logged)."""
+        keep, dropped = [], []
+        for (c, *_), r in zip(tasks, results):
+            why = reject_reason(lam, r.lam, r.n, self.train_size(c)) if isinstance(r, ClientResult) else "not a client result"
+            (dropped.append(f"client {c}: {why}") if why else keep.append((c, r)))
+        if self.cfg.norm_bound and len(keep) > 1:
+            norms = update_norms(lam, [r.lam for _, r in keep])
+            bound = self.cfg.norm_bound * float(np.median(norms))
+            dropped += [f"client {c}: update norm {m:.3g} > {bound:.3g} (--norm-bound x median)"
+                        for (c, _), m in zip(keep, norms) if m > bound]
+            keep = [cr for cr, m in zip(keep, norms) if m <= bound]
+        return [r for _, r in keep], dropped
+
+    def train_size(self, c: int) -> int | None:
+        offsets = getattr(self.ctx.part, "offsets", None)  # a deployment's server knows no client's data
+        return None if offsets is None else int(offsets[c][1] - offsets[c][0])
+
     def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], done: list, timer: Timer) -> dict | None:
         bad = [r for r, _ in done if isinstance(r, str)]
         if bad:
             st.extra["diverged"] = f"round {rnd + 1}: {bad[0]}"
             return None
-        results = [r for r, _ in done]
         for _, t in done:  # the clients' own time split, wherever they ran
             for k, v in t.items():
                 timer.add(k, v)
         lam, sampled = tasks[0][1], [t[0] for t in tasks]
+        results, dropped = self.accepted(lam, tasks, [r for r, _ in done])
+        if not results:
+            raise FedL2PError(f"meta-train round {rnd + 1}: every reply was dropped ({'; '.join(dropped)})")
         rec = _record(rnd, results, timer) | {"sampled": " ".join(map(str, sampled))} | self.ctx.snapshot(lam)
+        if dropped:
+            rec["dropped"] = "; ".join(dropped)
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
             st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
             st.tensors |= nest("best", lam)
         else:
             st.extra["stale"] += 1
         with timer.section("aggregate"):
-            new = weighted_average([r.lam for r in results], [r.n for r in results])
+            new = robust_average([r.lam for r in results], [r.n for r in results], self.cfg.aggregator)
             if self.cfg.meta_opt == "fedadam":
                 state = group_of(st.tensors, "opt")
                 new, state = ServerAdam(self.cfg.server_lr).step(lam, new, state, rnd + 1)
