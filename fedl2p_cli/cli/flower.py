@@ -47,6 +47,11 @@ def run_config(
     beta_init: float = typer.Option(0.5, help="BNNet bias constant (App. E: 0.5; see meta-train --help)."),
     keep: str = typer.Option("best", help="best (the paper's lowest-validation-loss round) | last."),
     seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
+    norm_bound: float = typer.Option(0.0, help="Drop a site whose lambda moved more than this many times the round's "
+                                     "median move (0: no bound; see meta-train --help). Malformed or non-finite replies "
+                                     "are always dropped."),
+    aggregate: str = typer.Option("mean", "--aggregate", help="mean (the paper's FedAvg) | median | trimmed-mean "
+                                  "(coordinate-wise; not in the paper: they bound what a few hostile sites can do)."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     store: Optional[Path] = options.STORE,
 ) -> None:
@@ -54,7 +59,8 @@ def run_config(
     OUT/lambda.safetensors and OUT/history.csv."""
     meta = meta_stage.MetaConfig(iterations=iterations, epochs=epochs, base_lr=base_lr, meta_grad=meta_grad,
                                  beta_init=beta_init)
-    cfg = meta_stage.MetaTrainConfig(rounds=rounds, fraction=fraction, seed=seed, keep=keep, meta=meta)
+    cfg = meta_stage.MetaTrainConfig(rounds=rounds, fraction=fraction, seed=seed, keep=keep, norm_bound=norm_bound,
+                                     aggregator=aggregate, meta=meta)
     meta_stage.check(cfg)
     rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out)
     text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items())  # JSON strings and ints are valid TOML
