@@ -66,7 +66,7 @@ class Checkpoint:
     def save(self, st: LoopState) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         weights.save(self.folder / self.NAME, st.tensors,
-                     {"next_round": st.next_round, "history": st.history, "extra": st.extra})
+                     {"next_round": st.next_round, "history": st.history, "extra": st.extra, "order": list(st.tensors)})
 
     def load(self) -> LoopState | None:
         for part in self.folder.glob("*.part"):  # a write cut by a kill (the caller holds the artifact's lock)
@@ -75,7 +75,10 @@ class Checkpoint:
         if not path.is_file():
             return None
         tensors, meta = weights.load_with_meta(path)
-        return LoopState(meta["next_round"], tensors, meta["history"], meta["extra"])
+        # the saved key order (safetensors returns keys sorted): float sums over dicts (the meta-gradient norms that
+        # history.csv reports) then add in the same order as an uninterrupted run, and resume is bit-identical
+        order = meta.get("order", list(tensors))
+        return LoopState(meta["next_round"], {k: tensors[k] for k in order}, meta["history"], meta["extra"])
 
     def clear(self) -> None:
         (self.folder / self.NAME).unlink(missing_ok=True)
