@@ -66,3 +66,15 @@ def run_config(
     text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items())  # JSON strings and ints are valid TOML
     (out / "run.toml").write_text(text)
     render.console.print(f"run config: {out / 'run.toml'}")
+
+
+@app.command("import")
+def import_run(
+    out: Path = typer.Argument(..., help="The folder `flwr run` wrote lambda.safetensors and history.csv to (the run "
+                               "config's --out, with its run.toml)."),
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Bring a deployment's result into the store as a meta-train artifact of its pretrained model:
+    `fedl2p personalize --meta ID` then compares it with the hand-made strategies."""
+    art, reused = flower_app.import_run(options.store(store), out)
+    render.artifact_line("meta-train", art.id, art.path, reused)

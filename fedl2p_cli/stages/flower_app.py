@@ -125,6 +125,43 @@ class _Sites:
         return [] if unseen else list(self.ids)
 
 
+def import_run(store, out: Path) -> tuple:
+    """A deployment's result (`out`: the run config's folder, holding run.toml, lambda.safetensors and history.csv)
+    as a meta-train artifact of the pretrained model it started from, usable by `personalize --meta ID`. Its id hashes
+    the settings, the pretrained model and the lambda's sha256 (a federation's result is not reproducible from its
+    settings alone: it depends on the sites)."""
+    import tomllib
+    from ..artifacts import sha256_file
+    from .common import build_or_reuse, config_dict
+    files = {n: out / n for n in ("run.toml", "lambda.safetensors", "history.csv")}
+    missing = [n for n, p in files.items() if not p.is_file()]
+    if missing:
+        raise FedL2PError(f"{out} has no {missing[0]}: import the folder `flwr run` wrote its results to (the run config's out)")
+    try:
+        rc = tomllib.loads(files["run.toml"].read_text())
+        cfg, spec = mt.config_from_dict(json.loads(rc["meta-train"])), json.loads(rc["model"])
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, json.JSONDecodeError) as e:
+        raise FedL2PError(f"{files['run.toml']} is not a run config `fedl2p flower run-config` wrote ({e})") from None
+    pre = store.load("pretrain", spec["pretrain"])
+    lam = weights.load(files["lambda.safetensors"])
+    want = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    if {k: tuple(v.shape) for k, v in lam.items()} != {k: tuple(v.shape) for k, v in want.items()}:
+        raise FedL2PError(f"{files['lambda.safetensors']} does not hold the meta-nets of this run config")
+    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine", "gpus_per_client")}
+    config |= {"variant": cfg.variant(), "deployment": {"sites": rc.get("sites"),
+                                                         "lambda_sha256": sha256_file(files["lambda.safetensors"])}}
+    with open(files["history.csv"]) as f:
+        rounds = max(0, sum(1 for _ in f) - 1)
+
+    def build(draft) -> None:
+        weights.save(draft.path("lambda.safetensors"), lam, {"variant": cfg.variant()})
+        draft.path("history.csv").write_bytes(files["history.csv"].read_bytes())
+        draft.metrics = {"variant": cfg.variant(), "rounds_run": rounds, "engine": "flower deployment",
+                         "sites": rc.get("sites"), "diverged": None}
+
+    return build_or_reuse(store, "meta-train", config, {"pretrain": pre.id}, build)
+
+
 def _server_app():
     from flwr.app import Message, RecordDict
     from flwr.serverapp import ServerApp
