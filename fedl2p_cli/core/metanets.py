@@ -79,13 +79,13 @@ def hyperparameters(lam: Lambda, xi: Tensor, x: Tensor, n_params: int, base_lr: 
     return beta, eta
 
 
-def group_of(name: str) -> str:
+def block_of(name: str) -> str:
     return name.split(".")[0]
 
 
 def sgd_update(lam: Lambda, grads: Lambda, lrs: dict[str, float], clip: float = 1.0) -> Lambda:
     """lambda <- lambda - zeta * clip(g, [-1, 1]), with a learning rate per group."""
-    return {k: v - lrs[group_of(k)] * grads[k].clamp(-clip, clip) for k, v in lam.items()}
+    return {k: v - lrs[block_of(k)] * grads[k].clamp(-clip, clip) for k, v in lam.items()}
 
 
 def grad_report(grads: Lambda, clip: float = 1.0) -> dict[str, float]:
@@ -93,7 +93,7 @@ def grad_report(grads: Lambda, clip: float = 1.0) -> dict[str, float]:
     that the element-wise clip changes. Shows whether (and where) the meta-nets receive signal."""
     out: dict[str, float] = {}
     for g in GROUPS:
-        vals = [v.reshape(-1) for k, v in grads.items() if group_of(k) == g]
+        vals = [v.reshape(-1) for k, v in grads.items() if block_of(k) == g]
         if vals:
             flat = torch.cat(vals)
             out[f"gnorm_{g}"] = float(flat.norm())

@@ -1,4 +1,4 @@
-"""The one federated round loop: every algorithm is a `Strategy`, this module runs it.
+"""The one federated round loop: every algorithm is a `RoundStrategy`, this module runs it.
 
 Flower's split, absorbed: the strategy says which clients a round samples and what each receives (`configure`),
 and folds their results into the server state (`aggregate`); the engine owns the loop, resume from the round
@@ -18,7 +18,7 @@ Task = tuple
 Executor = Callable[[list[Task]], list[Any]]
 
 
-class Strategy(Protocol):
+class RoundStrategy(Protocol):
     label: str
 
     def initial_state(self) -> LoopState:
@@ -43,7 +43,7 @@ def in_process(fn: Callable[..., Any]) -> Executor:
     return lambda tasks: [fn(*t) for t in tasks]
 
 
-def run_rounds(strategy: Strategy, rounds: int, ckpt: Checkpoint | None, progress, execute: Executor) -> LoopState:
+def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, progress, execute: Executor) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
     because every random draw of round t for client c is seeded by (seed, t, c)."""
     st = (ckpt.load() if ckpt else None) or strategy.initial_state()
