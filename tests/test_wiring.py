@@ -34,7 +34,7 @@ from fedl2p_cli.engine.loop import generator
 from fedl2p_cli.io import partition_h5, stats_h5, weights
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
-from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
+from .conftest import TINY_META, TINY_PRETRAIN
 from .helpers import tiny_client
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
@@ -117,15 +117,17 @@ def same(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def isolation(tmp_path_factory):
-    """The table's outputs for the base partition and each canary (one store; every run reuses what it can)."""
-    store = Store(tmp_path_factory.mktemp("wiring"))
-    base_part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
-    pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, base_part.id, plot=False)
-    st, _ = stats.run(stats.StatsConfig(), store, base_part.id, pre.id)
-    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store, pre.id, st.id)
-    base = outputs(store, base_part, pre.id, meta.id)
-    return base, {c: outputs(store, canary_partition(store, base_part, c), pre.id, meta.id) for c in CANARIES}
+def isolation(tiny_store, tmp_path_factory):
+    """The table's outputs for the base partition and each canary, in a copy of the tiny store (every run reuses
+    what it can)."""
+    import shutil
+    root = tmp_path_factory.mktemp("wiring") / "store"
+    shutil.copytree(tiny_store["store"].root, root)
+    store, base_part = Store(root), tiny_store["partition"]
+    pre, meta = tiny_store["pretrain"].id, tiny_store["meta"].id
+    base = outputs(store, base_part, pre, meta)
+    return base, {c: outputs(store, canary_partition(store, store.load("partition", base_part.id), c), pre, meta)
+                  for c in CANARIES}
 
 
 @pytest.mark.parametrize("output", list(READS))
