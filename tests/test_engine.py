@@ -81,3 +81,26 @@ def test_federated_stages_run_through_the_engine():
             if isinstance(node, ast.For) and "next_round" in ast.unparse(node.iter) and "range" in ast.unparse(node.iter):
                 loops.append(str(f.relative_to(pkg)))
     assert loops == ["engine/rounds.py"], loops
+
+
+def _no_context():
+    return None
+
+
+def _die(_ctx, c):
+    import os
+    if c == 1:
+        os._exit(3)  # a worker killed mid-round (out of memory, kill -9)
+    return c
+
+
+def test_a_worker_process_that_dies_stops_the_run_with_one_line_instead_of_hanging():
+    import time
+    from fedl2p_cli.engine.workers import ClientPool
+    from fedl2p_cli.errors import FedL2PError
+    t0 = time.time()
+    with ClientPool(2, _no_context, (), _die, None) as pool:
+        assert pool.map([(0,), (2,)]) == [0, 2]
+        with pytest.raises(FedL2PError, match="a worker process died during a round"):
+            pool.map([(0,), (1,), (2,)])
+    assert time.time() - t0 < 120

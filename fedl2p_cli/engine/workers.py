@@ -10,7 +10,11 @@ through multiprocessing's own channel; nothing is pickled to disk.
 from __future__ import annotations
 
 import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
+
+from ..errors import FedL2PError
 
 _CONTEXT: Any = None
 _UPDATE: Callable | None = None
@@ -35,23 +39,31 @@ def _run(task: tuple) -> Any:
 
 
 class ClientPool:
-    """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context`."""
+    """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context`.
+    A worker process that dies (killed, out of memory) stops the run with one line instead of hanging: a
+    multiprocessing.Pool loses the dead worker's task and waits for it forever; an executor reports it."""
 
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any):
         self.update, self.local = update, local_context
         self.pool = None
         if workers > 1:
-            self.pool = mp.get_context("spawn").Pool(workers, initializer=_init, initargs=(build, args, update))
+            self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
+                                            initargs=(build, args, update))
 
     def map(self, tasks: list[tuple]) -> list[Any]:
         if self.pool is None:
             return [self.update(self.local, *t) for t in tasks]
-        return self.pool.map(_run, tasks, chunksize=1)
+        try:
+            return list(self.pool.map(_run, tasks))
+        except BrokenProcessPool:
+            raise FedL2PError("a worker process died during a round (killed or out of memory); run the same command "
+                              "again to resume from the last round's checkpoint") from None
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            for p in list(getattr(self.pool, "_processes", {}).values()):  # do not wait for a round in flight
+                p.terminate()
+            self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
     def __enter__(self) -> "ClientPool":
