@@ -133,6 +133,11 @@ def cases(tmp):
         (["artifacts", "show", "nostage"], "unknown stage"),
         # pipeline files: everything validated before the first stage runs
         (["run", tmp / "nope.toml"], "pipeline file not found"),
+        # the device: the global option and a pipeline file's key
+        (["--device", "tpu", "stats"], "--device 'tpu' is not a device"),
+        (["--device", "cuda:x", "stats"], "--device 'cuda:x' is not a device"),
+        (["run", toml(tmp, "dev_type", 'device = 1\n[partition]\n[pretrain]\n')], "device must be a string"),
+        (["run", toml(tmp, "dev_bad", 'device = "tpu"\n[partition]\n[pretrain]\n')], "--device 'tpu' is not a device"),
         (["run", toml(tmp, "str_alpha", '[partition]\nalpha = "0.5"\n[pretrain]\n')], "[partition] alpha must be a number"),
         (["run", toml(tmp, "section_str", 'meta-train = "fast"\n[partition]\n[pretrain]\n')], "[meta-train] must be a table"),
         (["run", toml(tmp, "late_typo", '[partition]\n[pretrain]\n[personalize]\nepochs = 0\n')], "[personalize] epochs must be >= 1"),

@@ -164,3 +164,16 @@ def test_gpus_per_client_is_refused_where_it_means_nothing():
     with pytest.raises(FedL2PError, match="--gpus-per-client"):
         check_gpus("local", 0.5)
     check_gpus("flower", 0.0)  # on the CPU, Flower needs no GPU share
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows the key applying by its refusal of cuda on a CPU machine")
+def test_a_pipeline_files_device_applies_unless_the_user_chose_one():
+    try:
+        device.use("cpu", explicit=True)  # --device cpu or FEDL2P_DEVICE=cpu
+        device.default_to("cuda")
+        assert device.current() == torch.device("cpu")
+        device.use("cpu", explicit=False)  # no --device given
+        with pytest.raises(FedL2PError, match="no CUDA device"):
+            device.default_to("cuda")
+    finally:
+        device.use("cpu", explicit=False)
