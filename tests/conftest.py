@@ -11,6 +11,10 @@ from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stat
 
 import os
 
+# the suite computes on the CPU even where a GPU is present (the CLI's default `auto` would pick it and keep it for
+# the rest of the worker's tests); tests/test_cuda.py asks for CUDA itself
+os.environ.setdefault("FEDL2P_DEVICE", "cpu")
+
 # under pytest-xdist (`make test`: two workers) one torch thread per worker, else two
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
