@@ -28,24 +28,32 @@ _deterministic = False
 _explicit = False   # chosen by the user (--device, FEDL2P_DEVICE), so a pipeline file's `device` key does not override it
 
 
-def resolve(spec: str) -> torch.device:
-    """`auto` is the first CUDA device when one is present, else the CPU; anything else must exist here."""
+def parse(spec: str) -> torch.device | None:
+    """The device `spec` names (None for auto), refusing what is no cpu or cuda device name."""
     spec = spec.strip().lower()
     if spec == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        return None
     try:
         dev = torch.device(spec)
     except RuntimeError:
         raise FedL2PError(f"--device '{spec}' is not a device; choose {CHOICES}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise FedL2PError(f"--device '{spec}': only cpu and cuda are supported")
+    return dev
+
+
+def resolve(spec: str) -> torch.device:
+    """`auto` is the first CUDA device when one is present, else the CPU; anything else must exist here."""
+    dev = parse(spec)
+    if dev is None:
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu":
         return torch.device("cpu")
-    if dev.type != "cuda":
-        raise FedL2PError(f"--device '{spec}': only cpu and cuda are supported")
     if not torch.cuda.is_available():
-        raise FedL2PError(f"--device {spec}: no CUDA device is available here (torch {torch.__version__}); use --device cpu")
+        raise FedL2PError(f"--device {spec.strip().lower()}: no CUDA device is available here (torch {torch.__version__}); use --device cpu")
     index = 0 if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
-        raise FedL2PError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise FedL2PError(f"--device {spec.strip().lower()}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)
 
 
@@ -73,6 +81,8 @@ def default_to(spec: str) -> None:
     """A pipeline file's `device`: used unless the user chose one on the command line or in FEDL2P_DEVICE."""
     if not _explicit:
         use(spec, _deterministic, explicit=False)
+    else:
+        parse(spec)  # overridden, but a misspelt key is still refused
 
 
 def spec() -> tuple[str, bool]:
