@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ..core.functional import epochs_of_batches, get_state, random_batch, set_state
+from ..core.functional import epochs_of_batches, get_state, mean_loss, random_batch, set_state
 
 State = dict[str, Tensor]
 
@@ -42,11 +42,6 @@ def sgd_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, 
                 p.sub_(lr * g)
         losses.append(loss.detach())  # on the device: no host sync per step
     return get_state(model), mean_loss(losses)
-
-
-def mean_loss(losses: list[Tensor]) -> float:
-    """The steps' mean loss, read from the device once (summed in order in float64, as per-step floats were)."""
-    return sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
 
 
 def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: float, beta: float) -> tuple[State, Tensor]:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .bn import BNPolicy, MixBN, update_running
-from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward
+from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward, mean_loss
 
 CLIENT_BN = ("precise", "running")  # how the client's statistics for evaluation are obtained after fine-tuning
 
@@ -78,9 +78,7 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
         losses.append(l)
     if client_bn == "precise" and s.beta is not None:
         bn = precise_bn(model, params, x, s.beta)
-    # one host read; summed in order in float64, as the per-step Python floats were
-    loss = sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
-    return FinetuneResult(params, bn, prev, last, loss, grad)
+    return FinetuneResult(params, bn, prev, last, mean_loss(losses), grad)
 
 
 class _Stop(Exception):

@@ -49,6 +49,11 @@ def epochs_of_batches(n: int, batch_size: int, gen: torch.Generator, epochs: int
     return list(_on(torch.cat(batches), device).split([len(b) for b in batches]))
 
 
+def mean_loss(losses: list[Tensor]) -> float:
+    """The steps' mean loss, read from the device once (summed in order in float64, as per-step Python floats were)."""
+    return sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
+
+
 def random_batch(n: int, batch_size: int, gen: torch.Generator, device: torch.device | None = None) -> Tensor:
     return _on(torch.randperm(n, generator=gen, device=gen.device)[:batch_size], device)
 
