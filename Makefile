@@ -8,6 +8,7 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 	@bash scripts/get-fmnist.sh || echo "(continuing: the tests do not need Fashion-MNIST)"
+	@bash scripts/get-espeak.sh || echo "(continuing: only --dataset speech-synth needs espeak-ng)"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,11 +19,13 @@ $(STAMP): pyproject.toml
 
 data:
 	@bash scripts/get-fmnist.sh
+	@bash scripts/get-espeak.sh || echo "(continuing: only --dataset speech-synth needs espeak-ng)"
 
 quickstart: $(STAMP) data
 	$(BIN)/fedl2p run pipelines/quickstart.toml
 
 test: $(STAMP)
+	@bash scripts/get-espeak.sh >/dev/null 2>&1 || echo "(espeak-ng missing: the synthetic-speech tests are skipped)"
 	$(BIN)/python -m pytest -n 2  # two worker processes of one torch thread each (tests/conftest.py)
 
 # The whole suite with the flower extra installed (its own venv: the extra pins typer<0.21, rich<15, click<8.3).

@@ -30,8 +30,9 @@ def _on(idx: Tensor, device: torch.device | None) -> Tensor:
 def _epoch(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
     perm = torch.randperm(n, generator=gen, device=gen.device)
     out = list(perm.split(batch_size))
-    if len(out) > 1 and len(out[-1]) < 2:
-        out[-2] = torch.cat([out[-2], out.pop()])
+    if len(out) > 1 and len(out[-1]) < 2:  # a lone last sample joins the batch before it (pop first, then index)
+        last = out.pop()
+        out[-1] = torch.cat([out[-1], last])
     return out
 
 

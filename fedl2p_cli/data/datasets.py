@@ -33,6 +33,8 @@ class Dataset:
     std: tuple[float, ...]
     domains: torch.Tensor | None = None  # int64 [N], only for multi-domain sources
     domain_names: list[str] | None = None
+    groups: torch.Tensor | None = None  # int64 [N]: naturally partitioned sources (a speaker per clip), one client each
+    group_names: list[str] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.numel())
@@ -206,13 +208,17 @@ def load_image_folder(data_dir: Path | None, size: int = 64) -> Dataset:
     return Dataset("image-folder", x, torch.tensor(ys), classes, mean, std, torch.tensor(ds), domains)
 
 
+def env_data_dir() -> Path | None:
+    return Path(os.environ[ENV_DATA]) if ENV_DATA in os.environ else None
+
+
 DATASETS = ("fmnist", "fmnist-c", "fmnist-r", "digits", "digits-c", "cifar10", "cifar10-c", "image-folder")
 
 
 def load(name: str, data_dir: Path | None = None, download: bool = False, corruptions: list[str] | None = None,
          severity: int = 3) -> Dataset:
     """The clean source for `name` (the `-c` variants of fmnist/digits corrupt it later, in partition)."""
-    data_dir = data_dir or (Path(os.environ[ENV_DATA]) if ENV_DATA in os.environ else None)
+    data_dir = data_dir or env_data_dir()
     if name in ("fmnist", "fmnist-c", "fmnist-r"):
         return load_fmnist(data_dir, download)
     if name in ("digits", "digits-c"):

@@ -59,6 +59,9 @@ MODELS: dict[str, ModelSpec] = {
     "small-cnn": ModelSpec(small_cnn, "3 conv-BN-ReLU blocks (16/32/64 ch) + linear; CPU-friendly"),
     "resnet18-cifar": ModelSpec(lambda c, k: resnet18(c, k, cifar=True), "ResNet-18, 3x3 stem, no max-pool (paper, CIFAR)"),
     "resnet18": ModelSpec(lambda c, k: resnet18(c, k, cifar=False), "ResNet-18, ImageNet layout (for --init torchvision weights)"),
+    "resnet18-speech": ModelSpec(lambda c, k: resnet18(c, k, cifar=False),
+                                 "ResNet-18 for 1-channel log-mel spectrograms, ImageNet stem (paper, Speech Commands; "
+                                 "for --spectrogram 128)"),
     "tiny-smooth": ModelSpec(tiny_smooth, "tiny Softplus/AvgPool model for float64 gradient checks"),
 }
 

@@ -53,7 +53,7 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
     part_art, part = partition_stage.load(store, stats_art.parents["partition"])
     if len(np.unique(results.domain)) < 2:
         raise FedL2PError(f"partition {part_art.id} has a single domain among these clients; clustering by domain needs two or more "
-                          "(use a feature-shift partition, e.g. --dataset fmnist-c)")
+                          "(use a feature-shift partition, e.g. --dataset fmnist-c; a speaker partition has one client per speaker)")
     features(table, results, cfg.method)  # an unknown --method fails here, before anything is written
     parents = {"personalize": pers_art.id, "stats": stats_art.id}
 
