@@ -96,8 +96,16 @@ PLANTED_PARTITION = {"dataset": "fmnist-c", "corruptions": ["clean", "invert"], 
                      "val_fraction": 0.5, "test_fraction": 0.3, "unseen_fraction": 0.25, "severity": 3, "seed": 0,
                      "exclude": "pretrain"}
 
+# The Table 4 analogue (issue 30) on the embedded spoken-commands set (synthetic espeak-ng speakers, NOT the real
+# Speech Commands): one client per speaker, 48 seen training speakers and 12 unseen held-out ones; the model is
+# pretrained by FedAvg on the seen speakers only (as in the paper), FedL2P learns on them only.
+SPEECH_PARTITION = {"dataset": "speech-synth", "clients": 60, "unseen_fraction": 0.2, "val_fraction": 0.2,
+                    "test_fraction": 0.2, "spectrogram": 32, "seed": 0}
+SPEECH_PRETRAIN = PRETRAIN | {"rounds": 150, "eval_every": 50}
+
 CELLS = {"fs-1000": ("feature", 1000.0), "fs-0.1": ("feature", 0.1), "ls-1000": ("label", 1000.0),
-         "ls-0.1": ("label", 0.1), "ls-1": ("label", 1.0), "ls-0.5": ("label", 0.5), "planted": ("planted", 0.05)}
+         "ls-0.1": ("label", 0.1), "ls-1": ("label", 1.0), "ls-0.5": ("label", 0.5), "planted": ("planted", 0.05),
+         "speech": ("speech", float("nan"))}
 SHIFTED = ("feature", "planted")  # cells personalising the clean model to clients it never saw
 
 
@@ -105,14 +113,17 @@ def sections(cell: str, full: bool = True) -> dict:
     kind, alpha = CELLS[cell]
     ls_alpha = 1000.0 if kind in SHIFTED else alpha
     s = {"pretrain": dict(PRETRAIN)}
-    if kind in SHIFTED:
+    if kind == "speech":  # pretrained on the cell's own seen speakers
+        s["partition"], s["pretrain"] = SPEECH_PARTITION, dict(SPEECH_PRETRAIN)
+    elif kind in SHIFTED:
         s["partition"] = PLANTED_PARTITION if kind == "planted" else FS_PARTITION | {"alpha": alpha}
         s["pretrain"]["partition"] = LS_PARTITION | {"alpha": ls_alpha}
     else:
         s["partition"] = LS_PARTITION | {"alpha": alpha}
     s["stats"] = {}
     if full:
-        s["meta-train"] = seeded({"feature": VARIANTS, "label": LABEL_VARIANTS, "planted": PLANTED_VARIANTS}[kind])
+        s["meta-train"] = seeded({"feature": VARIANTS, "label": LABEL_VARIANTS, "planted": PLANTED_VARIANTS,
+                                  "speech": LABEL_VARIANTS}[kind])
         s["personalize"] = {"pools": ["seen", "unseen"], "epochs": EPOCHS, "batch_size": 32, "base_lr": BASE_LR,
                             "seeds": SEEDS, "methods": ["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"]}
     return s
@@ -382,7 +393,13 @@ def report(done: list[list[dict]]) -> str:
     learned = [m for m in methods if m not in hand]
     head = "| scenario | α | pool | global | " + " | ".join(LABELS.get(m, m) for m in hand) + " | oracle (test, bound) | " + \
         " | ".join(LABELS.get(m, m) for m in learned) + " |"
-    lines = [f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR}, small CNN, 2-core CPU. Hand-made rows: mean ± SD "
+    import subprocess
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "fedl2p_cli", "bench"], capture_output=True, text=True,
+                           cwd=HERE).stdout.strip()
+    stamp = f"Report written {time.strftime('%Y-%m-%d %H:%M %Z')} from commit {commit or 'unknown'}" + \
+        (" (with uncommitted changes)" if dirty else "") + "; each row's artifacts were built by the code of their own day."
+    lines = [stamp, "", f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR}, small CNN, 2-core CPU. Hand-made rows: mean ± SD "
              f"over personalisation seeds {SEEDS}. Learned rows: mean ± SD over meta-train seeds {META_SEEDS} (each the mean "
              f"over the personalisation seeds), [the mean personalisation-seed SD], (Δ vs best of FT BN C/G/I; Δ vs FT "
              "tuned, paired, mean over meta-train seeds).", "", head,
@@ -401,7 +418,8 @@ def report(done: list[list[dict]]) -> str:
             pers = f" [{100 * v['pers_sd']:.2f}]" if "pers_sd" in v else ""
             lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}{pers} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
                        f"{100 * v.get('vs_ft_tuned', np.nan):+.2f})")
-        lines.append(f"| {r['kind']} shift | {r['alpha']:g} | {r['pool']} | {100 * r['global']:.2f} | " + " | ".join(cells)
+        scenario, alpha = ("speakers (synthetic)", "–") if r["kind"] == "speech" else (f"{r['kind']} shift", f"{r['alpha']:g}")
+        lines.append(f"| {scenario} | {alpha} | {r['pool']} | {100 * r['global']:.2f} | " + " | ".join(cells)
                      + f" | {orc} | " + " | ".join(lrn) + " |")
     return "\n".join(lines) + "\n"
 
@@ -410,6 +428,8 @@ def beta_report(done: list[list[dict]]) -> str:
     lines = []
     for cell in done:
         for r in cell:
+            if r["kind"] == "speech":  # does FedL2P mix pretrained and own statistics (paper, App. F)? both pools
+                lines += speech_beta(r)
             if r["kind"] not in SHIFTED or r["pool"] != "seen":
                 continue
             for m, v in over_meta_seeds(r["methods"]).items():
@@ -442,6 +462,18 @@ def beta_report(done: list[list[dict]]) -> str:
                 lines += [f"ARI vs true domains, {r['kind']} shift α = {r['alpha']:g} (seen clients): "
                           + ", ".join(f"{k} {a:.3f}" if isinstance(a, float) else f"{k} {a}" for k, a in r["ari"].items()), ""]
     return "\n".join(lines)
+
+
+def speech_beta(r: dict) -> list[str]:
+    """β per BN layer on a speaker cell (mean over the pool's clients and the meta-train seeds)."""
+    out = []
+    for m, v in over_meta_seeds(r["methods"]).items():
+        if "beta_per_domain" not in v:
+            continue
+        (pool, bs), = v["beta_per_domain"].items()
+        out += [f"β per BN layer, {m}, {pool} ({r['pool']} pool; mean over its clients and the meta-train seeds): "
+                + ", ".join(f"bn{i} {b:.3f}" for i, b in enumerate(bs)), ""]
+    return out
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from ..errors import FedL2PError
 from . import options, render
 
 app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `flwr run flower_app` against a SuperLink "
-                  "with one SuperNode per client site (README, 'Flower deployment').", no_args_is_help=True)
+                  "with one SuperNode per client site (docs/deployment.md).", no_args_is_help=True)
 flower_app = options.Lazy("fedl2p_cli.stages.flower_app")
 meta_stage = options.Lazy("fedl2p_cli.stages.meta_train")
 

@@ -21,10 +21,10 @@ app = typer.Typer(
 
 @app.callback()
 def _global(threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
-                                        help="Torch CPU threads. Default 1: on a shared 2-core machine torch's default (all "
-                                        "cores) made a meta-train round take 109 s instead of 4.4 s when another process "
-                                        "was busy, and for the small CNN one thread is as fast as two. Raise it for big "
-                                        "models on an idle machine."),
+                                        help="Torch CPU threads per process. Default 1: torch's default (every core) slows "
+                                        "small models down a lot when another process is busy, and the small CNN is no "
+                                        "faster with two. Raise it for big models on an idle machine; use --workers to "
+                                        "spread a round's clients over cores instead."),
             device: Optional[str] = typer.Option(None, "--device", envvar="FEDL2P_DEVICE", show_default="auto",
                                                  help="Where every stage computes: auto (the first CUDA GPU when one is "
                                                  "present, else the CPU), cpu, cuda or cuda:N. A pipeline file's top-level "
@@ -46,16 +46,28 @@ def _global(threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS",
     torch.set_num_threads(threads)
     LOCK_WAIT.timeout = lock_timeout
     dev.use(device or "auto", deterministic, explicit=device is not None)
-app.command()(partition.partition)
-app.command()(pretrain.pretrain)
-app.command()(stats.stats)
-app.command("meta-train")(meta_train.meta_train)
-app.command("pfl-train")(pfl.pfl_train)
-app.command()(personalize.personalize)
-app.command()(run)
-app.add_typer(analyze.app, name="analyze")
-app.add_typer(artifacts.app, name="artifacts")
-app.add_typer(flower.app, name="flower")
+# the stages in pipeline order, one line each in `fedl2p --help`, each help ending with an example
+COMMANDS = [
+    ("partition", partition.partition, "1. Split a dataset into clients -> partition.h5.",
+     "fedl2p partition --dataset fmnist-c --alpha 0.1 --clients 70"),
+    ("pretrain", pretrain.pretrain, "2. Pretrain the global model federatedly (or import one with --init).",
+     "fedl2p pretrain --algo fedavg --rounds 40"),
+    ("stats", stats.stats, "3. Each client's data statistics under the pretrained model (the meta-nets' inputs).",
+     "fedl2p stats"),
+    ("meta-train", meta_train.meta_train, "4. Federatedly learn the meta-nets BNNet and LRNet (FedL2P).",
+     "fedl2p meta-train --meta-grad fomaml --rounds 20"),
+    ("pfl-train", pfl.pfl_train, "4b. Train another personalised-FL system (pFedLA, HeurpFedLA, CAFeMe).",
+     "fedl2p pfl-train --algo pfedla"),
+    ("personalize", personalize.personalize, "5. Fine-tune every client under each method and compare them.",
+     "fedl2p personalize --unseen --seeds 0,1,2"),
+]
+for _name, _fn, _short, _example in COMMANDS:
+    app.command(_name, short_help=_short, epilog=f"Example: {_example}")(_fn)
+app.add_typer(analyze.app, name="analyze", short_help="6. Analyse the results (clusters of the learned strategies).")
+app.command("run", short_help="Run a pipeline file: every stage in order, reusing existing artifacts.",
+            epilog="Example: fedl2p run pipelines/quickstart.toml")(run)
+app.add_typer(artifacts.app, name="artifacts", short_help="See what the store holds and where it came from.")
+app.add_typer(flower.app, name="flower", short_help="Deploy meta-training across real sites with Flower.")
 
 
 def run_cli(argv: list[str] | None = None) -> int:

@@ -75,7 +75,7 @@ def meta_train(
     seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
     workers: int = typer.Option(1, help="Processes that run a round's clients in parallel, one torch thread each (spawned "
                                 "once per run; each loads the data once). The artifact is the same as with 1 (bit for bit; "
-                                "not part of its id). Use up to the number of cores; see README 'Threads'."),
+                                "not part of its id). Use up to the number of cores; see docs/guide/threads-devices.md."),
     engine: str = typer.Option("local", help="Where the round's client updates run: local = this process (or --workers "
                                "processes) | flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers "
                                "at a time; needs pip install 'fedl2p[flower]'). The same artifact either way (bit for bit; "

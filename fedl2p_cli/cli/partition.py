@@ -35,7 +35,7 @@ def partition(
     spectrogram: int = typer.Option(32, help="Speech datasets: log-mel bins and frames per one-second clip (8..256; the authors' "
                                     "code uses 128 x 128, 32 keeps the CPU benchmark practical)."),
     seed: int = typer.Option(0, help="Seed of every random draw; the same seed gives an identical partition."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="FEDL2P_DATA", help="Where the dataset files are (see README)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="FEDL2P_DATA", help="Where the dataset files are (docs/guide/data.md lists each dataset's layout)."),
     download: bool = typer.Option(False, help="Allow torchvision to download the dataset when it is not found."),
     exclude: Optional[str] = typer.Option(None, "--exclude", help="A partition artifact id whose source images these clients "
                                           "must not get (e.g. the partition a model was pretrained on, so that personalising "

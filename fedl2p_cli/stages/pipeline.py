@@ -11,7 +11,7 @@ from typing import Any, Callable
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Store
 from ..core.config import ConfigError, key_name, validate
-from ..errors import FedL2PError
+from ..errors import DataError, FedL2PError
 from . import analyze, meta_train, partition, personalize, pfl, pretrain, stats
 from .common import Progress
 
@@ -125,7 +125,11 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
     s, name = p.sections, p.name
 
     def step(stage: str, label: str, fn: Callable[[bool], tuple[Artifact, bool]]) -> Artifact:
-        art, reused = fn(stage in forced)
+        try:
+            art, reused = fn(stage in forced)
+        except DataError as e:  # the data layer speaks of the CLI's flag; a pipeline file sets a key instead
+            raise DataError(str(e).replace("--data-dir", f"data_dir (a key of [{'pretrain.partition' if 'pretraining' in label else stage}] in {name}, or "
+                                           "the FEDL2P_DATA variable)")) from None
         r = StepResult(stage, label, art, reused)
         p.results.append(r)
         on_step(r)
