@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower bench bench-gpu bench-accuracy bench-pfl clean-artifacts
+.PHONY: setup data quickstart test test-flower docs docs-reference bench bench-gpu bench-accuracy bench-pfl clean-artifacts
 
 setup: $(STAMP)
 	@bash scripts/get-fmnist.sh || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -39,6 +39,14 @@ $(FLVENV)/.installed: pyproject.toml
 
 test-flower: $(FLVENV)/.installed  # the whole suite under flwr's typer, rich and click pins, Flower's own tests included
 	$(FLVENV)/bin/python -m pytest -n 2
+
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails
+docs: $(STAMP)
+	$(BIN)/pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-reference: $(STAMP)  # regenerate the CLI reference after changing an option (a test checks it is current)
+	$(BIN)/python -m fedl2p_cli.cli.reference > docs/reference/cli.md
 
 bench: $(STAMP) data
 	$(BIN)/python bench/bench.py

@@ -12,7 +12,7 @@ stage = options.Lazy("fedl2p_cli.stages.pretrain")
 
 def pretrain(
     algo: str = typer.Option("fedavg", help="fedavg | fedbabu (head frozen while training) | perfedavg-hf (Per-FedAvg, Hessian-free MAML steps)."),
-    model: str = typer.Option("small-cnn", help="small-cnn | resnet18-cifar | resnet18 (ImageNet layout)."),
+    model: str = typer.Option("small-cnn", help="small-cnn | resnet18-cifar | resnet18 (ImageNet layout) | resnet18-speech (1-channel log-mel spectrograms)."),
     rounds: int = typer.Option(30, help="Communication rounds."),
     fraction: float = typer.Option(0.1, help="Share r of the seen clients sampled per round."),
     local_epochs: int = typer.Option(1, help="Local epochs per round."),
