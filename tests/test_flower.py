@@ -225,3 +225,24 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path):
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6)
     assert not torch.equal(want["bnnet.2.bias"], lam0["bnnet.2.bias"])  # a comparison of two learned lambdas
+
+
+
+def test_a_site_that_errs_or_stays_silent_is_a_failed_client():
+    """The replies to three messages: the first answers, the second reports an error, the third is missing; the
+    last two become `rounds.Failed` (the round's policy decides what follows)."""
+    from types import SimpleNamespace as NS
+
+    from fedl2p_cli.engine import flower as fl
+    from fedl2p_cli.engine.rounds import Failed
+
+    def reply(i, error=None, content=None):
+        return NS(metadata=NS(group_id=str(i)), has_error=lambda: error is not None, error=NS(reason=error),
+                  content=content)
+
+    import unittest.mock as um
+    with um.patch.object(fl, "unrecord", lambda c: ("unpacked", c)):
+        out = fl.collect([reply(1, error="out of memory"), reply(0, content="C")], 3, timeout=7.5)
+    assert out[0] == ("unpacked", "C")
+    assert out[1] == Failed("the site reported an error: out of memory")
+    assert out[2] == Failed("no reply within 7.5 s")

@@ -86,7 +86,7 @@ def options_of(words: list[str]) -> tuple[list[str], set[str]] | None:
     """The command path that `words` (after `fedl2p`) names and every option it accepts (its own and the global
     ones), or None if a word that must be a command is not one."""
     cmd = _root()
-    known = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", []))}
+    known = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", []))} | {"--help"}
     path = []
     rest = list(words)
     while _is_group(cmd):
@@ -94,7 +94,7 @@ def options_of(words: list[str]) -> tuple[list[str], set[str]] | None:
             opt = rest.pop(0)
             if opt.split("=")[0] not in known:
                 return None
-            if "=" not in opt and rest and not rest[0].startswith("-") and opt not in ("--deterministic",):
+            if "=" not in opt and rest and not rest[0].startswith("-") and opt not in ("--deterministic", "--help"):
                 rest.pop(0)
         if not rest:
             return path, known

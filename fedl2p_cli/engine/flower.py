@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from ..errors import FedL2PError
 from . import wire
+from .rounds import Failed
 
 ENGINES = ("local", "flower")
 _CONTEXTS: dict[tuple, Any] = {}  # per ClientApp process: the built context, keyed by its builder's arguments
@@ -74,19 +75,27 @@ def wait_nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
     return ids
 
 
-def exchange(grid, payloads: list, nodes: list[int]) -> list[Any]:
-    """Send payload i as a `train` Message to nodes[i]; the unpacked replies in payload order."""
+def exchange(grid, payloads: list, nodes: list[int], timeout: float | None = None) -> list[Any]:
+    """Send payload i as a `train` Message to nodes[i]; the unpacked replies in payload order. A node that sends an
+    error, or no reply within `timeout` seconds, gives `rounds.Failed` in its place (the round's policy decides)."""
     from flwr.app import Message
     msgs = [Message(records(p), dst_node_id=n, message_type="train", group_id=str(i))
             for i, (p, n) in enumerate(zip(payloads, nodes))]
-    replies = {int(r.metadata.group_id): r for r in grid.send_and_receive(msgs)}
-    out = []
-    for i in range(len(payloads)):
-        r = replies.get(i)
-        if r is None or r.has_error():
-            why = "no reply" if r is None else r.error.reason
-            raise FedL2PError(f"Flower client update {i + 1}/{len(payloads)} failed: {why}")
-        out.append(unrecord(r.content))
+    return collect(grid.send_and_receive(msgs, timeout=timeout), len(payloads), timeout)
+
+
+def collect(replies, n: int, timeout: float | None = None) -> list[Any]:
+    """The unpacked contents of replies to messages 0..n-1 (by group id), `rounds.Failed` for an error or none."""
+    by_id = {int(r.metadata.group_id): r for r in replies}
+    out: list[Any] = []
+    for i in range(n):
+        r = by_id.get(i)
+        if r is None:
+            out.append(Failed("no reply" + (f" within {timeout:g} s" if timeout else "")))
+        elif r.has_error():
+            out.append(Failed(f"the site reported an error: {r.error.reason}"))
+        else:
+            out.append(unrecord(r.content))
     return out
 
 
@@ -95,7 +104,8 @@ class FlowerPool:
     `workers` ClientApps at a time, one CPU and one torch thread each)."""
 
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, nodes: int,
-                 gpus_per_client: float = 0.0):
+                 gpus_per_client: float = 0.0, timeout: float | None = None):
+        self.timeout = timeout
         require_flower()
         from flwr.serverapp import ServerApp
         from flwr.simulation import run_simulation
@@ -130,10 +140,9 @@ class FlowerPool:
         except BaseException as e:  # noqa: BLE001
             self._results.put(FedL2PError(f"Flower simulation failed: {e}"))
 
-    @staticmethod
-    def _round(grid, tasks: list[tuple], expected: int) -> list[Any]:
+    def _round(self, grid, tasks: list[tuple], expected: int) -> list[Any]:
         nodes = wait_nodes(grid, expected)
-        return exchange(grid, [list(t) for t in tasks], [nodes[i % len(nodes)] for i in range(len(tasks))])
+        return exchange(grid, [list(t) for t in tasks], [nodes[i % len(nodes)] for i in range(len(tasks))], self.timeout)
 
     def map(self, tasks: list[tuple]) -> list[Any]:
         self._tasks.put(tasks)

@@ -20,10 +20,11 @@ def generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(mixed) & ((1 << 63) - 1))
 
 
-def sample_clients(pool: list[int], fraction: float, seed: int, rnd: int) -> list[int]:
-    """ceil-free C*r sampling (at least one client), without replacement, sorted for readability."""
+def sample_clients(pool: list[int], fraction: float, seed: int, rnd: int, attempt: int = 0) -> list[int]:
+    """ceil-free C*r sampling (at least one client), without replacement, sorted for readability. `attempt` > 0:
+    the fresh sample of a retried round."""
     k = max(1, int(round(fraction * len(pool))))
-    rng = np.random.default_rng([seed, rnd, 104729])
+    rng = np.random.default_rng([seed, rnd, 104729] + ([attempt] if attempt else []))
     return sorted(int(c) for c in rng.choice(pool, size=min(k, len(pool)), replace=False))
 
 

@@ -8,14 +8,41 @@ never touches the checkpoint file or the terminal.
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..core.client import Timer
+from ..errors import FedL2PError
 from .loop import Checkpoint, LoopState
 
 Task = tuple
 Executor = Callable[[list[Task]], list[Any]]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An executor's marker in place of a client's result: the client did not answer, and why."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """What a round does when clients fail (Flower's accept_failures, made explicit). A round waits `timeout` seconds
+    for its replies (None: no limit; the executor enforces it), aggregates what arrived when at least `min_answers`
+    of the sampled clients answered, and otherwise samples the round afresh, up to `retries` times, then stops."""
+    timeout: float | None = None
+    min_answers: float = 1.0
+    retries: int = 0
+
+    def needed(self, sampled: int) -> int:
+        return max(1, math.ceil(self.min_answers * sampled - 1e-9))
+
+
+def client_of(task: Task) -> int | str:
+    """The client a task is for: its first integer (every strategy's task names its client so)."""
+    return next((t for t in task if isinstance(t, int) and not isinstance(t, bool)), "?")
 
 
 class RoundStrategy(Protocol):
@@ -27,8 +54,9 @@ class RoundStrategy(Protocol):
     def stop(self, st: LoopState) -> bool:
         """Stop before the next round (early stopping, divergence)."""
 
-    def configure(self, st: LoopState, rnd: int) -> list[Task]:
-        """One task per client of round `rnd`: what the executor hands to the client update."""
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[Task]:
+        """One task per client of round `rnd`: what the executor hands to the client update. `attempt` > 0: the
+        round is retried after too few clients answered, with a fresh sample of clients."""
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[Task], results: list[Any], timer: Timer) -> dict | None:
         """Fold the clients' results into `st` (in place) and return the round's history record; None ends the
@@ -43,9 +71,29 @@ def in_process(fn: Callable[..., Any]) -> Executor:
     return lambda tasks: [fn(*t) for t in tasks]
 
 
-def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, progress, execute: Executor) -> LoopState:
+def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
+             ) -> tuple[list[Task], list[Any], list[str]]:
+    """Round `rnd`'s tasks and results of the clients that answered, and a line per client that did not (this
+    attempt's and every earlier attempt's). Too few answers: the round is sampled again, `policy.retries` times."""
+    failures: list[str] = []
+    for attempt in range(policy.retries + 1):
+        tasks = strategy.configure(st, rnd, attempt) if attempt else strategy.configure(st, rnd)
+        results = execute(tasks)
+        ok = [(t, r) for t, r in zip(tasks, results) if not isinstance(r, Failed)]
+        failures += [f"client {client_of(t)}: {r.reason}" + (f" (attempt {attempt + 1})" if attempt else "")
+                     for t, r in zip(tasks, results) if isinstance(r, Failed)]
+        if len(ok) >= policy.needed(len(tasks)):
+            return [t for t, _ in ok], [r for _, r in ok], failures
+    raise FedL2PError(f"round {rnd + 1}: too few clients answered (at least {policy.needed(len(tasks))} of "
+                      f"{len(tasks)} needed, --min-answers {policy.min_answers:g}) in {policy.retries + 1} attempt(s): "
+                      + "; ".join(failures))
+
+
+def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, progress, execute: Executor,
+               policy: RoundPolicy = RoundPolicy()) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
-    because every random draw of round t for client c is seeded by (seed, t, c)."""
+    because every random draw of round t for client c is seeded by (seed, t, c). Clients that fail are handled by
+    `policy`; those that did not answer are named in the round's record (`failed`)."""
     st = (ckpt.load() if ckpt else None) or strategy.initial_state()
     progress.start(strategy.label, rounds)
     progress.advance(st.next_round)
@@ -53,21 +101,22 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
         if strategy.stop(st):
             break
         t0, timer = time.perf_counter(), Timer()
-        tasks = strategy.configure(st, rnd)
         with timer.section("clients"):
-            results = execute(tasks)
+            tasks, results, failures = answered(strategy, st, rnd, execute, policy)
         rec = strategy.aggregate(st, rnd, tasks, results, timer)
         if rec is None:
             if ckpt:
                 ckpt.save(st)
             break
         rec["round_s"] = time.perf_counter() - t0
+        if failures:
+            rec["failed"] = "; ".join(failures)
         st.history.append(rec)
         st.next_round = rnd + 1
         if ckpt:
             with timer.section("io"):
                 ckpt.save(st)
         rec["io_s"] = timer.t.get("io", 0.0)  # known only after the save: in memory, not in the checkpoint
-        progress.advance(1, **strategy.progress_info(rec, st))
+        progress.advance(1, **strategy.progress_info(rec, st) | ({"failed": len(failures)} if failures else {}))
     progress.stop()
     return st

@@ -10,12 +10,13 @@ through multiprocessing's own channel; nothing is pickled to disk.
 from __future__ import annotations
 
 import multiprocessing as mp
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
-from ..errors import FedL2PError
+from .rounds import Failed
 
+_BROKEN = object()  # a task the executor lost when a worker died (not necessarily this task's worker)
 _CONTEXT: Any = None
 _UPDATE: Callable | None = None
 
@@ -39,25 +40,51 @@ def _run(task: tuple) -> Any:
 
 
 class ClientPool:
-    """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context`.
-    A worker process that dies (killed, out of memory) stops the run with one line instead of hanging: a
-    multiprocessing.Pool loses the dead worker's task and waits for it forever; an executor reports it."""
+    """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context` (an
+    error there is a bug and propagates). With worker processes, a client whose worker dies (killed, out of memory),
+    raises, or does not answer within `timeout` seconds comes back as `Failed(reason)`, and the round's policy
+    decides (engine.rounds.RoundPolicy); the pool is then started afresh, since a dead or hung worker cannot be
+    reused. (A multiprocessing.Pool would lose a dead worker's task and wait for it forever.)"""
 
-    def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any):
-        self.update, self.local = update, local_context
-        self.pool = None
-        if workers > 1:
-            self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                            initargs=(build, args, update))
+    def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
+                 timeout: float | None = None):
+        self.update, self.local, self.timeout = update, local_context, timeout
+        self._start = lambda: ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
+                                                  initargs=(build, args, update))
+        self.pool = self._start() if workers > 1 else None
 
     def map(self, tasks: list[tuple]) -> list[Any]:
         if self.pool is None:
             return [self.update(self.local, *t) for t in tasks]
-        try:
-            return list(self.pool.map(_run, tasks))
-        except BrokenProcessPool:
-            raise FedL2PError("a worker process died during a round (killed or out of memory); run the same command "
-                              "again to resume from the last round's checkpoint") from None
+        out = self._batch(tasks)
+        # a dying worker breaks the whole executor: every unfinished client re-runs alone in a fresh pool, so the one
+        # whose update kills its worker fails by itself and the others still answer
+        for i in [i for i, r in enumerate(out) if r is _BROKEN]:
+            out[i] = self._batch([tasks[i]])[0]
+            if out[i] is _BROKEN:
+                out[i] = Failed("its worker process died (killed or out of memory)")
+        return out
+
+    def _batch(self, tasks: list[tuple]) -> list[Any]:
+        """Results in task order; `_BROKEN` where the executor broke first, `Failed` for an error or no reply in
+        time. A broken or hung pool is replaced before returning."""
+        futures = [self.pool.submit(_run, t) for t in tasks]
+        _, late = wait(futures, timeout=self.timeout)
+        out: list[Any] = []
+        for f in futures:
+            if f in late:
+                out.append(Failed(f"no reply within {self.timeout:g} s"))
+                continue
+            try:
+                out.append(f.result())
+            except BrokenProcessPool:
+                out.append(_BROKEN)
+            except Exception as e:  # noqa: BLE001 - the client failed; the round's policy decides what follows
+                out.append(Failed(f"{e.__class__.__name__}: {e}"))
+        if late or any(r is _BROKEN for r in out):
+            self.close()
+            self.pool = self._start()
+        return out
 
     def close(self) -> None:
         if self.pool is not None:
@@ -74,10 +101,11 @@ class ClientPool:
 
 
 def open_pool(engine: str, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-              nodes: int, gpus_per_client: float = 0.0):
+              nodes: int, gpus_per_client: float = 0.0, timeout: float | None = None):
     """The executor of a round's client updates: `local` (this process, or `workers` processes) or `flower`
     (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time, each given
-    `gpus_per_client` of a GPU). Every process computes on this process's device (`fedl2p --device`)."""
+    `gpus_per_client` of a GPU). Every process computes on this process's device (`fedl2p --device`). A client
+    that fails or gives no reply within `timeout` seconds comes back as `rounds.Failed`."""
     from .. import device
     spec = device.spec()
     if engine == "flower" and gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
@@ -85,5 +113,5 @@ def open_pool(engine: str, workers: int, build: Callable[..., Any], args: tuple,
     args = (spec, build, *args)
     if engine == "flower":
         from .flower import FlowerPool
-        return FlowerPool(workers, on_device, args, update, nodes, gpus_per_client)
-    return ClientPool(workers, on_device, args, update, local_context)
+        return FlowerPool(workers, on_device, args, update, nodes, gpus_per_client, timeout)
+    return ClientPool(workers, on_device, args, update, local_context, timeout)

@@ -183,9 +183,9 @@ def _server_app():
 
         def execute(tasks: list[tuple]) -> list:
             return exchange(grid, [[spec, theta, lam, rnd, cfg_dict] for _, lam, rnd in tasks],
-                            [node_of[c] for c, _, _ in tasks])
+                            [node_of[c] for c, _, _ in tasks], cfg.round_timeout or None)
 
-        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, None, NoProgress(), execute)
+        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, None, NoProgress(), execute, cfg.policy())
         out.mkdir(parents=True, exist_ok=True)
         weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
         write_history(out / "history.csv", st.history)

@@ -20,7 +20,7 @@ from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
-from ..engine.rounds import run_rounds
+from ..engine.rounds import RoundPolicy, run_rounds
 from ..engine.flower import ENGINES
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
@@ -61,7 +61,17 @@ class MetaTrainConfig:
     # dropped. Both left out of the artifact id at their defaults (added later).
     norm_bound: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
     aggregator: str = field(default="mean", metadata={"option": "--aggregate", "identity_default": True})
+    # clients that fail (a worker process that dies, an error, no reply within round_timeout seconds; 0: no limit):
+    # a round aggregates what arrived when at least min_answers of the sampled clients answered, else samples the
+    # round afresh up to round_retries times, then stops (Flower's accept_failures, made explicit). Left out of the
+    # artifact id at their defaults (added later).
+    round_timeout: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
+    min_answers: float = field(default=1.0, metadata=FRACTION | {"identity_default": True})
+    round_retries: int = field(default=0, metadata=NON_NEGATIVE | {"identity_default": True})
     meta: MetaConfig = field(default_factory=MetaConfig)
+
+    def policy(self) -> RoundPolicy:
+        return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)
 
     def variant(self) -> str:
         """The method's name in result tables."""
@@ -249,9 +259,9 @@ class MetaStrategy:
     def stop(self, st: LoopState) -> bool:
         return bool(st.extra["diverged"] or (self.cfg.patience and st.extra["stale"] >= self.cfg.patience))
 
-    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[tuple]:
         lam = group_of(st.tensors, "lam")
-        return [(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+        return [(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
     def accepted(self, lam: Lambda, tasks: list[tuple], results: list[ClientResult]) -> tuple[list[ClientResult], list[str]]:
         """The replies that may be aggregated, and why each other one was dropped (never aggregated, always logged)."""
@@ -306,7 +316,7 @@ class MetaStrategy:
 
 def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool
               ) -> tuple[Lambda, list[dict], dict]:
-    st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map)
+    st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map, ctx.cfg.policy())
     return kept_lambda(ctx.cfg, st), st.history, st.extra
 
 
@@ -380,7 +390,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
             with open_pool(cfg.engine, cfg.workers, make_context, (*ids, cfg), client_task, ctx,
-                           len(part.pool(False)), cfg.gpus_per_client) as pool:
+                           len(part.pool(False)), cfg.gpus_per_client, cfg.round_timeout or None) as pool:
                 lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool)
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})

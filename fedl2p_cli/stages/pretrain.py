@@ -114,9 +114,9 @@ class PretrainStrategy:
     def stop(self, st: LoopState) -> bool:
         return False
 
-    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[tuple]:
         lr = step_lr(self.cfg.lr, rnd, self.cfg.rounds)
-        return [(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+        return [(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
     def client(self, state: dict, c: int, lr: float, rnd: int) -> tuple[dict, int, float]:
         """One client's local update on this process's device; the new state comes back on the CPU."""
