@@ -135,7 +135,8 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 @needs_flower
-def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path):
+@pytest.mark.parametrize("secure", [False, True], ids=["insecure", "tls-and-supernode-auth"])
+def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, secure):
     """A real SuperLink and two SuperNodes on 127.0.0.1 (insecure, temporary FLWR_HOME, free ports, no runtime
     dependency installation), `flwr run` of the repo's app for two rounds; each site computes its own statistics.
     Lambda equals the in-process engine's on the same two clients (float32 rounding), and every process started
@@ -165,11 +166,16 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path):
     link, *nodes = _free_ports(3)
     home = tmp_path / "flwr_home"
     home.mkdir()
+    certs = tmp_path / "certs"
+    if secure:  # the helper's test credentials: TLS for every connection, and only registered SuperNodes may join
+        from fedl2p_cli.stages import flower_certs
+        flower_certs.make(certs, 2, ["127.0.0.1", "localhost"])
+    trust = f'root-certificates = "{certs / "ca.crt"}"\n' if secure else "insecure = true\n"
     (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+                                      f'address = "127.0.0.1:{link}"\n{trust}')
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(3)]
+    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(4)]
     started: list[subprocess.Popen] = []
 
     def start(args: list[str], log) -> None:
@@ -177,16 +183,36 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path):
                                         start_new_session=True))
 
     try:
-        start(["flower-superlink", "--insecure", "--port", str(link), "--database", ":flwr-in-memory:",
+        link_tls = (["--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "server.pem"),
+                     "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"] if secure else ["--insecure"])
+        start(["flower-superlink", *link_tls, "--port", str(link), "--database", ":flwr-in-memory:",
                "--disable-runtime-dependency-installation"], logs[0])
         time.sleep(5)
-        for port, c, log in zip(nodes, sites, logs[1:]):
-            start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}", "--port", str(port),
+        for i, (port, c, log) in enumerate(zip(nodes, sites, logs[1:]), 1):
+            node_tls = ["--insecure"]
+            if secure:
+                reg = subprocess.run([str(bin_dir / "flwr"), "supernode", "register", str(certs / f"site{i}.pub"),
+                                      "loopback"], env=env, capture_output=True, text=True, timeout=60)
+                assert reg.returncode == 0, reg.stdout[-2000:] + reg.stderr[-2000:]
+                node_tls = ["--root-certificates", str(certs / "ca.crt"),
+                            "--auth-supernode-private-key", str(certs / f"site{i}.key")]
+            start(["flower-supernode", *node_tls, "--superlink", f"127.0.0.1:{link}", "--port", str(port),
                    "--node-config", f"site-dir='{tmp_path / f'site{c}'}'"], log)
+        if secure:  # an intruder: the right CA and address, but not registered (without SuperNode authentication
+            # the SuperLink would accept it; seen: "Activated node_id=...")
+            start(["flower-supernode", "--root-certificates", str(certs / "ca.crt"),
+                   "--superlink", f"127.0.0.1:{link}", "--port", str(_free_ports(1)[0]),
+                   "--max-retries", "2", "--node-config", f"site-dir='{tmp_path / f'site{sites[0]}'}'"], logs[3])
         app = Path(__file__).resolve().parents[1] / "flower_app"
         r = subprocess.run([str(bin_dir / "flwr"), "run", str(app), "loopback", "--run-config", str(tmp_path / "run.toml"),
                             "--stream"], env=env, capture_output=True, text=True, timeout=300)
         assert (out / "lambda.safetensors").is_file(), r.stdout[-2000:] + r.stderr[-2000:]
+        if secure:  # the unregistered SuperNode was refused, and gave up
+            refused = "All SuperNodes must be registered"
+            deadline = time.time() + 120
+            while refused not in (tmp_path / "proc3.log").read_text() and time.time() < deadline:
+                time.sleep(2)
+            assert refused in (tmp_path / "proc3.log").read_text()
     finally:
         for p in started:
             try:

@@ -12,7 +12,9 @@ from ..errors import FedL2PError
 from . import options, render
 
 app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `flwr run flower_app` against a SuperLink "
-                  "with one SuperNode per client site (docs/deployment.md).", no_args_is_help=True)
+                  "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
+                  "authentication (`credentials` makes test credentials for a trial); Flower's insecure mode "
+                  "(--insecure) sends everything in clear and lets anyone join: loopback only.", no_args_is_help=True)
 flower_app = options.Lazy("fedl2p_cli.stages.flower_app")
 meta_stage = options.Lazy("fedl2p_cli.stages.meta_train")
 
@@ -86,3 +88,22 @@ def import_run(
     `fedl2p personalize --meta ID` then compares it with the hand-made strategies."""
     art, reused = flower_app.import_run(options.store(store), out)
     render.artifact_line("meta-train", art.id, art.path, reused)
+
+
+@app.command("credentials")
+def credentials(
+    out: Path = typer.Option(..., help="Folder for ca.crt, server.pem, server.key and site<i>.key / site<i>.pub."),
+    sites: int = typer.Option(..., min=1, help="SuperNodes to make authentication key pairs for."),
+    host: Optional[str] = typer.Option("127.0.0.1,localhost", help="Comma-separated names and addresses the "
+                                       "SuperLink's certificate is valid for (what SuperNodes and flwr connect to)."),
+) -> None:
+    """Test credentials for a secured local trial: a CA, the SuperLink's TLS certificate and one key pair per
+    SuperNode for Flower's SuperNode authentication (valid 30 days). For a trial only: a real federation takes its
+    certificate from an authority its sites trust, and each site makes its own key pair."""
+    from ..stages import flower_certs
+    hosts = options.csv_list(host) or []
+    if not hosts:
+        raise FedL2PError("--host needs at least one name or address")
+    written = flower_certs.make(out, sites, hosts)
+    render.console.print(f"wrote {len(written)} files to {out}: give the SuperLink ca.crt, server.pem and server.key; "
+                         "each site its site<i>.key and ca.crt; register each site<i>.pub with `flwr supernode register`")
