@@ -226,9 +226,12 @@ def collect(cell: str) -> list[dict] | None:
     rows = []
     want = {k: v for k, v in sections(cell)["partition"].items() if k != "exclude"}
 
-    def ours(art) -> bool:
+    from fedl2p_cli.stages.partition import PartitionConfig
+    defaults = PartitionConfig()
+
+    def ours(art) -> bool:  # an option at its default may be absent from a stored config (identity_default)
         got = store.load("partition", art.parents["partition"], verify=False).config
-        return art.config.get("seeds") == SEEDS and all(got.get(k) == v for k, v in want.items())
+        return art.config.get("seeds") == SEEDS and all(got.get(k, getattr(defaults, k)) == v for k, v in want.items())
 
     arts = [a for a in store.iter("personalize") if ours(a)]
     for art in arts:
