@@ -138,6 +138,8 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old["meta"].pop("val_stats")
     old["meta"].pop("eta_nonneg")
     old.pop("norm_bound"), old.pop("aggregator")  # untrusted-reply options, out of the id at their defaults
+    for k in ("round_timeout", "min_answers", "round_retries"):  # failure handling, likewise
+        old.pop(k)
     assert config_dict(cfg) == old
     cfg.meta.beta_init = 0.9
     assert config_dict(cfg)["meta"]["beta_init"] == 0.9 and cfg.variant().endswith("-binit0.9")

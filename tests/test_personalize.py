@@ -151,3 +151,14 @@ def test_bad_inputs(tiny_store):
         personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"]), store, pre, st, [other.id])
     import shutil
     shutil.rmtree(other.path)
+
+
+def test_an_untrained_variant_is_refused_naming_the_trained_ones(tiny_store):
+    """A variant nobody trained: one line that names those that exist (the session's store has at least the IFT one)."""
+    import pytest
+
+    from fedl2p_cli.errors import FedL2PError
+    from fedl2p_cli.stages import personalize as pers
+    cfg = pers.PersonalizeConfig(methods=["ft-bnc", "fedl2p-fomaml-nb99"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    with pytest.raises(FedL2PError, match=r"'fedl2p-fomaml-nb99'.*this model's trained variants: (.*, )?fedl2p[ ,]"):
+        pers.run(cfg, tiny_store["store"], None, tiny_store["stats"].id)

@@ -72,17 +72,23 @@ def check(cfg: PersonalizeConfig) -> None:
         raise FedL2PError(f"unknown --eval-stats '{cfg.eval_stats}'; choose one of: {', '.join(EVAL_STATS)}")
 
 
-def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pretrain_id: str, table: StatsTable) -> list[MetaMethod]:
-    """Meta-net artifacts by id, plus the newest artifact for any requested variant name (e.g. 'fedl2p')."""
+def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pretrain_id: str, table: StatsTable,
+                 stats_id: str | None = None) -> list[MetaMethod]:
+    """Meta-net artifacts by id, plus the newest artifact for any requested variant name (e.g. 'fedl2p'): one
+    learned on these clients' statistics if there is one, else one of the same pretrained model."""
     arts = [store.load("meta-train", r) for r in meta_refs]
     known = {a.metrics.get("variant") for a in arts}
     for m in cfg.methods:
         if m in HANDMADE or m in known or m in pfl_stage.ALGOS:
             continue
-        hit = store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id)
+        hit = (store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("stats") == stats_id)
+               or store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id))
         if hit is None:
+            have = sorted({a.metrics.get("variant") for a in store.iter("meta-train") if a.parents.get("pretrain") == pretrain_id})
+            hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
+                    if have else "; run `fedl2p meta-train` first")
             raise FedL2PError(f"unknown method '{m}': not a baseline ({', '.join(HANDMADE)}) and no meta-train artifact "
-                              f"of that variant for pretrained model {pretrain_id}")
+                              f"of that variant for pretrained model {pretrain_id}{hint}")
         arts.append(store.load("meta-train", hit.id))
     out = []
     for a in arts:
@@ -288,9 +294,11 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         meta_refs: list[str] | None = None, force: bool = False, progress: Progress | None = None,
         pfl_refs: list[str] | None = None) -> tuple[Artifact, bool]:
     check(cfg)
+    if pretrain_ref is None and stats_ref is not None:  # the statistics name their model
+        pretrain_ref = store.load("stats", stats_ref, verify=False).parents["pretrain"]
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
-    metas = resolve_meta(store, cfg, meta_refs or [], pre_art.id, table)
+    metas = resolve_meta(store, cfg, meta_refs or [], pre_art.id, table, stats_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
     parents |= {f"meta-train:{m.name}": m.art_id for m in metas}
     pfls = resolve_pfl(store, cfg, pfl_refs or [], parents["partition"])
