@@ -60,3 +60,14 @@ def test_unknown_key_is_one_clear_error(tmp_path):
     f.write_text(TOML.replace("rounds = 2\nfraction = 0.5\nbatch_size = 16", "rounds = 2\nfraktion = 0.5", 1))
     with pytest.raises(FedL2PError, match="unknown key 'fraktion' in \\[pretrain\\]"):
         pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+
+
+def test_every_shipped_pipeline_file_is_valid(tmp_path):
+    """pipelines/*.toml parse and pass the whole-file validation (keys, types, ranges) without any data."""
+    from pathlib import Path
+    files = sorted((Path(__file__).resolve().parent.parent / "pipelines").glob("*.toml"))
+    assert len(files) >= 17
+    for f in files:
+        p = pipeline.load(f, tmp_path / "store")
+        pipeline.check_sections(p)
+    assert not (tmp_path / "store").exists()
