@@ -126,6 +126,52 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+def _kill_serverapp_after_a_round(flwr_run: list[str], env: dict, out, link_pid: int) -> int:
+    """Start `flwr run`, wait for the ServerApp's first round checkpoint, then kill -9 the ServerApp process (a child
+    of the SuperLink's SuperExec, in the SuperLink's session) and `flwr run` itself; the round it had reached."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from fedl2p_cli.engine.loop import Checkpoint
+    runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline, reached = time.time() + 240, 0
+    while time.time() < deadline and reached < 1:
+        for folder in (out / ".checkpoint").glob("*"):
+            try:
+                st = Checkpoint(folder).load()
+                reached = st.next_round if st else 0
+            except Exception:  # noqa: BLE001 - caught mid-write: look again
+                pass
+        time.sleep(0.1)
+    def cmdlines() -> dict[int, list[str]]:
+        out = {}
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit():
+                    out[int(p.name)] = (p / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:  # a process that ended while we looked
+                pass
+        return out
+
+    procs = cmdlines()
+    # the SuperLink's SuperExec names its parent and the ServerAppIo address its ServerApps connect to
+    addresses = {a[a.index("--runtime-api-address") + 1] for a in procs.values()
+                 if any("flower-superexec" in x for x in a) and "--parent-pid" in a and "--runtime-api-address" in a
+                 and a[a.index("--parent-pid") + 1] == str(link_pid)}
+    apps = [pid for pid, a in procs.items() if any("flwr-serverapp" in x for x in a) and "--runtime-api-address" in a
+            and a[a.index("--runtime-api-address") + 1] in addresses]
+    for pid in apps:
+        os.kill(pid, signal.SIGKILL)
+    os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait(timeout=30)
+    assert apps, "no ServerApp process found to kill"
+    return reached
+
+
 def _alive(pids: list[int]) -> list[int]:
     """Those of pids (and their process groups) still running, zombies excluded."""
     import subprocess
@@ -135,12 +181,14 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 @needs_flower
-@pytest.mark.parametrize("secure", [False, True], ids=["insecure", "tls-and-supernode-auth"])
-def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, secure):
+@pytest.mark.parametrize("mode", ["insecure", "tls-and-supernode-auth", "serverapp-killed"])
+def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, mode):
     """A real SuperLink and two SuperNodes on 127.0.0.1 (insecure, temporary FLWR_HOME, free ports, no runtime
     dependency installation), `flwr run` of the repo's app for two rounds; each site computes its own statistics.
     Lambda equals the in-process engine's on the same two clients (float32 rounding), and every process started
-    (each in its own process group, with its children) is gone afterwards."""
+    (each in its own process group, with its children) is gone afterwards. Secured: TLS and SuperNode authentication,
+    and an unregistered SuperNode is refused. Killed: the ServerApp process (and `flwr run`) killed after its first
+    round's checkpoint; a second `flwr run` of the same run config resumes and ends at the same lambda."""
     import os
     import signal
     import subprocess
@@ -155,12 +203,14 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     from fedl2p_cli.stages import flower_app, meta_train, partition
     from fedl2p_cli.stages.common import NoProgress
 
+    secure, killed = mode == "tls-and-supernode-auth", mode == "serverapp-killed"
+    rounds = 4 if killed else 2
     store = tiny_store["store"]
     _, part = partition.load(store, tiny_store["partition"].id)
     sites = part.pool(False)[:2]
     for c in sites:
         flower_app.export_site(part.client(c), c, tmp_path / f"site{c}")
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=31, keep="last", meta=TINY_META)  # last: it moved
+    cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=0.5, seed=31, keep="last", meta=TINY_META)  # last: it moved
     out = tmp_path / "out"
     (tmp_path / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg, 2, out)))
     link, *nodes = _free_ports(3)
@@ -204,9 +254,17 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
                    "--superlink", f"127.0.0.1:{link}", "--port", str(_free_ports(1)[0]),
                    "--max-retries", "2", "--node-config", f"site-dir='{tmp_path / f'site{sites[0]}'}'"], logs[3])
         app = Path(__file__).resolve().parents[1] / "flower_app"
-        r = subprocess.run([str(bin_dir / "flwr"), "run", str(app), "loopback", "--run-config", str(tmp_path / "run.toml"),
-                            "--stream"], env=env, capture_output=True, text=True, timeout=300)
+        flwr_run = [str(bin_dir / "flwr"), "run", str(app), "loopback", "--run-config", str(tmp_path / "run.toml"), "--stream"]
+        if killed:
+            killed_at = _kill_serverapp_after_a_round(flwr_run, env, out, started[0].pid)
+            assert 1 <= killed_at < rounds and not (out / "lambda.safetensors").exists()
+        r = subprocess.run(flwr_run, env=env, capture_output=True, text=True, timeout=300)
         assert (out / "lambda.safetensors").is_file(), r.stdout[-2000:] + r.stderr[-2000:]
+        assert len((out / "history.csv").read_text().strip().splitlines()) == rounds + 1
+        if killed:  # the second run did not start over: it resumed where the killed one's checkpoint was
+            import re
+            last = (out / "server.log").read_text().splitlines()[-1]
+            assert re.search(r"resuming after round (\d+)", last) and killed_at <= int(re.search(r"(\d+)$", last).group(1)) < rounds, last
         if secure:  # the unregistered SuperNode was refused, and gave up
             refused = "All SuperNodes must be registered"
             deadline = time.time() + 120
@@ -242,7 +300,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
         lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
         strategy = meta_train.MetaStrategy(ctx, lam0)
         strategy.seen = list(sites)
-        st = run_rounds(strategy, 2, None, NoProgress(), in_process(lambda *t: meta_train.client_task(ctx, *t)))
+        st = run_rounds(strategy, rounds, None, NoProgress(), in_process(lambda *t: meta_train.client_task(ctx, *t)))
     finally:
         torch.set_num_threads(torch_threads)
     want = group_of(st.tensors, "lam")

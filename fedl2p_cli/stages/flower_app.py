@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from ..core.finetune import ClientBN
 from ..core.functional import set_state
 from ..core.stats import client_stats
 from ..engine.flower import exchange, records, unrecord, wait_nodes
-from ..engine.loop import generator
+from ..engine.loop import Checkpoint, generator
 from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
@@ -162,6 +163,14 @@ def import_run(store, out: Path) -> tuple:
     return build_or_reuse(store, "meta-train", config, {"pretrain": pre.id}, build)
 
 
+def server_checkpoint(out: Path, rc) -> Path:
+    """The ServerApp's round checkpoints: a folder under OUT named by a hash of the run config's settings, model and
+    sites, so that only a re-run of the same run config resumes from it (a changed config starts afresh)."""
+    import hashlib
+    key = json.dumps({k: str(rc[k]) for k in ("meta-train", "model", "sites")}, sort_keys=True)
+    return out / ".checkpoint" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def _server_app():
     from flwr.app import Message, RecordDict
     from flwr.serverapp import ServerApp
@@ -185,7 +194,13 @@ def _server_app():
             return exchange(grid, [[spec, theta, lam, rnd, cfg_dict] for _, lam, rnd in tasks],
                             [node_of[c] for c, _, _ in tasks], cfg.round_timeout or None)
 
-        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, None, NoProgress(), execute, cfg.policy())
+        ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
+        done = (ckpt.load() or mt.LoopState(0, {})).next_round
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "server.log", "a") as log:  # what an operator (and the resume test) reads
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} run of {cfg.rounds} rounds, "
+                      + (f"resuming after round {done}\n" if done else "from the start\n"))
+        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, ckpt, NoProgress(), execute, cfg.policy())
         out.mkdir(parents=True, exist_ok=True)
         weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
         write_history(out / "history.csv", st.history)
