@@ -172,6 +172,35 @@ def _kill_serverapp_after_a_round(flwr_run: list[str], env: dict, out, link_pid:
     return reached
 
 
+def _kill_a_site_after_a_round(flwr_run: list[str], env: dict, out, site):
+    """Run `flwr run` to the end while the SuperNode `site` is killed (its process group) once round 1 is
+    checkpointed; its completed process."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from fedl2p_cli.engine.loop import Checkpoint
+    runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    deadline, reached = time.time() + 240, 0
+    while time.time() < deadline and reached < 1:
+        for folder in (out / ".checkpoint").glob("*"):
+            try:
+                st = Checkpoint(folder).load()
+                reached = st.next_round if st else 0
+            except Exception:  # noqa: BLE001 - caught mid-write: look again
+                pass
+        time.sleep(0.1)
+    os.killpg(site.pid, signal.SIGKILL)
+    try:
+        text, _ = runner.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(runner.pid, signal.SIGKILL)
+        text, _ = runner.communicate()
+    return subprocess.CompletedProcess(flwr_run, runner.returncode, text, "")
+
+
 def _alive(pids: list[int]) -> list[int]:
     """Those of pids (and their process groups) still running, zombies excluded."""
     import subprocess
@@ -181,7 +210,8 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 @needs_flower
-@pytest.mark.parametrize("mode", ["insecure", "tls-and-supernode-auth", "serverapp-killed"])
+@pytest.mark.parametrize("mode", ["insecure", "tls-and-supernode-auth", "serverapp-killed", "site-nan", "site-shape",
+                                  "site-scale100", "site-killed"])
 def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, mode):
     """A real SuperLink and two SuperNodes on 127.0.0.1 (insecure, temporary FLWR_HOME, free ports, no runtime
     dependency installation), `flwr run` of the repo's app for two rounds; each site computes its own statistics.
@@ -204,16 +234,21 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     from fedl2p_cli.stages.common import NoProgress
 
     secure, killed = mode == "tls-and-supernode-auth", mode == "serverapp-killed"
-    rounds = 4 if killed else 2
+    fault = mode[len("site-"):] if mode.startswith("site-") else None  # a third site that misbehaves, or dies
+    rounds = 4 if killed else 3 if fault == "killed" else 2
     store = tiny_store["store"]
     _, part = partition.load(store, tiny_store["partition"].id)
-    sites = part.pool(False)[:2]
+    sites = part.pool(False)[:3 if fault else 2]
     for c in sites:
         flower_app.export_site(part.client(c), c, tmp_path / f"site{c}")
-    cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=0.5, seed=31, keep="last", meta=TINY_META)  # last: it moved
+    cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=1.0 if fault else 0.5, seed=31, keep="last", meta=TINY_META,
+                                     norm_bound=3.0 if fault else 0.0,  # last: it moved
+                                     round_timeout=60.0 if fault == "killed" else 0.0,
+                                     min_answers=0.6 if fault == "killed" else 1.0)
     out = tmp_path / "out"
-    (tmp_path / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg, 2, out)))
-    link, *nodes = _free_ports(3)
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg,
+                                                                           len(sites), out)))
+    link, *nodes = _free_ports(len(sites) + 1)
     home = tmp_path / "flwr_home"
     home.mkdir()
     certs = tmp_path / "certs"
@@ -246,8 +281,9 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
                 assert reg.returncode == 0, reg.stdout[-2000:] + reg.stderr[-2000:]
                 node_tls = ["--root-certificates", str(certs / "ca.crt"),
                             "--auth-supernode-private-key", str(certs / f"site{i}.key")]
+            spoil = f" fault='{fault}'" if fault in flower_app.FAULTS and i == 3 else ""
             start(["flower-supernode", *node_tls, "--superlink", f"127.0.0.1:{link}", "--port", str(port),
-                   "--node-config", f"site-dir='{tmp_path / f'site{c}'}'"], log)
+                   "--node-config", f"site-dir='{tmp_path / f'site{c}'}'{spoil}"], log)
         if secure:  # an intruder: the right CA and address, but not registered (without SuperNode authentication
             # the SuperLink would accept it; seen: "Activated node_id=...")
             start(["flower-supernode", "--root-certificates", str(certs / "ca.crt"),
@@ -258,13 +294,22 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
         if killed:
             killed_at = _kill_serverapp_after_a_round(flwr_run, env, out, started[0].pid)
             assert 1 <= killed_at < rounds and not (out / "lambda.safetensors").exists()
-        r = subprocess.run(flwr_run, env=env, capture_output=True, text=True, timeout=300)
+        if fault == "killed":  # the third SuperNode dies (kill -9, its whole process group) after round 1
+            r = _kill_a_site_after_a_round(flwr_run, env, out, started[3])
+        else:
+            r = subprocess.run(flwr_run, env=env, capture_output=True, text=True, timeout=300)
         assert (out / "lambda.safetensors").is_file(), r.stdout[-2000:] + r.stderr[-2000:]
         assert len((out / "history.csv").read_text().strip().splitlines()) == rounds + 1
         if killed:  # the second run did not start over: it resumed where the killed one's checkpoint was
             import re
             last = (out / "server.log").read_text().splitlines()[-1]
             assert re.search(r"resuming after round (\d+)", last) and killed_at <= int(re.search(r"(\d+)$", last).group(1)) < rounds, last
+        history = (out / "history.csv").read_text()
+        if fault == "killed":  # the run completed without it, and named it
+            assert f"client {sites[2]}: " in history, history
+        elif fault:  # every round dropped the third site's reply, named with its reason
+            why = {"nan": "eta is not finite", "shape": "torch.float32", "scale100": "--norm-bound"}[fault]
+            assert history.count(f"client {sites[2]}: ") == rounds and why in history, history
         if secure:  # the unregistered SuperNode was refused, and gave up
             refused = "All SuperNodes must be registered"
             deadline = time.time() + 120
@@ -290,6 +335,8 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
         for pid in _alive([p.pid for p in started]):
             os.kill(pid, signal.SIGKILL)
     assert not _alive([p.pid for p in started])
+    if fault == "killed":  # its first round aggregated three sites: no two-site reference to compare with
+        return
 
     # the in-process engine on the same two clients, the statistics from the central stats stage
     torch_threads = torch.get_num_threads()
@@ -299,7 +346,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
                                       tiny_store["stats"].id, cfg)
         lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
         strategy = meta_train.MetaStrategy(ctx, lam0)
-        strategy.seen = list(sites)
+        strategy.seen = list(sites[:2])  # a misbehaving site's replies were dropped: lambda is the two others'
         st = run_rounds(strategy, rounds, None, NoProgress(), in_process(lambda *t: meta_train.client_task(ctx, *t)))
     finally:
         torch.set_num_threads(torch_threads)

@@ -96,6 +96,29 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
         generator(cfg_dict["seed"], rnd, c), timer)))
 
 
+FAULTS = ("nan", "shape", "scale100")
+
+
+def misbehave(done: tuple, lam: dict, fault: str) -> tuple:
+    """A site's reply spoiled on purpose (node-config `fault`), to rehearse the server's defences on a real
+    federation: nan = non-finite learning rates, shape = a meta-net weight of the wrong shape, scale100 = an update
+    100 times the site's real one. Never set in a real deployment."""
+    from dataclasses import replace
+    r, t = done
+    if not hasattr(r, "lam"):  # a diverged client's message: nothing to spoil
+        return done
+    if fault == "nan":
+        new = dict(r.lam, eta=torch.full_like(r.lam["eta"], float("nan")))
+    elif fault == "shape":
+        k = next(k for k, v in r.lam.items() if v.dim() == 2)
+        new = dict(r.lam, **{k: r.lam[k][:, :1].contiguous()})
+    elif fault == "scale100":
+        new = {k: lam[k] + 100.0 * (v - lam[k]) for k, v in r.lam.items()}
+    else:
+        raise FedL2PError(f"unknown node-config fault '{fault}'; choose one of: {', '.join(FAULTS)}")
+    return replace(r, lam=new), t
+
+
 def _client_app():
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
@@ -110,8 +133,10 @@ def _client_app():
     def train(msg, context):
         spec, theta, lam, rnd, cfg_dict = unrecord(msg.content)
         where = str(context.node_config.get("device", os.environ.get(device.ENV, "auto")))
-        return Message(records(site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict, where)),
-                       reply_to=msg)
+        done = site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict, where)
+        if "fault" in context.node_config:
+            done = misbehave(done, lam, str(context.node_config["fault"]))
+        return Message(records(done), reply_to=msg)
 
     return app
 
