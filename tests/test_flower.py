@@ -126,19 +126,12 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _kill_serverapp_after_a_round(flwr_run: list[str], env: dict, out, link_pid: int) -> int:
-    """Start `flwr run`, wait for the ServerApp's first round checkpoint, then kill -9 the ServerApp process (a child
-    of the SuperLink's SuperExec, in the SuperLink's session) and `flwr run` itself; the round it had reached."""
-    import os
-    import signal
-    import subprocess
+def _first_round_checkpointed(out, timeout: float = 240) -> int:
+    """Wait until the ServerApp's checkpoint under OUT has at least one finished round; the rounds it has."""
     import time
-    from pathlib import Path
 
     from fedl2p_cli.engine.loop import Checkpoint
-    runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    deadline, reached = time.time() + 240, 0
+    deadline, reached = time.time() + timeout, 0
     while time.time() < deadline and reached < 1:
         for folder in (out / ".checkpoint").glob("*"):
             try:
@@ -147,6 +140,20 @@ def _kill_serverapp_after_a_round(flwr_run: list[str], env: dict, out, link_pid:
             except Exception:  # noqa: BLE001 - caught mid-write: look again
                 pass
         time.sleep(0.1)
+    return reached
+
+
+def _kill_serverapp_after_a_round(flwr_run: list[str], env: dict, out, link_pid: int) -> int:
+    """Start `flwr run`, wait for the ServerApp's first round checkpoint, then kill -9 the ServerApp process (a child
+    of the SuperLink's SuperExec, in the SuperLink's session) and `flwr run` itself; the round it had reached."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    reached = _first_round_checkpointed(out)
     def cmdlines() -> dict[int, list[str]]:
         out = {}
         for p in Path("/proc").iterdir():
@@ -178,20 +185,10 @@ def _kill_a_site_after_a_round(flwr_run: list[str], env: dict, out, site):
     import os
     import signal
     import subprocess
-    import time
 
-    from fedl2p_cli.engine.loop import Checkpoint
     runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
-    deadline, reached = time.time() + 240, 0
-    while time.time() < deadline and reached < 1:
-        for folder in (out / ".checkpoint").glob("*"):
-            try:
-                st = Checkpoint(folder).load()
-                reached = st.next_round if st else 0
-            except Exception:  # noqa: BLE001 - caught mid-write: look again
-                pass
-        time.sleep(0.1)
+    _first_round_checkpointed(out)
     os.killpg(site.pid, signal.SIGKILL)
     try:
         text, _ = runner.communicate(timeout=400)
