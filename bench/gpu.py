@@ -142,7 +142,7 @@ def pretrain_client_s(dev: torch.device) -> float:
     from fedl2p_cli.core.functional import get_state
     m, _, _, _, _, data = client("resnet18-cifar", dev)
     state = get_state(m)
-    cfg = LocalConfig(1, 32, "fc.")
+    cfg = LocalConfig(epochs=1, batch_size=32, head="fc.")
     return timed({"c": lambda: sgd_client(m, state, *data.train, 0.1, cfg, torch.Generator().manual_seed(0))}, 10)["c"]
 
 

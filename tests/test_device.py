@@ -98,7 +98,7 @@ def test_statistics_follow_their_inputs(client):
 @pytest.mark.parametrize("algo", ["fedavg", "fedbabu", "perfedavg-hf"])
 def test_pretraining_updates_follow_their_inputs(client, algo):
     model, _, data, _ = client
-    cfg = local.LocalConfig(1, 8, "10.", algo == "fedbabu", 0.01)
+    cfg = local.LocalConfig(epochs=1, batch_size=8, head="10.", freeze_head=algo == "fedbabu", pf_alpha=0.01)
     state = get_state(model)
     gen = torch.Generator().manual_seed(2)
     on_meta(lambda: local.ALGORITHMS[algo](model, state, *data.train, 0.05, cfg, gen))
@@ -111,7 +111,7 @@ def test_pfedla_round_follows_its_inputs(client, k):
     names = [n for n, _ in model.named_parameters()]
     server = pfedla.init_server([0, 1, 2], get_state(model), names, 8, 16, torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(4)
-    on_meta(lambda: pfedla.client_round(model, server, 1, data, local.LocalConfig(1, 8), 0.05, 0.01, k, gen))
+    on_meta(lambda: pfedla.client_round(model, server, 1, data, local.LocalConfig(epochs=1, batch_size=8), 0.05, 0.01, k, gen))
     on_meta(lambda: pfedla.personalized(server, 2, k))
 
 
@@ -121,7 +121,8 @@ def test_cafeme_update_and_personalisation_follow_their_inputs(client, order):
     sites = gate_sites(model, 1)
     mu = init_modulator(1, 4, sum(c for _, c in sites), torch.Generator().manual_seed(5))
     omega = cafeme.join(mu, {n: p.detach().clone() for n, p in model.named_parameters()})
-    cfg = cafeme.CAFeMeConfig(2, 0.05, 1e-3, 8, order, "adam", 4)
+    cfg = cafeme.CAFeMeConfig(steps=2, inner_lr=0.05, outer_lr=1e-3, batch_size=8, order=order, outer="adam",
+                              num_classes=4)
     gen = torch.Generator().manual_seed(6)
     on_meta(lambda: cafeme.client_update(model, sites, omega, data.train, data.val, cfg, gen))
     on_meta(lambda: cafeme.personalize_and_test(model, sites, omega, data.train, data.test, 2, cfg, gen))

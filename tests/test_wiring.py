@@ -272,3 +272,21 @@ def test_personalize_reports_an_accuracy_recomputed_from_primitives(tiny_store):
                   generator(seed, c, 7), client_bn="precise")
     want = personalized_accuracy(model, ft.params, *test, s, ft.bn, art.config["batch_size"])[1]
     assert r.acc_after[r.methods.index("ft-bnc"), 0, j] == want
+
+
+def test_every_config_is_keyword_only():
+    """A config built from positional arguments silently swaps values when a field is added or moved; every
+    config dataclass refuses them."""
+    import dataclasses
+
+    import pytest
+
+    from fedl2p_cli.algorithms import cafeme, fedl2p, local
+    from fedl2p_cli.stages import analyze, meta_train, partition, personalize, pfl, pretrain, stats
+    classes = [partition.PartitionConfig, pretrain.PretrainConfig, stats.StatsConfig, meta_train.MetaTrainConfig,
+               fedl2p.MetaConfig, personalize.PersonalizeConfig, pfl.PFLConfig, analyze.ClustersConfig,
+               local.LocalConfig, cafeme.CAFeMeConfig]
+    for cls in classes:
+        first = dataclasses.fields(cls)[0]
+        with pytest.raises(TypeError):
+            cls(getattr(cls(), first.name))

@@ -29,7 +29,7 @@ from ..core.modulate import gated, modulator
 Omega = dict[str, Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CAFeMeConfig:
     steps: int = 5              # S, inner personalisation steps per round (paper: 5)
     inner_lr: float = 0.05      # alpha

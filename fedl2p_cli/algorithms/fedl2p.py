@@ -27,7 +27,7 @@ class Diverged(Exception):
     """A non-finite loss or meta-gradient."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MetaConfig:
     iterations: int = field(default=3, metadata=AT_LEAST_1)         # K (the authors' CIFAR-10 config: outer_loop_epochs 3)
     epochs: int = field(default=5, metadata=AT_LEAST_1)             # e, fine-tuning epochs per iteration

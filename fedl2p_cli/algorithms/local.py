@@ -16,7 +16,7 @@ from ..core.functional import epochs_of_batches, get_state, mean_loss, random_ba
 State = dict[str, Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocalConfig:
     epochs: int = 1
     batch_size: int = 32

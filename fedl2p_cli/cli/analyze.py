@@ -22,7 +22,7 @@ def clusters(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
-    art, reused = stage.run(stage.ClustersConfig(method, seed), options.store(store), personalize, force)
+    art, reused = stage.run(stage.ClustersConfig(method=method, seed=seed), options.store(store), personalize, force)
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])

@@ -45,8 +45,9 @@ def personalize(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
-    cfg = stage.PersonalizeConfig(unseen, options.csv_list(methods), epochs, batch_size, base_lr, options.int_list(seeds),
-                                  client_bn, pfl_steps, eval_stats)
+    cfg = stage.PersonalizeConfig(unseen=unseen, methods=options.csv_list(methods), epochs=epochs, batch_size=batch_size,
+                                  base_lr=base_lr, seeds=options.int_list(seeds), client_bn=client_bn,
+                                  pfl_steps=pfl_steps, eval_stats=eval_stats)
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl)
     show(json.loads(art.file("summary.json").read_text()))
     render.artifact_line("personalize", art.id, art.path, reused)

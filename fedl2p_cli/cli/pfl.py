@@ -43,8 +43,9 @@ def pfl_train(
 ) -> None:
     """Train pFedLA, HeurpFedLA or CAFeMe on the seen clients -> a pfl artifact that `fedl2p personalize --methods`
     evaluates beside FT and FedL2P (pFedLA has no model for unseen clients: N/A there)."""
-    cfg = stage.PFLConfig(algo, model, rounds, fraction, batch_size, lr, local_epochs, hn_lr, embed_dim, hn_hidden, k,
-                          steps, outer_lr, order, outer, eval_every, seed)
+    cfg = stage.PFLConfig(algo=algo, model=model, rounds=rounds, fraction=fraction, batch_size=batch_size, lr=lr,
+                          local_epochs=local_epochs, hn_lr=hn_lr, embed_dim=embed_dim, hn_hidden=hn_hidden, k=k,
+                          steps=steps, outer_lr=outer_lr, order=order, outer=outer, eval_every=eval_every, seed=seed)
     art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
     render.table(f"pfl-train ({cfg.algo})", ["metric", "value"], [[k_, v] for k_, v in art.metrics.items()])
     render.artifact_line("pfl", art.id, art.path, reused)

@@ -18,7 +18,7 @@ def stats(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
-    art, reused = stage.run(stage.StatsConfig(batch_size), options.store(store), partition, pretrain, force, render.RichProgress())
+    art, reused = stage.run(stage.StatsConfig(batch_size=batch_size), options.store(store), partition, pretrain, force, render.RichProgress())
     show(art.metrics)
     render.artifact_line("stats", art.id, art.path, reused)
 

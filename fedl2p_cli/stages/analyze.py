@@ -17,7 +17,7 @@ from . import stats as stats_stage
 from .common import build_or_reuse
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ClustersConfig:
     method: str | None = None  # which meta-net method's beta/eta (default: the first non-baseline)
     seed: int = field(default=0, metadata=NON_NEGATIVE)

@@ -39,7 +39,7 @@ META_OPTS = ("fedavg", "fedadam")
 NORM_PREFIX = "input_norm."
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MetaTrainConfig:
     rounds: int = field(default=30, metadata=AT_LEAST_1)
     fraction: float = field(default=0.1, metadata=FRACTION)

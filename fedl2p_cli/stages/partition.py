@@ -29,7 +29,7 @@ def default_domains(dataset: str) -> list[str]:
     return corr.ROTATION_DOMAINS if dataset == "fmnist-r" else corr.DEFAULT_DOMAINS
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PartitionConfig:
     dataset: str = "fmnist-c"
     alpha: float = field(default=0.1, metadata=POSITIVE)

@@ -36,7 +36,7 @@ LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)", T
           "heurpfedla": "HeurpFedLA", "cafeme": "CAFeMe"}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PersonalizeConfig:
     unseen: bool = False
     methods: list[str] = field(default_factory=lambda: [*BASELINES, "fedl2p"])

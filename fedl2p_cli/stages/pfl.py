@@ -35,7 +35,7 @@ ALGOS = ("pfedla", "heurpfedla", "cafeme")
 ORDERS, OUTERS = ("first", "second"), ("adam", "sgd")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PFLConfig:
     algo: str = "pfedla"
     model: str = "small-cnn"
@@ -80,7 +80,8 @@ def retained_k(cfg: PFLConfig) -> int:
 
 
 def cafeme_config(cfg: PFLConfig, num_classes: int) -> cafeme.CAFeMeConfig:
-    return cafeme.CAFeMeConfig(cfg.steps, cfg.lr, cfg.outer_lr, cfg.batch_size, cfg.order, cfg.outer, num_classes)
+    return cafeme.CAFeMeConfig(steps=cfg.steps, inner_lr=cfg.lr, outer_lr=cfg.outer_lr, batch_size=cfg.batch_size,
+                               order=cfg.order, outer=cfg.outer, num_classes=num_classes)
 
 
 class PFedLAStrategy:
@@ -97,7 +98,7 @@ class PFedLAStrategy:
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
                                          generator(cfg.seed, 1))
         self.k = retained_k(cfg)
-        self.local = LocalConfig(cfg.local_epochs, cfg.batch_size)
+        self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
         self.model.to(self.dev)  # the server's tensors follow in configure (the state itself stays on the CPU)
 
     def initial_state(self) -> LoopState:

@@ -27,7 +27,7 @@ from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PretrainConfig:
     algo: str = "fedavg"
     model: str = "small-cnn"
@@ -105,8 +105,8 @@ class PretrainStrategy:
         self.tests = device.move({"seen": pool_tensors(part, self.seen, "test"),
                                   "unseen": pool_tensors(part, unseen, "test") if unseen else None}, self.dev)
         self.state_cache = device.RoundCache()
-        self.local = LocalConfig(cfg.local_epochs, cfg.batch_size, registry.head_prefix(model), cfg.algo == "fedbabu",
-                                 cfg.pf_alpha)
+        self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size, head=registry.head_prefix(model),
+                                 freeze_head=cfg.algo == "fedbabu", pf_alpha=cfg.pf_alpha)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, device.to_host(get_state(self.model)))

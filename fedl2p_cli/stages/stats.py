@@ -20,7 +20,7 @@ from .. import device
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StatsConfig:
     batch_size: int = field(default=512, metadata=AT_LEAST_1)  # only speed; the statistics are merged exactly
 
