@@ -100,6 +100,7 @@ def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     rec = st.history[0]
     assert "client 2: its worker process died" in rec["failed"]
     failed = {int(part.split(":")[0].split()[1]) for part in rec["failed"].split("; ")}
+    assert rec["sampled"] == " ".join(map(str, seen))  # every sampled client, the failed one too
     ref = meta_train.MetaStrategy(ctx, lam0)
     st_ref = ref.initial_state()
     tasks = [t for t in ref.configure(st_ref, 0) if t[0] not in failed]

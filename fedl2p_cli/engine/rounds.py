@@ -72,9 +72,10 @@ def in_process(fn: Callable[..., Any]) -> Executor:
 
 
 def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
-             ) -> tuple[list[Task], list[Any], list[str]]:
-    """Round `rnd`'s tasks and results of the clients that answered, and a line per client that did not (this
-    attempt's and every earlier attempt's). Too few answers: the round is sampled again, `policy.retries` times."""
+             ) -> tuple[list[Task], list[Any], list[str], list[Task]]:
+    """Round `rnd`'s tasks and results of the clients that answered, a line per client that did not (this
+    attempt's and every earlier attempt's), and every task of the attempt that counted. Too few answers: the round
+    is sampled again, `policy.retries` times."""
     failures: list[str] = []
     for attempt in range(policy.retries + 1):
         tasks = strategy.configure(st, rnd, attempt) if attempt else strategy.configure(st, rnd)
@@ -83,7 +84,7 @@ def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor
         failures += [f"client {client_of(t)}: {r.reason}" + (f" (attempt {attempt + 1})" if attempt else "")
                      for t, r in zip(tasks, results) if isinstance(r, Failed)]
         if len(ok) >= policy.needed(len(tasks)):
-            return [t for t, _ in ok], [r for _, r in ok], failures
+            return [t for t, _ in ok], [r for _, r in ok], failures, tasks
     raise FedL2PError(f"round {rnd + 1}: too few clients answered (at least {policy.needed(len(tasks))} of "
                       f"{len(tasks)} needed, --min-answers {policy.min_answers:g}) in {policy.retries + 1} attempt(s): "
                       + "; ".join(failures))
@@ -102,7 +103,7 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
             break
         t0, timer = time.perf_counter(), Timer()
         with timer.section("clients"):
-            tasks, results, failures = answered(strategy, st, rnd, execute, policy)
+            tasks, results, failures, sampled = answered(strategy, st, rnd, execute, policy)
         rec = strategy.aggregate(st, rnd, tasks, results, timer)
         if rec is None:
             if ckpt:
@@ -111,6 +112,8 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
         rec["round_s"] = time.perf_counter() - t0
         if failures:
             rec["failed"] = "; ".join(failures)
+            if "sampled" in rec:  # the strategy saw only the clients that answered: name every one sampled
+                rec["sampled"] = " ".join(str(client_of(t)) for t in sampled)
         st.history.append(rec)
         st.next_round = rnd + 1
         if ckpt:
