@@ -91,13 +91,9 @@ def meta_train(
                                   "paper's FedAvg, weighted by samples) | median (coordinate-wise) | trimmed-mean "
                                   "(coordinate-wise, 20% cut at each end). The last two are not in the paper: they bound "
                                   "what a few hostile sites can do."),
-    round_timeout: float = typer.Option(0.0, help="Seconds a round waits for its clients' replies (0: no limit). A client "
-                                        "that gives none, fails or whose worker process dies is named in history.csv's "
-                                        "`failed` column; --min-answers decides whether the round goes on."),
-    min_answers: float = typer.Option(1.0, help="Share of a round's sampled clients that must answer for it to aggregate "
-                                      "what arrived (1: all of them, as the paper assumes). Too few: the round is sampled "
-                                      "afresh, up to --round-retries times, then the run stops with one line."),
-    round_retries: int = typer.Option(0, help="Fresh samples of a round whose clients answered too few (see --min-answers)."),
+    round_timeout: float = options.ROUND_TIMEOUT,
+    min_answers: float = options.MIN_ANSWERS,
+    round_retries: int = options.ROUND_RETRIES,
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),

@@ -32,6 +32,9 @@ def pretrain(
     gpus_per_client: float = typer.Option(0.0, help="With --engine flower on a GPU: the share of a GPU each ClientApp "
                                           "gets (0.25 runs four ClientApps per GPU, on every GPU Ray sees). Not part of "
                                           "the artifact's id."),
+    round_timeout: float = options.ROUND_TIMEOUT,
+    min_answers: float = options.MIN_ANSWERS,
+    round_retries: int = options.ROUND_RETRIES,
     partition: Optional[str] = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
@@ -41,7 +44,8 @@ def pretrain(
     cfg = stage.PretrainConfig(algo=algo, model=model, rounds=rounds, fraction=fraction, local_epochs=local_epochs,
                                batch_size=batch_size, lr=lr, pf_alpha=pf_alpha, eval_every=eval_every, seed=seed,
                                init=str(init) if init else None, reset_head=reset_head, workers=workers, engine=engine,
-                               gpus_per_client=gpus_per_client)
+                               gpus_per_client=gpus_per_client, round_timeout=round_timeout, min_answers=min_answers,
+                               round_retries=round_retries)
     art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
     if art.metrics:
         render.table("global model", ["metric", "value"], [[k, v] for k, v in art.metrics.items()])

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..core.client import Timer
+from ..core.config import FRACTION, NON_NEGATIVE
 from ..errors import FedL2PError
 from .loop import Checkpoint, LoopState
 
@@ -38,6 +39,20 @@ class RoundPolicy:
 
     def needed(self, sampled: int) -> int:
         return max(1, math.ceil(self.min_answers * sampled - 1e-9))
+
+
+@dataclass(kw_only=True)
+class FailureOptions:
+    """A stage config's part that says what its rounds do when clients fail (`policy()`): a round waits
+    round_timeout seconds (0: no limit), aggregates what arrived when at least min_answers of the sampled clients
+    answered, else samples the round afresh up to round_retries times, then stops. Left out of artifact ids at their
+    defaults (added after artifacts existed)."""
+    round_timeout: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
+    min_answers: float = field(default=1.0, metadata=FRACTION | {"identity_default": True})
+    round_retries: int = field(default=0, metadata=NON_NEGATIVE | {"identity_default": True})
+
+    def policy(self) -> RoundPolicy:
+        return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)
 
 
 def client_of(task: Task) -> int | str:

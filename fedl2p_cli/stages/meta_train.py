@@ -20,7 +20,7 @@ from ..core.hypergrad import HESSIANS
 from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
-from ..engine.rounds import RoundPolicy, run_rounds
+from ..engine.rounds import FailureOptions, run_rounds
 from ..engine.flower import ENGINES
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
@@ -40,7 +40,7 @@ NORM_PREFIX = "input_norm."
 
 
 @dataclass(kw_only=True)
-class MetaTrainConfig:
+class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
     rounds: int = field(default=30, metadata=AT_LEAST_1)
     fraction: float = field(default=0.1, metadata=FRACTION)
     nets: str = "both"
@@ -61,17 +61,7 @@ class MetaTrainConfig:
     # dropped. Both left out of the artifact id at their defaults (added later).
     norm_bound: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
     aggregator: str = field(default="mean", metadata={"option": "--aggregate", "identity_default": True})
-    # clients that fail (a worker process that dies, an error, no reply within round_timeout seconds; 0: no limit):
-    # a round aggregates what arrived when at least min_answers of the sampled clients answered, else samples the
-    # round afresh up to round_retries times, then stops (Flower's accept_failures, made explicit). Left out of the
-    # artifact id at their defaults (added later).
-    round_timeout: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
-    min_answers: float = field(default=1.0, metadata=FRACTION | {"identity_default": True})
-    round_retries: int = field(default=0, metadata=NON_NEGATIVE | {"identity_default": True})
     meta: MetaConfig = field(default_factory=MetaConfig)
-
-    def policy(self) -> RoundPolicy:
-        return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)
 
     def variant(self) -> str:
         """The method's name in result tables."""

@@ -16,7 +16,7 @@ from ..core.client import Timer
 from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, validate
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
-from ..engine.rounds import run_rounds
+from ..engine.rounds import FailureOptions, run_rounds
 from ..engine.flower import ENGINES
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
@@ -28,7 +28,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
 @dataclass(kw_only=True)
-class PretrainConfig:
+class PretrainConfig(FailureOptions):  # clients that fail: see FailureOptions
     algo: str = "fedavg"
     model: str = "small-cnn"
     rounds: int = field(default=30, metadata=AT_LEAST_1)
@@ -159,8 +159,8 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
     strategy = make_strategy(cfg, part)
     workers, engine = (cfg.workers, cfg.engine) if where else (1, "local")
     with open_pool(engine, workers, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy,
-                   len(strategy.seen), cfg.gpus_per_client) as pool:
-        st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map)
+                   len(strategy.seen), cfg.gpus_per_client, cfg.round_timeout or None) as pool:
+        st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, cfg.policy())
     return st.tensors, st.history
 
 
