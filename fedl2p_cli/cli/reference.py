@@ -87,6 +87,7 @@ def options_of(words: list[str]) -> tuple[list[str], set[str]] | None:
     ones), or None if a word that must be a command is not one."""
     cmd = _root()
     known = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", []))} | {"--help"}
+    flags = {o for p in cmd.params if getattr(p, "is_flag", False) for o in p.opts} | {"--help"}  # take no value
     path = []
     rest = list(words)
     while _is_group(cmd):
@@ -94,7 +95,7 @@ def options_of(words: list[str]) -> tuple[list[str], set[str]] | None:
             opt = rest.pop(0)
             if opt.split("=")[0] not in known:
                 return None
-            if "=" not in opt and rest and not rest[0].startswith("-") and opt not in ("--deterministic", "--help"):
+            if "=" not in opt and rest and not rest[0].startswith("-") and opt not in flags:
                 rest.pop(0)
         if not rest:
             return path, known

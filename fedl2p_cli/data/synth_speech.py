@@ -97,7 +97,7 @@ def speak(word: str, voice: str, pitch: int, speed: int) -> np.ndarray:
 def render(clean: np.ndarray, s: Speaker, noise: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Place an utterance in the second, through the speaker's microphone, in its room, at its loudness."""
     from scipy.signal import butter, sosfilt
-    clean = clean[:SAMPLE_RATE]
+    clean = fit_second(clean) if clean.size > SAMPLE_RATE else clean
     start = rng.integers(0, SAMPLE_RATE - clean.size + 1)
     x = np.zeros(SAMPLE_RATE, dtype=np.float32)
     x[start:start + clean.size] = clean / max(np.abs(clean).max(), 1e-6)
@@ -136,7 +136,7 @@ def generate(root: Path, train_speakers: int, heldout_speakers: int, seed: int =
         n = counts[(s.name, word)] = counts.get((s.name, word), -1) + 1
         rel = f"{word}/{s.name}_nohash_{n}.wav"
         (root / word).mkdir(exist_ok=True)
-        wav = render(fit_second(x) if x.size > SAMPLE_RATE else x, s, rooms[s.noise], rng)
+        wav = render(x, s, rooms[s.noise], rng)
         wavfile.write(root / rel, SAMPLE_RATE, (wav * 32767).astype(np.int16))
         if s.name in held:
             lists["validation_list.txt" if held[s.name] % 2 == 0 else "testing_list.txt"].append(rel)

@@ -196,6 +196,24 @@ def server_checkpoint(out: Path, rc) -> Path:
     return out / ".checkpoint" / hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+class ServerLog(NoProgress):
+    """The ServerApp's progress: one line per run in OUT/server.log saying where it started (what an operator, and
+    the resume test, reads). The round loop reports the rounds a checkpoint had done as its first advance."""
+
+    def __init__(self, path: Path):
+        self.path, self.rounds, self.said = path, 0, False
+
+    def start(self, description: str, total: int) -> None:
+        self.rounds = total
+
+    def advance(self, n: int = 1, **info) -> None:
+        if not self.said:
+            self.said = True
+            with open(self.path, "a") as log:
+                log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} run of {self.rounds} rounds, "
+                          + (f"resuming after round {n}\n" if n else "from the start\n"))
+
+
 def _server_app():
     from flwr.app import Message, RecordDict
     from flwr.serverapp import ServerApp
@@ -220,13 +238,9 @@ def _server_app():
                             [node_of[c] for c, _, _ in tasks], cfg.round_timeout or None)
 
         ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
-        done = (ckpt.load() or mt.LoopState(0, {})).next_round
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "server.log", "a") as log:  # what an operator (and the resume test) reads
-            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} run of {cfg.rounds} rounds, "
-                      + (f"resuming after round {done}\n" if done else "from the start\n"))
-        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, ckpt, NoProgress(), execute, cfg.policy())
-        out.mkdir(parents=True, exist_ok=True)
+        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, ckpt, ServerLog(out / "server.log"), execute,
+                        cfg.policy())
         weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
         write_history(out / "history.csv", st.history)
 

@@ -135,12 +135,12 @@ def _assemble(cfg: PartitionConfig, ds: datasets.Dataset, names: list[str], spli
     offsets = np.cumsum([[0, len(s.train), len(s.val), len(s.test)] for s in splits], axis=1)
     offsets += np.concatenate([[0], np.cumsum([len(s.indices()) for s in splits])[:-1]])[:, None]
     hist = np.stack([np.bincount(labels[s.indices()], minlength=len(ds.classes)) for s in splits])
-    attrs = {"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity, "scheme": cfg.scheme}
     if ds.groups is not None:  # the held-out speakers are the unseen pool
         unseen = domain == names.index(speech.POOLS[1])
         attrs = {"seed": cfg.seed, "scheme": "speakers", "speakers": json.dumps(ds.group_names)}
     else:
         unseen = choose_unseen(domain, cfg.unseen_fraction, [names.index(d) for d in cfg.unseen_domains], cfg.seed)
+        attrs = {"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity, "scheme": cfg.scheme}
     mean, std = datasets.channel_stats(images) if generated else (ds.mean, ds.std)
     return partition_h5.Partition(
         dataset=cfg.dataset, images=images, labels=torch.from_numpy(labels[idx]), source_index=torch.from_numpy(idx),
