@@ -256,6 +256,7 @@ def collect(cell: str) -> list[dict] | None:
 def merge_extras(store, main, r, s: dict, arts: list) -> None:
     """Learned methods evaluated by another personalize artifact on the same clients, seeds and batches (same
     pretrained model, stats, pool, epochs, LR and client statistics) join the main table, with their paired deltas."""
+    from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
     same = ("unseen", "epochs", "batch_size", "base_lr", "client_bn")
     for a in arts:
@@ -268,7 +269,7 @@ def merge_extras(store, main, r, s: dict, arts: list) -> None:
         best = r.methods.index(s["best_baseline"])
         tuned = r.methods.index("ft-tuned")
         for i, m in enumerate(x.methods):
-            if m in pers_stage.HANDMADE or m in s["methods"] or np.isnan(x.acc_after[i]).all():
+            if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
                 continue
             v = xs["methods"][m]
             v["vs_best_baseline"] = float(np.nanmean(np.nanmean(x.acc_after[i] - r.acc_after[best], axis=0)))
@@ -282,6 +283,7 @@ def cluster_rows(cell: str, row: dict) -> dict:
     clusters: spectral clustering of rounding noise gave ARIs from 0.36 to 0.69 here, so it is reported as constant."""
     from fedl2p_cli.analysis.clusters import spectral_ari
     from fedl2p_cli.artifacts import Store
+    from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
     from fedl2p_cli.stages import stats as stats_stage
     store = Store(STORE)
@@ -296,7 +298,7 @@ def cluster_rows(cell: str, row: dict) -> dict:
         if not np.array_equal(x.client, r.client):
             continue
         for m in x.methods:
-            if m in pers_stage.HANDMADE or f"beta ({m})" in out or np.isnan(x.beta[m]).any():
+            if m in registry.handmade() or f"beta ({m})" in out or np.isnan(x.beta[m]).any():
                 continue
             spread = float(np.ptp(x.beta[m], axis=0).max())
             out[f"beta ({m})"] = spectral_ari(x.beta[m].astype(np.float64), r.domain)[0] if spread >= 1e-3 else "constant"
@@ -349,12 +351,13 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     """The same cell personalised with the paper's running client statistics (`client_bn = "running"`) next to the
     default recomputed ones: FT baselines and the meta-net variants, same clients, seeds and batches."""
     from fedl2p_cli.artifacts import Store
+    from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     main = store.load("personalize", row["personalize"], verify=False)
     metas = [v for k, v in main.parents.items() if k.startswith("meta-train:")]
     out = {"precise": {m: v["mean"] for m, v in row["methods"].items() if m != "ft-tuned"}}
-    cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(pers_stage.BASELINES), epochs=EPOCHS,
+    cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(registry.baselines()), epochs=EPOCHS,
                                        batch_size=32, base_lr=BASE_LR, seeds=SEEDS, client_bn="running")
     art, _ = pers_stage.run(cfg, store, main.parents["pretrain"], main.parents["stats"], metas)
     out["running"] = {m: v["mean"] for m, v in json.loads(art.file("summary.json").read_text())["methods"].items()}
@@ -389,13 +392,13 @@ def over_meta_seeds(methods: dict) -> dict:
 
 
 def report(done: list[list[dict]]) -> str:
-    from fedl2p_cli.stages.personalize import LABELS
+    from fedl2p_cli import methods as registry
     rows = [r | {"methods": over_meta_seeds(r["methods"])} for cell in done for r in cell]
     methods = list(dict.fromkeys(m for r in rows for m in r["methods"]))
-    hand = [m for m in methods if m.startswith("ft-")]
+    hand = [m for m in methods if m in registry.handmade()]
     learned = [m for m in methods if m not in hand]
-    head = "| scenario | α | pool | global | " + " | ".join(LABELS.get(m, m) for m in hand) + " | oracle (test, bound) | " + \
-        " | ".join(LABELS.get(m, m) for m in learned) + " |"
+    head = "| scenario | α | pool | global | " + " | ".join(registry.label(m) for m in hand) + " | oracle (test, bound) | " + \
+        " | ".join(registry.label(m) for m in learned) + " |"
     import subprocess
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "fedl2p_cli", "bench"], capture_output=True, text=True,
@@ -414,7 +417,7 @@ def report(done: list[list[dict]]) -> str:
         lrn = []
         for m in learned:
             if m not in ms or np.isnan(ms[m]["mean"]):
-                no_model = m.startswith("l2p") or m in ("pfedla", "heurpfedla")  # nothing for clients they never trained
+                no_model = not registry.get(m).supports("unseen")  # nothing for clients they never trained
                 lrn.append("N/A" if r["pool"] == "unseen" and no_model else "–")
                 continue
             v = ms[m]

@@ -39,6 +39,8 @@ def main() -> None:
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
     from fedl2p_cli.engine.loop import generator
+    from fedl2p_cli import methods
+    from fedl2p_cli.methods import label
     from fedl2p_cli.stages import personalize as pers_stage
     torch.set_num_threads(1)
     from fedl2p_cli.errors import FedL2PError
@@ -47,7 +49,7 @@ def main() -> None:
         art, r = pers_stage.load(store, args.personalize)
     except FedL2PError as e:  # a wrong id: one line, not a traceback
         sys.exit(f"error: personalize: {e}")
-    meta = [m for m in r.methods if m not in pers_stage.HANDMADE][0]
+    meta = [m for m in r.methods if isinstance(methods.get(m), methods.Learned)][0]
     meta_art = store.load("meta-train", [a for k, a in art.parents.items() if k.startswith("meta-train")][0])
     b_fixed = args.beta if args.beta is not None else float(meta_art.config["meta"].get("beta_init", 0.5))
     model, theta, table, part = accuracy.cell_inputs(art.parents)
@@ -73,9 +75,9 @@ def main() -> None:
     for i, n in enumerate(names):
         d = m[i] - m[0]
         print(f"| {n} | {m[i].mean():.2f} ± {m[i].std():.2f} | {d.mean():+.2f} ± {d.std():.2f} |")
-    for h in (b for b in pers_stage.BASELINES if b in r.methods):
+    for h in (b for b in methods.baselines() if b in r.methods):
         v = 100 * r.acc_after[r.methods.index(h)].mean(axis=1)
-        print(f"| {pers_stage.LABELS[h]} (stored) | {v.mean():.2f} ± {v.std():.2f} | |")
+        print(f"| {label(h)} (stored) | {v.mean():.2f} ± {v.std():.2f} | |")
     ratio = r.eta[meta] / base_lr
     print("\nlearned eta / base LR per tensor (mean [min, max] over clients); learned beta mean per BN layer: "
           + " / ".join(f"{v:.2f}" for v in r.beta[meta].mean(0)))

@@ -4,6 +4,7 @@ federated stage runs through it."""
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ from fedl2p_cli.engine.rounds import in_process, run_rounds
 from fedl2p_cli.stages.common import NoProgress
 
 from .helpers import KillAfter, Killed
+
+
+@dataclass
+class Add:
+    w: torch.Tensor
+    round: int
+    client: int
 
 
 class Toy:
@@ -30,12 +38,12 @@ class Toy:
     def stop(self, st: LoopState) -> bool:
         return float(st.tensors["w"].sum()) > self.stop_at
 
-    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
-        return [(st.tensors["w"], rnd, c) for c in range(3)]
+    def configure(self, st: LoopState, rnd: int) -> list[Add]:
+        return [Add(st.tensors["w"], rnd, c) for c in range(3)]
 
     @staticmethod
-    def client(w, rnd, c):
-        return w + torch.rand(3, generator=generator(0, rnd, c), dtype=torch.float64)
+    def client(t: Add):
+        return t.w + torch.rand(3, generator=generator(0, t.round, t.client), dtype=torch.float64)
 
     def aggregate(self, st, rnd, tasks, results, timer):
         if rnd == self.nan_round:
@@ -107,11 +115,11 @@ def test_a_worker_process_that_dies_is_a_failed_client_and_the_pool_starts_afres
     from fedl2p_cli.engine.workers import ClientPool
     t0 = time.time()
     with ClientPool(2, _no_context, (), _die, None) as pool:
-        assert pool.map([(0,), (2,)]) == [0, 2]
-        out = pool.map([(0,), (1,), (2,)])
+        assert pool.map([0, 2]) == [0, 2]
+        out = pool.map([0, 1, 2])
         assert isinstance(out[1], Failed) and "worker process died" in out[1].reason
         assert all(r in (0, 2) or isinstance(r, Failed) for r in out)  # the others of the broken pool may fail too
-        assert pool.map([(0,), (2,)]) == [0, 2]  # a fresh pool: the run goes on
+        assert pool.map([0, 2]) == [0, 2]  # a fresh pool: the run goes on
     assert time.time() - t0 < 120
 
 
@@ -121,8 +129,8 @@ def test_a_client_without_a_reply_within_the_timeout_is_a_failed_client():
     from fedl2p_cli.engine.workers import ClientPool
     t0 = time.time()
     with ClientPool(2, _no_context, (), _slow, None, timeout=5.0) as pool:
-        assert pool.map([(0,), (2,)]) == [0, 2]  # the workers have started (the first round includes their start-up)
-        out = pool.map([(0,), (1,), (2,)])
+        assert pool.map([0, 2]) == [0, 2]  # the workers have started (the first round includes their start-up)
+        out = pool.map([0, 1, 2])
         assert out[0] == 0 and out[2] == 2 and isinstance(out[1], Failed) and "no reply within 5 s" in out[1].reason
-        assert pool.map([(0,), (2,)]) == [0, 2]
+        assert pool.map([0, 2]) == [0, 2]
     assert time.time() - t0 < 90  # the hung worker (120 s) was not waited for

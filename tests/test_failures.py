@@ -4,6 +4,8 @@ retries run out. The same loop runs every engine; the executors' side (dead work
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from fedl2p_cli.core.client import Timer
@@ -17,6 +19,12 @@ from fedl2p_cli.stages.common import NoProgress
 from .conftest import TINY_META
 
 POOL = list(range(10))
+
+
+@dataclass
+class Ask:
+    client: int
+    round: int
 
 
 class Sum:
@@ -35,7 +43,7 @@ class Sum:
     def configure(self, st, rnd, attempt=0):
         clients = sample_clients(POOL, 0.4, 0, rnd, attempt)
         self.samples.append(clients)
-        return [(c, rnd) for c in clients]
+        return [Ask(c, rnd) for c in clients]
 
     def aggregate(self, st, rnd, tasks, results, timer):
         st.extra["sum"] += sum(results)
@@ -47,7 +55,7 @@ class Sum:
 
 def failing(bad):
     """An executor for which the clients `bad(client, rnd)` fail."""
-    return lambda tasks: [Failed("site offline") if bad(c, r) else c for c, r in tasks]
+    return lambda tasks: [Failed("site offline") if bad(t.client, t.round) else t.client for t in tasks]
 
 
 def test_enough_answers_aggregate_what_arrived_and_name_the_rest():
@@ -78,11 +86,11 @@ def test_retries_run_out():
         run_rounds(Sum(), 1, None, NoProgress(), failing(lambda c, r: True), RoundPolicy(min_answers=0.5, retries=2))
 
 
-def _dies_for_client_2(ctx, c, lam, rnd):
+def _dies_for_client_2(ctx, task):
     import os
-    if c == 2:
+    if task.client == 2:
         os._exit(9)
-    return meta_train.client_task(ctx, c, lam, rnd)
+    return meta_train.client_task(ctx, task)
 
 
 def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
@@ -103,7 +111,7 @@ def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     assert rec["sampled"] == " ".join(map(str, seen))  # every sampled client, the failed one too
     ref = meta_train.MetaStrategy(ctx, lam0)
     st_ref = ref.initial_state()
-    tasks = [t for t in ref.configure(st_ref, 0) if t[0] not in failed]
-    ref.aggregate(st_ref, 0, tasks, [meta_train.client_task(ctx, *t) for t in tasks], Timer())
+    tasks = [t for t in ref.configure(st_ref, 0) if t.client not in failed]
+    ref.aggregate(st_ref, 0, tasks, [meta_train.client_task(ctx, t) for t in tasks], Timer())
     for k, v in st_ref.tensors.items():
         assert (st.tensors[k] - v).abs().max() < 1e-6, k

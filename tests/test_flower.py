@@ -3,6 +3,7 @@ optional extra is installed: `make test-flower` builds a venv with it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import shutil
@@ -12,9 +13,10 @@ import torch
 
 from fedl2p_cli.algorithms.fedl2p import ClientResult
 from fedl2p_cli.artifacts import Store
-from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.engine import wire
 from fedl2p_cli.io import weights
+from fedl2p_cli.stages.meta_train import MetaReply, MetaTask
 
 from .conftest import TINY_META, TINY_PRETRAIN
 
@@ -27,7 +29,8 @@ def test_wire_round_trip_is_exact():
     lam = {"bnnet.0.weight": torch.randn(3, 4), "eta": torch.tensor([1e-3, float("nan")]), "n": torch.arange(3)}
     res = ClientResult(lam, 40, 0.1 + 0.2, float("inf"), torch.rand(3), torch.rand(5), {"gnorm": 1 / 3})
     task = (7, lam, 2, [1.5, None, "x"], (True,))
-    for obj in (task, (res, {"clients": 0.25}), ("client 3: diverged", {})):
+    replies = (MetaReply(res, {"clients": 0.25}), MetaReply(None, {}, "client 3: diverged"))
+    for obj in (task, MetaTask(7, lam, 2), *replies):
         tensors, skeleton = wire.pack(obj)
         back = wire.unpack({k: v.clone() for k, v in tensors.items()}, skeleton)
         assert _same(obj, back)
@@ -45,8 +48,8 @@ def _same(a, b) -> bool:
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, ClientResult):
-        return type(b) is ClientResult and all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    if dataclasses.is_dataclass(a):  # ClientResult, MetaTask, MetaReply
+        return type(b) is type(a) and all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
     return a == b and type(a) is type(b)
 
 
@@ -69,7 +72,7 @@ def test_missing_extra_is_one_clear_line(monkeypatch):
 def test_unknown_engine_is_refused(tiny_store):
     from fedl2p_cli.stages import meta_train
     cfg = meta_train.MetaTrainConfig(rounds=1, engine="spark", meta=TINY_META)
-    with pytest.raises(FedL2PError, match="--engine"):
+    with pytest.raises(USER_ERRORS, match="--engine"):
         meta_train.check(cfg)
 
 
@@ -344,7 +347,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
         lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
         strategy = meta_train.MetaStrategy(ctx, lam0)
         strategy.seen = list(sites[:2])  # a misbehaving site's replies were dropped: lambda is the two others'
-        st = run_rounds(strategy, rounds, None, NoProgress(), in_process(lambda *t: meta_train.client_task(ctx, *t)))
+        st = run_rounds(strategy, rounds, None, NoProgress(), in_process(lambda t: meta_train.client_task(ctx, t)))
     finally:
         torch.set_num_threads(torch_threads)
     want = group_of(st.tensors, "lam")

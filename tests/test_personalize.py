@@ -7,7 +7,7 @@ from fedl2p_cli.core.bn import MixBN, BNPolicy
 from fedl2p_cli.core.finetune import ClientBN, Strategy, eval_policy, finetune, personalized_accuracy
 from fedl2p_cli.core.functional import forward
 from fedl2p_cli.core.metanets import init_lambda
-from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import personalize, pretrain, stats
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
@@ -122,7 +122,7 @@ def test_eval_stats_names_the_learned_methods_and_leaves_baselines_alone(tiny_st
     _, r0 = personalize.load(store, tiny_store["personalize"].id)
     assert r.methods == ["ft-bnc", "ft-bng", "ft-bni", "fedl2p-tbs"] and r.attrs["eval_stats"] == "test-batch"
     np.testing.assert_array_equal(r.acc_after[:3], r0.acc_after[:3])
-    with pytest.raises(FedL2PError, match="unknown --eval-stats"):
+    with pytest.raises(USER_ERRORS, match="unknown --eval-stats"):
         personalize.run(personalize.PersonalizeConfig(eval_stats="batch"), store, pre, st)
 
 

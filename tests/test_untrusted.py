@@ -27,7 +27,7 @@ def round0(tiny_store):
     strategy = meta_train.MetaStrategy(ctx, lam0)
     st = strategy.initial_state()
     tasks = strategy.configure(st, 0)
-    done = [meta_train.client_task(ctx, *t) for t in tasks]
+    done = [meta_train.client_task(ctx, t) for t in tasks]
     return strategy, tasks, done
 
 
@@ -39,7 +39,7 @@ def aggregate(strategy, tasks, done):
 
 def spoil(done, i, how):
     """Client i's reply, spoiled."""
-    r, t = done[i]
+    r = done[i].result
     if how == "nan":
         lam = dict(r.lam, **{"eta": torch.full_like(r.lam["eta"], float("nan"))})
     elif how == "shape":
@@ -47,8 +47,8 @@ def spoil(done, i, how):
     elif how == "missing":
         lam = {k: v for k, v in r.lam.items() if k != "eta"}
     elif how == "samples":
-        return done[:i] + [(replace(r, n=10**6), t)] + done[i + 1:]
-    return done[:i] + [(replace(r, lam=lam), t)] + done[i + 1:]
+        return done[:i] + [replace(done[i], result=replace(r, n=10**6))] + done[i + 1:]
+    return done[:i] + [replace(done[i], result=replace(r, lam=lam))] + done[i + 1:]
 
 
 @pytest.mark.parametrize("how, reason", [("nan", "eta is not finite"), ("shape", "bnnet.0.weight is torch.float32 (100, 1)"),
@@ -58,13 +58,13 @@ def test_a_bad_reply_is_dropped_named_and_not_aggregated(round0, how, reason):
     strategy, tasks, done = round0
     i = 1
     if how == "scaled":
-        sent, (r, t) = tasks[i][1], done[i]
+        sent, r = tasks[i].lam, done[i].result
         big = {k: sent[k] + 100 * (v - sent[k]) for k, v in r.lam.items()}
-        bad = done[:i] + [(replace(r, lam=big), t)] + done[i + 1:]
+        bad = done[:i] + [replace(done[i], result=replace(r, lam=big))] + done[i + 1:]
     else:
         bad = spoil(done, i, how)
     rec, lam = aggregate(strategy, tasks, bad)
-    c = tasks[i][0]
+    c = tasks[i].client
     assert rec["dropped"].startswith(f"client {c}: ") and reason in rec["dropped"] and rec["dropped"].count("client") == 1
     _, want = aggregate(strategy, tasks[:i] + tasks[i + 1:], done[:i] + done[i + 1:])  # a round without that client
     assert all(torch.allclose(lam[k], want[k], rtol=0, atol=1e-6) for k in want)
@@ -76,8 +76,8 @@ def test_good_replies_are_all_aggregated_and_the_bound_is_an_option(round0):
     strategy, tasks, done = round0
     rec, _ = aggregate(strategy, tasks, done)
     assert "dropped" not in rec
-    sent, (r, t) = tasks[0][1], done[0]
-    big = [(replace(r, lam={k: sent[k] + 100 * (v - sent[k]) for k, v in r.lam.items()}), t)] + done[1:]
+    sent, r = tasks[0].lam, done[0].result
+    big = [replace(done[0], result=replace(r, lam={k: sent[k] + 100 * (v - sent[k]) for k, v in r.lam.items()}))] + done[1:]
     unbounded = meta_train.MetaStrategy(strategy.ctx, strategy.lam0)
     unbounded.cfg = replace(strategy.cfg, norm_bound=0.0)
     rec, _ = aggregate(unbounded, tasks, big)

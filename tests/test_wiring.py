@@ -25,11 +25,13 @@ import numpy as np
 import pytest
 import torch
 
+from fedl2p_cli import methods
 from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
 from fedl2p_cli.artifacts import Artifact, Store
 from fedl2p_cli.core.client import ClientData
 from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, inference_policy, personalized_accuracy, precise_bn
-from fedl2p_cli.core.metanets import DEFAULT_META_LR, init_lambda
+from fedl2p_cli.core.metanets import init_lambda
+from fedl2p_cli.core.settings import DEFAULT_META_LR
 from fedl2p_cli.engine.loop import generator
 from fedl2p_cli.io import partition_h5, stats_h5, weights
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
@@ -186,8 +188,8 @@ def test_a_flower_site_computes_its_statistics_from_its_own_training_split(one_c
     spec = {"model": "small-cnn", "in_channels": data.train[0].shape[1], "num_classes": 10, "seed": 0}
     cfg = dataclasses.asdict(meta_train.MetaTrainConfig(rounds=1, meta=TINY_META))
     state = {k: v for k, v in model.state_dict().items()}
-    result, _ = flower_app.site_update(str(folder), spec, state, lam, 0, cfg, "cpu")
-    assert not isinstance(result, str) and len(seen) == 1 and torch.equal(seen[0], data.train[0])
+    reply = flower_app.site_update(str(folder), spec, state, lam, 0, cfg, "cpu")
+    assert reply.diverged is None and reply.result is not None and len(seen) == 1 and torch.equal(seen[0], data.train[0])
 
 
 # -- the defaults that change results --------------------------------------------------------------------------------
@@ -234,7 +236,7 @@ def test_the_paper_meta_net_init_is_the_default():
 
 def test_each_ft_baseline_has_its_bn_policy():
     """FT (BN C): beta 1; FT (BN G): beta 0; FT (BN I): batch statistics in training and at test time."""
-    s = {m: personalize.fixed_strategy(m, 1.0, 0.01, 3, 4) for m in personalize.BASELINES}
+    s = {m: personalize.fixed_strategy(m, 1.0, 0.01, 3, 4) for m in methods.baselines()}
     assert torch.equal(s["ft-bnc"].beta, torch.ones(3)) and torch.equal(s["ft-bng"].beta, torch.zeros(3))
     assert s["ft-bni"].beta is None and inference_policy(None, ClientBN([], [])).client_mean is None
     assert all(torch.equal(v.lr, torch.full((4,), 0.01)) for v in s.values())

@@ -7,64 +7,25 @@ client's new lambda, its sample count and metrics, ready to run inside any feder
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor, nn
 
 from ..core.client import ClientData, Timer
-from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between
 from ..core.finetune import ClientBN, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params, random_batch
 from ..core.hypergrad import fomaml_gradient, ift_hypergradient
-from ..core.metanets import DEFAULT_META_LR, Lambda, grad_report, hyperparameters, sgd_update
+from ..core.settings import IftAt, MetaConfig
+from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
 
 
-IFT_AT = ("star", "last-step")
+IFT_AT = get_args(IftAt)
 
 
 class Diverged(Exception):
     """A non-finite loss or meta-gradient."""
-
-
-@dataclass(kw_only=True)
-class MetaConfig:
-    iterations: int = field(default=3, metadata=AT_LEAST_1)         # K (the authors' CIFAR-10 config: outer_loop_epochs 3)
-    epochs: int = field(default=5, metadata=AT_LEAST_1)             # e, fine-tuning epochs per iteration
-    batch_size: int = field(default=32, metadata=between(2))
-    base_lr: float = field(default=1e-3, metadata=POSITIVE)       # fine-tuning LR of the baselines and initial eta~
-    q: int = field(default=3, metadata=NON_NEGATIVE)                  # Neumann terms
-    psi: float = field(default=0.1, metadata=POSITIVE)
-    scale_by_psi: bool = False  # Lorraine et al.'s psi * p (the paper's Alg. 2 omits it)
-    meta_grad: str = "ift"      # ift | fomaml (FOMAML+, App. F)
-    hessian: str = "fo"         # fo (inner gradient held constant in theta) | exact (see core.hypergrad)
-    fixed_beta: float = field(default=1.0, metadata=UNIT | {"option": "--beta"})     # beta when BNNet is not learned
-    lr_bnnet: float = field(default=DEFAULT_META_LR["bnnet"], metadata=NON_NEGATIVE)
-    lr_lrnet: float = field(default=DEFAULT_META_LR["lrnet"], metadata=NON_NEGATIVE)
-    lr_eta: float = field(default=DEFAULT_META_LR["eta"], metadata=NON_NEGATIVE)
-    psi_power: int = field(default=0, metadata=NON_NEGATIVE)          # >0: psi = min(psi, 1/lambda_max(H_T)) by that many power iterations (not in the paper)
-    client_bn: str = "precise"  # precise: recompute client BN statistics after fine-tuning | running (paper)
-    hidden_bias: str = "paper"  # paper: every meta-net bias is the constant (App. E) | zero: hidden biases 0
-    # BNNet's bias constant, so the initial beta; App. E: 0.5. Left out of the artifact id at 0.5 (added later).
-    beta_init: float = field(default=0.5, metadata=UNIT | {"option": "--beta-init", "identity_default": True})
-    # Xavier gain of the meta-nets' weights; App. E: 0.1. Left out of the artifact id at 0.1 (added later).
-    init_gain: float = field(default=0.1, metadata=POSITIVE | {"option": "--init-gain", "identity_default": True})
-    # Where the IFT differentiates L_T (Eq. 9-10): star = at theta* with one more step on a fresh train batch |
-    # last-step = the last fine-tuning step (theta = the parameters before it, theta' = theta*, its batch and, with
-    # hessian fo, its gradient: one forward-backward fewer), as the authors' code and the paper's "theta* = theta'".
-    # Left out of the artifact id at "star" (added later).
-    ift_at: str = field(default="star", metadata={"option": "--ift-at", "identity_default": True})
-    # The validation loss's BN statistics: running = beta mixes the client's statistics (the paper) | test-batch = beta
-    # mixes each validation batch's statistics, to learn lambda for `personalize --eval-stats test-batch` (not in the
-    # paper). Left out of the artifact id at "running" (added later).
-    val_stats: str = field(default="running", metadata={"option": "--val-stats", "identity_default": True})
-    # Clamp eta~ at 0 (straight-through) so a learned LR is never negative: the tensor is frozen instead of pushed
-    # uphill (not in the paper; the authors' eta~ is unconstrained). Left out of the artifact id at False (added later).
-    eta_nonneg: bool = field(default=False, metadata={"option": "--eta-nonneg", "identity_default": True})
-
-    @property
-    def meta_lrs(self) -> dict[str, float]:
-        return {"bnnet": self.lr_bnnet, "lrnet": self.lr_lrnet, "eta": self.lr_eta}
 
 
 @dataclass

@@ -6,7 +6,9 @@ from typing import Optional
 
 import typer
 
+from ..configs import ClustersConfig
 from . import options, render
+from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.analyze")
 
@@ -14,15 +16,15 @@ app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=T
 
 
 @app.command()
+@config_command(ClustersConfig)
 def clusters(
+    cfg: ClustersConfig,
     personalize: Optional[str] = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest."),
-    method: Optional[str] = typer.Option(None, help="Meta-net method whose beta/eta to cluster; default: the first one."),
-    seed: int = typer.Option(0, help="Seed of the spectral clustering."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
-    art, reused = stage.run(stage.ClustersConfig(method=method, seed=seed), options.store(store), personalize, force)
+    art, reused = stage.run(cfg, options.store(store), personalize, force)
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])

@@ -9,7 +9,9 @@ from typing import Optional
 import typer
 
 from ..errors import FedL2PError
+from ..configs import MetaTrainConfig
 from . import options, render
+from .generate import config_command
 
 app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `flwr run flower_app` against a SuperLink "
                   "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
@@ -36,37 +38,21 @@ def export_site(
     render.console.print(f"site of client {client}: {path}")
 
 
+# a deployment has no central statistics (--input-norm) and runs federated rounds on its sites' own devices
+NOT_DEPLOYED = ("local", "input_norm", "workers", "engine", "gpus_per_client")
+
+
 @app.command("run-config")
+@config_command(MetaTrainConfig, skip=NOT_DEPLOYED)
 def run_config(
+    cfg: MetaTrainConfig,
     out: Path = typer.Option(..., help="Folder for run.toml, the model copy the ServerApp sends, and the run's results."),
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
-    rounds: int = typer.Option(30, min=1, help="Communication rounds."),
-    fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="Share of the sites sampled per round."),
-    iterations: int = typer.Option(3, min=1, help="Meta-iterations K per sampled site and round."),
-    epochs: int = typer.Option(5, min=1, help="Fine-tuning epochs e inside each meta-iteration."),
-    base_lr: float = typer.Option(0.001, help="Fine-tuning base learning rate (the LRNet output scale)."),
-    meta_grad: str = typer.Option("ift", help="ift (Alg. 2) | fomaml (FOMAML+, App. F)."),
-    beta_init: float = typer.Option(0.5, help="BNNet bias constant (App. E: 0.5; see meta-train --help)."),
-    keep: str = typer.Option("best", help="best (the paper's lowest-validation-loss round) | last."),
-    seed: int = typer.Option(0, help="Seed (meta-net init, sampling, batches)."),
-    norm_bound: float = typer.Option(0.0, help="Drop a site whose lambda moved more than this many times the round's "
-                                     "median move (0: no bound; see meta-train --help). Malformed or non-finite replies "
-                                     "are always dropped."),
-    aggregate: str = typer.Option("mean", "--aggregate", help="mean (the paper's FedAvg) | median | trimmed-mean "
-                                  "(coordinate-wise; not in the paper: they bound what a few hostile sites can do)."),
-    round_timeout: float = options.ROUND_TIMEOUT,
-    min_answers: float = options.MIN_ANSWERS,
-    round_retries: int = options.ROUND_RETRIES,
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Write OUT/run.toml for `flwr run flower_app <connection> --run-config OUT/run.toml`; the ServerApp writes
-    OUT/lambda.safetensors and OUT/history.csv."""
-    meta = meta_stage.MetaConfig(iterations=iterations, epochs=epochs, base_lr=base_lr, meta_grad=meta_grad,
-                                 beta_init=beta_init)
-    cfg = meta_stage.MetaTrainConfig(rounds=rounds, fraction=fraction, seed=seed, keep=keep, norm_bound=norm_bound,
-                                     aggregator=aggregate, round_timeout=round_timeout, min_answers=min_answers,
-                                     round_retries=round_retries, meta=meta)
+    OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
     meta_stage.check(cfg)
     rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out)
     text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items())  # JSON strings and ints are valid TOML

@@ -13,14 +13,6 @@ from ..errors import FedL2PError
 
 STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", help="Artifact store folder (default: ./artifacts).")
 FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one with the same inputs exists.")
-# what a federated round does when clients fail (engine.rounds.RoundPolicy): one declaration for every stage with rounds
-ROUND_TIMEOUT = typer.Option(0.0, min=0.0, help="Seconds a round waits for its clients' replies (0: no limit). A client "
-                             "that gives none, fails or whose worker process dies is named in history.csv's `failed` "
-                             "column; --min-answers decides whether the round goes on.")
-MIN_ANSWERS = typer.Option(1.0, help="Share of a round's sampled clients that must answer for it to aggregate what "
-                           "arrived (1: all of them, as the papers assume). Too few: the round is sampled afresh, up to "
-                           "--round-retries times, then the run stops with one line.")
-ROUND_RETRIES = typer.Option(0, min=0, help="Fresh samples of a round whose clients answered too few (see --min-answers).")
 
 
 def store(path: Optional[Path]) -> Store:

@@ -5,20 +5,23 @@ from typing import Optional
 
 import typer
 
+from ..configs import StatsConfig
 from . import options, render
+from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.stats")
 
 
+@config_command(StatsConfig)
 def stats(
+    cfg: StatsConfig,
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest."),
     partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the model's own."),
-    batch_size: int = typer.Option(512, help="Forward batch size (speed only; batches are merged exactly)."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
-    art, reused = stage.run(stage.StatsConfig(batch_size=batch_size), options.store(store), partition, pretrain, force, render.RichProgress())
+    art, reused = stage.run(cfg, options.store(store), partition, pretrain, force, render.RichProgress())
     show(art.metrics)
     render.artifact_line("stats", art.id, art.path, reused)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import Tensor
+from .settings import Aggregator
 
 
 def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
@@ -22,7 +25,7 @@ def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> d
     return out
 
 
-ROBUST = ("mean", "median", "trimmed-mean")  # how the server combines the clients' lambdas
+ROBUST = get_args(Aggregator)  # how the server combines the clients' lambdas
 
 
 def reject_reason(sent: dict[str, Tensor], got: dict[str, Tensor], n: int, n_max: int | None) -> str | None:

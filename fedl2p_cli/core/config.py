@@ -1,9 +1,10 @@
-"""Config validation derived from the config dataclasses themselves: each field's type annotation and, where a
-field declares one, its range (`field(metadata=between(...))`). The CLI and pipeline files build the same
-dataclasses, so one check serves both; it runs before anything is read or written."""
+"""One declaration per option: a config dataclass field says its type (choices as `Literal`), default, range and help
+text (`opt(...)`). From it come the command-line option (cli/generate.py), the pipeline-file key, and the validation
+here, which serves both and runs before anything is read or written."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -29,6 +30,26 @@ NON_NEGATIVE = between(0)
 FRACTION = between(0, 1, lo_open=True)     # (0, 1]
 UNIT = between(0, 1)                       # [0, 1]
 BELOW_1 = between(0, 1, hi_open=True)      # [0, 1)
+
+
+def opt(default: Any, help: str = "", *meta: dict, **extra: Any) -> Any:
+    """A config field: its default (a list or dict is copied for each instance), help text and metadata dicts (a
+    range such as `POSITIVE`). Keywords: `option` (the flag's spelling when it is not --field-name), `short` (e.g.
+    "-k"), `flag` (a bool without its --no- form), `envvar`, `path` (a str the CLI takes as a path), `cli=False`
+    (not a command-line option), `identity_default` (left out of the artifact id at its default: an option added
+    after artifacts existed)."""
+    md: dict = {"help": help}
+    for m in meta:
+        md |= m
+    md |= extra
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=md)
+    return dataclasses.field(default=default, metadata=md)
+
+
+def choices(tp: Any) -> tuple[str, ...] | None:
+    """The values of a `Literal[...]` annotation (None for any other type)."""
+    return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None
 
 
 def option_name(f: dataclasses.Field) -> str:
@@ -101,6 +122,8 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value, tp = getattr(cfg, f.name), hints[f.name]
+        if choices(tp) is not None and value not in choices(tp):
+            raise ConfigError(f"unknown {name(f)} '{value}'; choose one of: {', '.join(choices(tp))}")
         if not _type_ok(value, tp):
             raise ConfigError(f"{name(f)} must be {_type_word(tp)}, got {value!r}")
         if dataclasses.is_dataclass(value):
@@ -113,3 +136,27 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
                 raise ConfigError(f"{name(f)} must be a finite number, got {v}")
             if rng is not None and isinstance(v, (int, float)) and not _in_range(v, rng):
                 raise ConfigError(f"{name(f)} must be {_describe(rng)}, got {v:g}")
+
+
+def flat_fields(cls: type) -> list[dataclasses.Field]:
+    """A config's fields with each nested config's fields in its place, inherited fields (a shared part such as
+    FailureOptions) last: the options of one command or section, in --help order."""
+    inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    fields = dataclasses.fields(cls)
+    out = []
+    for f in [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]:
+        nested = typing.get_type_hints(cls)[f.name]
+        out += flat_fields(nested) if dataclasses.is_dataclass(nested) else [f]
+    return out
+
+
+def from_flat(cls: type, values: dict) -> Any:
+    """Build `cls` from a flat {field name: value} (nested configs' fields among them); absent fields keep their
+    defaults."""
+    hints, kw = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            kw[f.name] = from_flat(hints[f.name], values)
+        elif f.name in values:
+            kw[f.name] = values[f.name]
+    return cls(**kw)

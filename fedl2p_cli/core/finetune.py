@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from dataclasses import dataclass
 
 import torch
@@ -9,8 +11,9 @@ from torch import Tensor, nn
 
 from .bn import BNPolicy, MixBN, update_running
 from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward, mean_loss
+from .settings import ClientBNMode, EvalStats
 
-CLIENT_BN = ("precise", "running")  # how the client's statistics for evaluation are obtained after fine-tuning
+CLIENT_BN = get_args(ClientBNMode)  # how the client's statistics for evaluation are obtained after fine-tuning
 
 
 @dataclass
@@ -131,7 +134,7 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
     return ClientBN(mean, var)
 
 
-EVAL_STATS = ("running", "test-batch")  # what a learned beta mixes with the pretrained statistics at test time
+EVAL_STATS = get_args(EvalStats)  # what a learned beta mixes with the pretrained statistics at test time
 
 
 def inference_policy(beta: Tensor | None, bn: ClientBN, stats: str = "running") -> BNPolicy:

@@ -17,7 +17,7 @@ terms are O(eta): dtheta'/dtheta = I - eta H ~ I and dtheta'/dbeta = -eta dg/dbe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, get_args
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,7 @@ from .bn import BNPolicy
 from .finetune import ClientBN, inference_policy
 from .functional import Params, ce_loss
 from .metanets import Lambda
+from .settings import Hessian
 
 HyperFn = Callable[[Lambda], tuple[Tensor, Tensor]]  # lambda -> (beta [B], eta [|P|])
 Batch = tuple[Tensor, Tensor]
@@ -47,7 +48,7 @@ def _grad(out: Tensor, inputs: list[Tensor], **kw) -> list[Tensor]:
     return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)]
 
 
-HESSIANS = ("exact", "fo")
+HESSIANS = get_args(Hessian)
 
 
 def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch: Batch, hessian: str = "exact",

@@ -18,6 +18,8 @@ import math
 import torch
 from torch import Tensor
 
+from . import mlp
+
 Hyper = dict[str, Tensor]
 Stacked = dict[str, Tensor]   # name -> [N, *shape]: every client's stored tensor
 
@@ -49,9 +51,7 @@ def init_hypernet(n_clients: int, layers: list[str], embed_dim: int, hidden: int
 
 def alphas(hn: Hyper, layers: list[str]) -> dict[str, Tensor]:
     """Eq. 4: alpha_i = HN_i(v_i; psi_i), one [N] distribution per layer."""
-    h = hn["embedding"]
-    for i in range(3):
-        h = torch.relu(torch.nn.functional.linear(h, hn[f"mlp.{i}.weight"], hn[f"mlp.{i}.bias"]))
+    h = mlp.run(mlp.group(hn, "mlp"), hn["embedding"], final_relu=True)
     return {l: torch.softmax(torch.nn.functional.linear(h, hn[f"head.{l}.weight"], hn[f"head.{l}.bias"]), 0) for l in layers}
 
 

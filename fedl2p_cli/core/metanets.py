@@ -1,18 +1,22 @@
-"""BNNet and LRNet (App. E) as functional MLPs, and lambda = {w_bn, w_lr, eta~} as one flat dict."""
+"""BNNet and LRNet (App. E), run as `core.mlp` templates on lambda = {w_bn, w_lr, eta~}, one flat dict."""
 
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 from torch import Tensor
+
+from . import mlp
+from .settings import HiddenBias
 
 Lambda = dict[str, Tensor]
 HIDDEN = 100
 BETA_RANGE, LR_RANGE = (0.0, 1.0), (0.0, 1000.0)
 GROUPS = ("bnnet", "lrnet", "eta")
-DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}
-HIDDEN_BIAS = ("paper", "zero")  # App. E: every bias is the constant; "zero": hidden biases 0 (an ablation)
+
+HIDDEN_BIAS = get_args(HiddenBias)  # App. E: every bias is the constant; "zero": hidden biases 0 (an ablation)
 
 
 def clamp_ste(x: Tensor, lo: float, hi: float) -> Tensor:
@@ -22,29 +26,31 @@ def clamp_ste(x: Tensor, lo: float, hi: float) -> Tensor:
 
 def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generator, gain: float = 0.1,
              hidden_bias: str = "paper") -> Lambda:
-    """3-layer MLP d_in -> 100 -> 100 -> d_out; Xavier-normal (gain 0.1) weights and, as App. E and the authors'
-    `weights_init` do, *every* bias set to the constant (0.5 BNNet, 1.0 LRNet). The constant hidden biases keep the
-    hidden units active, so gradient reaches the input weights (with zero hidden biases only the output bias learns).
-    `hidden_bias="zero"` is the ablation that zeroes the hidden biases."""
+    """3-layer MLP d_in -> 100 -> 100 -> d_out (`DIMS`); Xavier-normal (gain 0.1) weights and, as App. E and the
+    authors' `weights_init` do, *every* bias set to the constant (0.5 BNNet, 1.0 LRNet). The constant hidden biases
+    keep the hidden units active, so gradient reaches the input weights (with zero hidden biases only the output
+    bias learns). `hidden_bias="zero"` is the ablation that zeroes the hidden biases."""
     if hidden_bias not in HIDDEN_BIAS:
         raise ValueError(f"hidden_bias must be one of {HIDDEN_BIAS}")
-    dims = [d_in, HIDDEN, HIDDEN, d_out]
     out: Lambda = {}
-    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+    layers = list(mlp.shapes(dims(d_in, d_out), prefix).items())
+    for i in range(0, len(layers), 2):
+        (wk, (b, a)), (bk, _) = layers[i], layers[i + 1]
         std = gain * math.sqrt(2.0 / (a + b))
-        out[f"{prefix}.{i}.weight"] = torch.randn(b, a, generator=gen, device=gen.device) * std
-        last = i == len(dims) - 2
-        out[f"{prefix}.{i}.bias"] = torch.full((b,), float(bias) if last or hidden_bias == "paper" else 0.0, device=gen.device)
+        out[wk] = torch.randn(b, a, generator=gen, device=gen.device) * std
+        last = i == len(layers) - 2
+        out[bk] = torch.full((b,), float(bias) if last or hidden_bias == "paper" else 0.0, device=gen.device)
     return out
 
 
-def mlp(lam: Lambda, prefix: str, x: Tensor) -> Tensor:
-    h = x
-    for i in range(3):
-        h = torch.nn.functional.linear(h, lam[f"{prefix}.{i}.weight"], lam[f"{prefix}.{i}.bias"])
-        if i < 2:
-            h = torch.relu(h)
-    return h
+def dims(d_in: int, d_out: int) -> tuple[int, ...]:
+    """BNNet's and LRNet's layer widths (App. E)."""
+    return (d_in, HIDDEN, HIDDEN, d_out)
+
+
+def shapes(n_bn: int, n_x: int, n_params: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a full lambda and its shape: BNNet xi -> beta, LRNet x -> eta's scale, eta~."""
+    return mlp.shapes(dims(n_bn, n_bn), "bnnet") | mlp.shapes(dims(n_x, n_params), "lrnet") | {"eta": (n_params,)}
 
 
 def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, seed: int,
@@ -68,12 +74,12 @@ def hyperparameters(lam: Lambda, xi: Tensor, x: Tensor, n_params: int, base_lr: 
     parameter (as in the authors' code), so a tensor's eta can turn negative: gradient *ascent* on it. eta_nonneg
     (not in the paper) clamps eta~ at 0, straight-through, so such a tensor is frozen instead (and counts as sparse)."""
     if "bnnet.0.weight" in lam:
-        beta = clamp_ste(mlp(lam, "bnnet", xi), *BETA_RANGE)
+        beta = clamp_ste(mlp.run(mlp.group(lam, "bnnet"), xi), *BETA_RANGE)
     else:
         beta = xi.new_full((xi.numel(),), float(fixed_beta))
     if "lrnet.0.weight" in lam:
         scale = clamp_ste(lam["eta"], 0.0, float("inf")) if eta_nonneg else lam["eta"]
-        eta = clamp_ste(mlp(lam, "lrnet", x), *LR_RANGE) * scale
+        eta = clamp_ste(mlp.run(mlp.group(lam, "lrnet"), x), *LR_RANGE) * scale
     else:
         eta = x.new_full((n_params,), float(base_lr))
     return beta, eta

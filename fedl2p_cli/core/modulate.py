@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import mlp
+
 Mod = dict[str, Tensor]
 ACTIVATIONS = (nn.ReLU, nn.Softplus, nn.GELU, nn.SiLU, nn.Tanh)
 WIDTHS = (16, 32)
@@ -101,8 +103,5 @@ def modulator(mod: Mod, x: Tensor, y: Tensor, num_classes: int) -> Tensor:
     h = F.relu(F.linear(h, mod["fc0.weight"], mod["fc0.bias"]))
     z = h.mean(0)  # the permutation-invariant client context
     n = sum(1 for k in mod if k.startswith("fc") and k.endswith(".weight"))
-    for i in range(1, n):
-        z = F.linear(z, mod[f"fc{i}.weight"], mod[f"fc{i}.bias"])
-        if i < n - 1:
-            z = F.relu(z)
-    return z
+    head = {f"{i - 1}.{w}": mod[f"fc{i}.{w}"] for i in range(1, n) for w in ("weight", "bias")}  # fc1.. -> the MLP's 0..
+    return mlp.run(head, z)

@@ -18,13 +18,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, get_args
 
 from ..errors import FedL2PError
 from . import wire
 from .rounds import Failed
+from ..core.settings import Engine
 
-ENGINES = ("local", "flower")
+ENGINES = get_args(Engine)
 _CONTEXTS: dict[tuple, Any] = {}  # per ClientApp process: the built context, keyed by its builder's arguments
 
 
@@ -48,7 +49,7 @@ def unrecord(content) -> Any:
 
 
 def client_app(build: Callable[..., Any], args: tuple, update: Callable):
-    """A ClientApp that runs `update(context, *task)`; `context = build(*args)` once per process."""
+    """A ClientApp that runs `update(context, task)`; `context = build(*args)` once per process."""
     from flwr.app import Message
     from flwr.clientapp import ClientApp
     app = ClientApp()
@@ -60,7 +61,7 @@ def client_app(build: Callable[..., Any], args: tuple, update: Callable):
         key = (build.__module__, build.__qualname__, repr(args))
         if key not in _CONTEXTS:
             _CONTEXTS[key] = build(*args)
-        return Message(records(update(_CONTEXTS[key], *unrecord(msg.content))), reply_to=msg)
+        return Message(records(update(_CONTEXTS[key], unrecord(msg.content))), reply_to=msg)
 
     return app
 

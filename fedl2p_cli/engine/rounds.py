@@ -8,17 +8,20 @@ never touches the checkpoint file or the terminal.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..core.client import Timer
-from ..core.config import FRACTION, NON_NEGATIVE
+from ..core.settings import RoundPolicy
 from ..errors import FedL2PError
 from .loop import Checkpoint, LoopState
 
-Task = tuple
+class Task(Protocol):
+    """What a round's client receives: each strategy's own dataclass (MetaTask, LocalTask, ...), naming its client."""
+    client: int
+
+
 Executor = Callable[[list[Task]], list[Any]]
 
 
@@ -26,38 +29,6 @@ Executor = Callable[[list[Task]], list[Any]]
 class Failed:
     """An executor's marker in place of a client's result: the client did not answer, and why."""
     reason: str
-
-
-@dataclass(frozen=True)
-class RoundPolicy:
-    """What a round does when clients fail (Flower's accept_failures, made explicit). A round waits `timeout` seconds
-    for its replies (None: no limit; the executor enforces it), aggregates what arrived when at least `min_answers`
-    of the sampled clients answered, and otherwise samples the round afresh, up to `retries` times, then stops."""
-    timeout: float | None = None
-    min_answers: float = 1.0
-    retries: int = 0
-
-    def needed(self, sampled: int) -> int:
-        return max(1, math.ceil(self.min_answers * sampled - 1e-9))
-
-
-@dataclass(kw_only=True)
-class FailureOptions:
-    """A stage config's part that says what its rounds do when clients fail (`policy()`): a round waits
-    round_timeout seconds (0: no limit), aggregates what arrived when at least min_answers of the sampled clients
-    answered, else samples the round afresh up to round_retries times, then stops. Left out of artifact ids at their
-    defaults (added after artifacts existed)."""
-    round_timeout: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
-    min_answers: float = field(default=1.0, metadata=FRACTION | {"identity_default": True})
-    round_retries: int = field(default=0, metadata=NON_NEGATIVE | {"identity_default": True})
-
-    def policy(self) -> RoundPolicy:
-        return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)
-
-
-def client_of(task: Task) -> int | str:
-    """The client a task is for: its first integer (every strategy's task names its client so)."""
-    return next((t for t in task if isinstance(t, int) and not isinstance(t, bool)), "?")
 
 
 class RoundStrategy(Protocol):
@@ -83,7 +54,7 @@ class RoundStrategy(Protocol):
 
 def in_process(fn: Callable[..., Any]) -> Executor:
     """Run every task in this process, in order."""
-    return lambda tasks: [fn(*t) for t in tasks]
+    return lambda tasks: [fn(t) for t in tasks]
 
 
 def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
@@ -96,7 +67,7 @@ def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor
         tasks = strategy.configure(st, rnd, attempt) if attempt else strategy.configure(st, rnd)
         results = execute(tasks)
         ok = [(t, r) for t, r in zip(tasks, results) if not isinstance(r, Failed)]
-        failures += [f"client {client_of(t)}: {r.reason}" + (f" (attempt {attempt + 1})" if attempt else "")
+        failures += [f"client {t.client}: {r.reason}" + (f" (attempt {attempt + 1})" if attempt else "")
                      for t, r in zip(tasks, results) if isinstance(r, Failed)]
         if len(ok) >= policy.needed(len(tasks)):
             return [t for t, _ in ok], [r for _, r in ok], failures, tasks
@@ -128,7 +99,7 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
         if failures:
             rec["failed"] = "; ".join(failures)
             if "sampled" in rec:  # the strategy saw only the clients that answered: name every one sampled
-                rec["sampled"] = " ".join(str(client_of(t)) for t in sampled)
+                rec["sampled"] = " ".join(str(t.client) for t in sampled)
         st.history.append(rec)
         st.next_round = rnd + 1
         if ckpt:

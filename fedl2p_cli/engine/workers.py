@@ -35,8 +35,8 @@ def on_device(spec: tuple[str, bool], build: Callable[..., Any], *args: Any) -> 
     return build(*args)
 
 
-def _run(task: tuple) -> Any:
-    return _UPDATE(_CONTEXT, *task)
+def _run(task: Any) -> Any:
+    return _UPDATE(_CONTEXT, task)
 
 
 class ClientPool:
@@ -55,7 +55,7 @@ class ClientPool:
 
     def map(self, tasks: list[tuple]) -> list[Any]:
         if self.pool is None:
-            return [self.update(self.local, *t) for t in tasks]
+            return [self.update(self.local, t) for t in tasks]
         out = self._batch(tasks)
         # a dying worker breaks the whole executor: every unfinished client re-runs alone in a fresh pool, so the one
         # whose update kills its worker fails by itself and the others still answer

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..analysis.clusters import distance_map, spectral_ari
 from ..artifacts import Artifact, Draft, Store
-from ..core.config import NON_NEGATIVE, validate
+from ..configs import ClustersConfig
+from ..core.config import validate
 from ..errors import FedL2PError
+from .. import methods
 from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import stats as stats_stage
 from .common import build_or_reuse
-
-
-@dataclass(kw_only=True)
-class ClustersConfig:
-    method: str | None = None  # which meta-net method's beta/eta (default: the first non-baseline)
-    seed: int = field(default=0, metadata=NON_NEGATIVE)
 
 
 def features(stats_table, results, method: str | None) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
@@ -28,7 +23,7 @@ def features(stats_table, results, method: str | None) -> tuple[dict[str, np.nda
     clients = results.client
     rows = np.array([stats_table.row(int(c)) for c in clients])
     feats = {"xi": stats_table.xi.numpy()[rows], "x": stats_table.x.numpy()[rows]}
-    metas = [m for m in results.methods if m not in personalize_stage.HANDMADE]
+    metas = [m for m in results.methods if isinstance(methods.get(m), methods.Learned)]
     if method is not None and method not in metas:
         raise FedL2PError(f"method '{method}' has no learned beta/eta in this personalize artifact (has: {', '.join(metas) or 'none'})")
     method = method or (metas[0] if metas else None)

@@ -99,13 +99,13 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
 FAULTS = ("nan", "shape", "scale100")
 
 
-def misbehave(done: tuple, lam: dict, fault: str) -> tuple:
+def misbehave(done: "mt.MetaReply", lam: dict, fault: str) -> "mt.MetaReply":
     """A site's reply spoiled on purpose (node-config `fault`), to rehearse the server's defences on a real
     federation: nan = non-finite learning rates, shape = a meta-net weight of the wrong shape, scale100 = an update
     100 times the site's real one. Never set in a real deployment."""
     from dataclasses import replace
-    r, t = done
-    if not hasattr(r, "lam"):  # a diverged client's message: nothing to spoil
+    r = done.result
+    if r is None:  # a diverged client's message: nothing to spoil
         return done
     if fault == "nan":
         new = dict(r.lam, eta=torch.full_like(r.lam["eta"], float("nan")))
@@ -116,7 +116,7 @@ def misbehave(done: tuple, lam: dict, fault: str) -> tuple:
         new = {k: lam[k] + 100.0 * (v - lam[k]) for k, v in r.lam.items()}
     else:
         raise FedL2PError(f"unknown node-config fault '{fault}'; choose one of: {', '.join(FAULTS)}")
-    return replace(r, lam=new), t
+    return replace(done, result=replace(r, lam=new))
 
 
 def _client_app():
@@ -233,9 +233,9 @@ def _server_app():
         lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
         cfg_dict = dataclasses.asdict(cfg)
 
-        def execute(tasks: list[tuple]) -> list:
-            return exchange(grid, [[spec, theta, lam, rnd, cfg_dict] for _, lam, rnd in tasks],
-                            [node_of[c] for c, _, _ in tasks], cfg.round_timeout or None)
+        def execute(tasks: list[mt.MetaTask]) -> list:
+            return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict] for t in tasks],
+                            [node_of[t.client] for t in tasks], cfg.round_timeout or None)
 
         ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
         out.mkdir(parents=True, exist_ok=True)

@@ -9,19 +9,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..algorithms.fedl2p import IFT_AT, ClientResult, Diverged, MetaConfig, client_update
+from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update
 from ..artifacts import Artifact, Draft, Store
-from ..core.aggregate import ROBUST, reject_reason, robust_average, update_norms
+from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from .. import device
-from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, validate
-from ..core.finetune import CLIENT_BN, EVAL_STATS
-from ..core.hypergrad import HESSIANS
-from ..core.metanets import (HIDDEN_BIAS, Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
+from ..configs import MetaTrainConfig
+from ..core.config import validate
+from ..core.metanets import (Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
-from ..engine.rounds import FailureOptions, run_rounds
-from ..engine.flower import ENGINES
+from ..engine.rounds import run_rounds
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
 from ..io import weights
@@ -32,93 +30,11 @@ from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
 
-NETS = ("both", "bnnet", "lrnet")
-INPUT_NORMS = ("none", "standardize")
-KEEPS = ("best", "last")
-META_OPTS = ("fedavg", "fedadam")
 NORM_PREFIX = "input_norm."
 
 
-@dataclass(kw_only=True)
-class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
-    rounds: int = field(default=30, metadata=AT_LEAST_1)
-    fraction: float = field(default=0.1, metadata=FRACTION)
-    nets: str = "both"
-    local: bool = False      # L2P: every client learns its own lambda, no aggregation
-    patience: int = field(default=0, metadata=NON_NEGATIVE)        # stop after this many rounds without a better mean validation loss (0: never)
-    seed: int = field(default=0, metadata=NON_NEGATIVE)
-    input_norm: str = "none"     # standardize: z-score xi and x over the seen clients (not in the paper)
-    meta_opt: str = "fedavg"     # fedavg: the paper's server | fedadam: Adam on the mean client change (not in the paper)
-    server_lr: float = field(default=1e-3, metadata=POSITIVE)      # FedAdam step size
-    keep: str = "best"           # best: the paper's lowest-mean-val-loss round | last: the final aggregate (not in the paper)
-    workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
-    engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
-    # --engine flower on GPUs: the share of a GPU each ClientApp gets (0.25: four per GPU); not part of the identity
-    gpus_per_client: float = field(default=0.0, metadata=UNIT | {"option": "--gpus-per-client"})
-    # untrusted replies (not in the paper): drop a client whose lambda moved more than norm_bound x the round's median
-    # move (0: no bound), and combine the rest by `aggregator` (mean = the paper's FedAvg | median | trimmed-mean).
-    # Replies of the wrong tensors, shapes or dtypes, non-finite or claiming an impossible sample count are always
-    # dropped. Both left out of the artifact id at their defaults (added later).
-    norm_bound: float = field(default=0.0, metadata=NON_NEGATIVE | {"identity_default": True})
-    aggregator: str = field(default="mean", metadata={"option": "--aggregate", "identity_default": True})
-    meta: MetaConfig = field(default_factory=MetaConfig)
-
-    def variant(self) -> str:
-        """The method's name in result tables."""
-        name = "l2p" if self.local else "fedl2p"
-        if self.meta.meta_grad == "fomaml":
-            name += "-fomaml"
-        elif self.meta.hessian == "exact":
-            name += "-exact"
-        if self.nets == "bnnet":
-            name += "-bnnet"
-        elif self.nets == "lrnet":
-            name += f"-lrnet-b{self.meta.fixed_beta:g}"
-        if self.meta.psi_power > 0 and self.meta.meta_grad == "ift":
-            name += "-psipow"
-        if self.input_norm == "standardize":
-            name += "-std"
-        if self.meta_opt == "fedadam":
-            name += "-adam"
-        if self.keep == "last" and not self.local:
-            name += "-last"
-        if self.meta.hidden_bias == "zero":
-            name += "-zerobias"
-        if self.meta.beta_init != 0.5:
-            name += f"-binit{self.meta.beta_init:g}"
-        if self.meta.init_gain != 0.1:
-            name += f"-gain{self.meta.init_gain:g}"
-        if self.meta.client_bn == "running":
-            name += "-runningbn"
-        if self.meta.ift_at == "last-step" and self.meta.meta_grad == "ift":
-            name += "-laststep"
-        if self.meta.val_stats == "test-batch":
-            name += "-valtbs"
-        if self.meta.eta_nonneg:
-            name += "-etapos"
-        if self.aggregator != "mean":
-            name += "-" + {"median": "median", "trimmed-mean": "trim"}[self.aggregator]
-        if self.norm_bound:
-            name += f"-nb{self.norm_bound:g}"
-        if self.seed:  # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
-            name += f"-seed{self.seed}"
-        return name
-
-
 def check(cfg: MetaTrainConfig) -> None:
-    validate(cfg)
-    if cfg.nets not in NETS:
-        raise FedL2PError(f"unknown --nets '{cfg.nets}'; choose one of: {', '.join(NETS)}")
-    if cfg.meta.meta_grad not in ("ift", "fomaml"):
-        raise FedL2PError(f"unknown --meta-grad '{cfg.meta.meta_grad}'; choose ift or fomaml")
-    if cfg.meta.hessian not in HESSIANS:
-        raise FedL2PError(f"unknown --hessian '{cfg.meta.hessian}'; choose one of: {', '.join(HESSIANS)}")
-    for opt, val, ok in (("--input-norm", cfg.input_norm, INPUT_NORMS), ("--meta-opt", cfg.meta_opt, META_OPTS),
-                         ("--client-bn", cfg.meta.client_bn, CLIENT_BN), ("--hidden-bias", cfg.meta.hidden_bias, HIDDEN_BIAS),
-                         ("--keep", cfg.keep, KEEPS), ("--engine", cfg.engine, ENGINES), ("--ift-at", cfg.meta.ift_at, IFT_AT),
-                         ("--val-stats", cfg.meta.val_stats, EVAL_STATS), ("--aggregate", cfg.aggregator, ROBUST)):
-        if val not in ok:
-            raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
+    validate(cfg)  # types, ranges and choices (Literal fields)
     if cfg.local and cfg.engine != "local":
         raise FedL2PError("--engine flower runs federated rounds; --local (L2P) has none, use --engine local")
     check_gpus(cfg.engine, cfg.gpus_per_client)
@@ -217,19 +133,36 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
     return Context(model, theta_g, part, table, cfg, norm, dev)
 
 
-def client_task(ctx: Context, c: int, lam: Lambda, rnd: int) -> tuple[ClientResult | str, dict]:
-    """One client's update in round rnd, with its own generator (seed, rnd, c): the same wherever it runs."""
-    return guarded(c, lambda timer: ctx.update(c, lam, generator(ctx.cfg.seed, rnd, c), timer))
+@dataclass
+class MetaTask:
+    """What a sampled client receives in a meta-train round: the broadcast lambda."""
+    client: int
+    lam: Lambda
+    round: int
 
 
-def guarded(c: int, update) -> tuple[ClientResult | str, dict]:
+@dataclass
+class MetaReply:
+    """A client's answer: its update, or why it diverged instead, and its time split (seconds per section)."""
+    result: ClientResult | None
+    times: dict
+    diverged: str | None = None
+
+
+def client_task(ctx: Context, task: MetaTask) -> MetaReply:
+    """One client's update in its round, with its own generator (seed, round, client): the same wherever it runs."""
+    c = task.client
+    return guarded(c, lambda timer: ctx.update(c, task.lam, generator(ctx.cfg.seed, task.round, c), timer))
+
+
+def guarded(c: int, update) -> MetaReply:
     """Run update(timer); a divergence comes back as its message in place of the result (the engine never sees a
     client's exception), with the client's time split either way."""
     timer = Timer()
     try:
-        return update(timer), timer.t
+        return MetaReply(update(timer), timer.t)
     except Diverged as e:
-        return f"client {c}: {e}", timer.t
+        return MetaReply(None, timer.t, f"client {c}: {e}")
 
 
 class MetaStrategy:
@@ -249,14 +182,14 @@ class MetaStrategy:
     def stop(self, st: LoopState) -> bool:
         return bool(st.extra["diverged"] or (self.cfg.patience and st.extra["stale"] >= self.cfg.patience))
 
-    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[tuple]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[MetaTask]:
         lam = group_of(st.tensors, "lam")
-        return [(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
+        return [MetaTask(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
-    def accepted(self, lam: Lambda, tasks: list[tuple], results: list[ClientResult]) -> tuple[list[ClientResult], list[str]]:
+    def accepted(self, lam: Lambda, tasks: list[MetaTask], results: list[ClientResult]) -> tuple[list[ClientResult], list[str]]:
         """The replies that may be aggregated, and why each other one was dropped (never aggregated, always logged)."""
         keep, dropped = [], []
-        for (c, *_), r in zip(tasks, results):
+        for c, r in zip((t.client for t in tasks), results):
             why = reject_reason(lam, r.lam, r.n, self.train_size(c)) if isinstance(r, ClientResult) else "not a client result"
             (dropped.append(f"client {c}: {why}") if why else keep.append((c, r)))
         if self.cfg.norm_bound and len(keep) > 1:
@@ -271,16 +204,17 @@ class MetaStrategy:
         offsets = getattr(self.ctx.part, "offsets", None)  # a deployment's server knows no client's data
         return None if offsets is None else int(offsets[c][1] - offsets[c][0])
 
-    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], done: list, timer: Timer) -> dict | None:
-        bad = [r for r, _ in done if isinstance(r, str)]
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[MetaTask], done: list, timer: Timer) -> dict | None:
+        done = [d if isinstance(d, MetaReply) else MetaReply(None, {}) for d in done]  # a site may send anything
+        bad = [d.diverged for d in done if d.diverged]
         if bad:
             st.extra["diverged"] = f"round {rnd + 1}: {bad[0]}"
             return None
-        for _, t in done:  # the clients' own time split, wherever they ran
-            for k, v in t.items():
-                timer.add(k, v)
-        lam, sampled = tasks[0][1], [t[0] for t in tasks]
-        results, dropped = self.accepted(lam, tasks, [r for r, _ in done])
+        for d in done:  # the clients' own time split, wherever they ran
+            for k, v in d.times.items():
+                timer.add(k, float(v))
+        lam, sampled = tasks[0].lam, [t.client for t in tasks]
+        results, dropped = self.accepted(lam, tasks, [d.result for d in done])
         if not results:
             raise FedL2PError(f"meta-train round {rnd + 1}: every reply was dropped ({'; '.join(dropped)})")
         rec = _record(rnd, results, timer) | {"sampled": " ".join(map(str, sampled))} | self.ctx.snapshot(lam)

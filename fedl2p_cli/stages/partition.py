@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store
-from ..core.config import AT_LEAST_1, BELOW_1, NON_NEGATIVE, POSITIVE, between, validate
+from ..configs import PartitionConfig
+from ..core.config import validate
 from ..data import corruptions as corr
 from ..data import datasets, speech, synth_speech
 from ..data.partition import ClientSplit, choose_unseen, dirichlet_partition, label_entropy, shards_partition, split_client
@@ -22,46 +22,10 @@ from .common import build_or_reuse, config_dict
 
 GENERATED = {"fmnist-c": "fmnist", "digits-c": "digits", "fmnist-r": "fmnist"}
 SPEECH = ("speechcommands", "speech-synth")  # naturally partitioned: one client per speaker
-SCHEMES = ("dirichlet", "shards")
 
 
 def default_domains(dataset: str) -> list[str]:
     return corr.ROTATION_DOMAINS if dataset == "fmnist-r" else corr.DEFAULT_DOMAINS
-
-
-@dataclass(kw_only=True)
-class PartitionConfig:
-    dataset: str = "fmnist-c"
-    alpha: float = field(default=0.1, metadata=POSITIVE)
-    clients: int = field(default=70, metadata=AT_LEAST_1)
-    samples_per_client: int = field(default=200, metadata=between(3))
-    val_fraction: float = field(default=0.2, metadata=BELOW_1)
-    test_fraction: float = field(default=0.2, metadata=between(0, 1, lo_open=True, hi_open=True))
-    seed: int = field(default=0, metadata=NON_NEGATIVE)
-    unseen_fraction: float = field(default=0.2, metadata=BELOW_1)
-    unseen_domains: list[str] = field(default_factory=list)
-    corruptions: list[str] | None = None  # generated domains (fmnist-c, digits-c) or CIFAR-10-C types
-    severity: int = field(default=3, metadata=between(1, 5))
-    data_dir: str | None = None  # a location, not part of the artifact's identity
-    download: bool = False
-    exclude: str | None = None   # a partition id: its source images are not given to these clients
-    # added after partitions existed: left out of the id at their defaults, so existing partitions keep theirs
-    scheme: str = field(default="dirichlet", metadata={"identity_default": True})  # dirichlet | shards
-    shard_classes: int = field(default=4, metadata=between(1) | {"identity_default": True})
-    # per-domain overrides of alpha, samples_per_client and severity ({domain: value}; a domain not named takes the
-    # global value): clients of different domains with different label skew, size or shift (the planted-signal cell)
-    domain_alpha: dict[str, float] = field(default_factory=dict, metadata=POSITIVE | {"identity_default": True})
-    domain_samples: dict[str, int] = field(default_factory=dict, metadata=between(3) | {"identity_default": True})
-    domain_severity: dict[str, int] = field(default_factory=dict, metadata=between(1, 5) | {"identity_default": True})
-    # speech datasets: log-mel bins = frames of each one-second clip (the authors' code: 128 x 128 at 10 ms hops;
-    # 32 keeps the CPU benchmark practical)
-    spectrogram: int = field(default=32, metadata=between(8, 256) | {"identity_default": True})
-
-    def speakers(self) -> tuple[int, int]:
-        """Seen and unseen speakers of a speech partition: --clients in all, round(--clients x --unseen-fraction)
-        of them held-out speakers."""
-        unseen = int(round(self.clients * self.unseen_fraction))
-        return self.clients - unseen, unseen
 
 
 def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
@@ -175,8 +139,6 @@ def summary(p: partition_h5.Partition) -> dict:
 def check(cfg: PartitionConfig) -> None:
     """Reject bad input before anything is read or written."""
     validate(cfg)
-    if cfg.scheme not in SCHEMES:
-        raise FedL2PError(f"unknown --scheme '{cfg.scheme}'; choose one of: {', '.join(SCHEMES)}")
     if cfg.dataset not in datasets.DATASETS + SPEECH:
         raise FedL2PError(f"unknown dataset '{cfg.dataset}'; choose one of: {', '.join(datasets.DATASETS + SPEECH)}")
     if cfg.dataset in SPEECH:

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .. import device
+from .. import device, methods
 from ..algorithms.fedl2p import hyper_fn
 from ..algorithms.fedl2p import MetaConfig
 from ..artifacts import Artifact, Draft, Store
-from ..core.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, between, validate
-from ..core.finetune import CLIENT_BN, EVAL_STATS, Strategy, finetune, personalized_accuracy
+from ..configs import PersonalizeConfig
+from ..core.config import validate
+from ..core.finetune import Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
+from ..core import metanets
 from ..core.metanets import normalize_inputs
-from ..core.selection import NO_FT, candidates, select_by_validation
+from ..core.selection import NO_FT, select_by_validation
 from ..engine.loop import generator, group_of
 from ..errors import FedL2PError
 from ..io import results_h5
@@ -29,26 +31,11 @@ from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import global_accuracy
 
-BASELINES = ("ft-bnc", "ft-bng", "ft-bni")   # the paper's hand-made strategies ("best FT" is the best of these)
-TUNED = "ft-tuned"                            # each client picks policy and LR on its own validation split
-HANDMADE = (*BASELINES, TUNED)
-LABELS = {"ft-bnc": "FT (BN C)", "ft-bng": "FT (BN G)", "ft-bni": "FT (BN I)", TUNED: "FT tuned (val)", "pfedla": "pFedLA",
-          "heurpfedla": "HeurpFedLA", "cafeme": "CAFeMe"}
 
 
-@dataclass(kw_only=True)
-class PersonalizeConfig:
-    unseen: bool = False
-    methods: list[str] = field(default_factory=lambda: [*BASELINES, "fedl2p"])
-    epochs: int = field(default=5, metadata=AT_LEAST_1)
-    batch_size: int = field(default=32, metadata=between(2))
-    base_lr: float = field(default=1e-3, metadata=POSITIVE)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata=NON_NEGATIVE)
-    client_bn: str = "precise"  # precise: client BN statistics recomputed after fine-tuning | running (the paper's)
-    # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
-    pfl_steps: int = field(default=50, metadata=AT_LEAST_1 | {"identity_default": True})
-    # the learned methods' test-time statistics (see core.finetune.personalized_accuracy); added later
-    eval_stats: str = field(default="running", metadata={"identity_default": True})
+def fixed(m: str) -> bool:
+    """A hand-made method: one strategy for every client (the registry's HandMade)."""
+    return isinstance(methods.get(m), methods.HandMade)
 
 
 @dataclass
@@ -66,10 +53,6 @@ def check(cfg: PersonalizeConfig) -> None:
         raise FedL2PError("--seeds must list at least one seed")
     if len(set(cfg.methods)) != len(cfg.methods):
         raise FedL2PError("--methods lists a method twice")
-    if cfg.client_bn not in CLIENT_BN:
-        raise FedL2PError(f"unknown --client-bn '{cfg.client_bn}'; choose one of: {', '.join(CLIENT_BN)}")
-    if cfg.eval_stats not in EVAL_STATS:
-        raise FedL2PError(f"unknown --eval-stats '{cfg.eval_stats}'; choose one of: {', '.join(EVAL_STATS)}")
 
 
 def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pretrain_id: str, table: StatsTable,
@@ -79,15 +62,16 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
     arts = [store.load("meta-train", r) for r in meta_refs]
     known = {a.metrics.get("variant") for a in arts}
     for m in cfg.methods:
-        if m in HANDMADE or m in known or m in pfl_stage.ALGOS:
-            continue
+        if m in known or not isinstance(methods.get(m), methods.Learned) and methods.get(m) is not None:
+            continue  # hand-made, another system (resolve_pfl), or named by --meta
         hit = (store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("stats") == stats_id)
                or store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id))
         if hit is None:
             have = sorted({a.metrics.get("variant") for a in store.iter("meta-train") if a.parents.get("pretrain") == pretrain_id})
             hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
                     if have else "; run `fedl2p meta-train` first")
-            raise FedL2PError(f"unknown method '{m}': not a baseline ({', '.join(HANDMADE)}) and no meta-train artifact "
+            raise FedL2PError(f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade())}), not a system "
+                              f"({', '.join(methods.systems())}) and no meta-train artifact "
                               f"of that variant for pretrained model {pretrain_id}{hint}")
         arts.append(store.load("meta-train", hit.id))
     out = []
@@ -108,7 +92,7 @@ def resolve_pfl(store: Store, cfg: PersonalizeConfig, pfl_refs: list[str], parti
             raise FedL2PError(f"pfl artifact {a.id} was trained on partition {a.parents.get('partition')}, not {partition_id}")
     known = {a.config["algo"] for a in arts}
     for m in cfg.methods:
-        if m in pfl_stage.ALGOS and m not in known:
+        if isinstance(methods.get(m), methods.System) and m not in known:
             hit = store.newest("pfl", lambda a: a.config.get("algo") == m and a.parents.get("partition") == partition_id)
             if hit is None:
                 raise FedL2PError(f"method '{m}' has no pfl artifact for partition {partition_id}; run `fedl2p pfl-train --algo {m}` first")
@@ -117,21 +101,23 @@ def resolve_pfl(store: Store, cfg: PersonalizeConfig, pfl_refs: list[str], parti
 
 
 def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
-    b, x, p = t.xi.shape[1], t.x.shape[1], len(t.param_names)
+    want = metanets.shapes(t.xi.shape[1], t.x.shape[1], len(t.param_names))  # what this model's meta-nets must be
     for k, v in lam.items():
         key = k.split(".", 1)[1] if k.startswith("client") else k
-        want = {"bnnet.0.weight": (100, b), "bnnet.2.weight": (b, 100), "lrnet.0.weight": (100, x),
-                "lrnet.2.weight": (p, 100), "eta": (p,)}.get(key)
-        if want and tuple(v.shape) != want:
+        if key in want and tuple(v.shape) != want[key]:
             raise FedL2PError(f"meta-nets {art.id} were trained for another model shape ({key} is {tuple(v.shape)}, "
-                              f"this model needs {want})")
+                              f"this model needs {want[key]})")
 
 
 def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: StatsTable, n_bn: int,
                n_p: int) -> dict[str, Strategy | None]:
     """The fixed strategy of every method but ft-tuned (which picks its own per client and seed)."""
-    out: dict[str, Strategy | None] = {m: fixed_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if m in BASELINES}
+    out: dict[str, Strategy | None] = {m: fixed_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if fixed(m)}
+    pool = "unseen" if cfg.unseen else "seen"
     for mm in metas:
+        if not methods.get(mm.name).supports(pool):  # e.g. L2P: a lambda per client it trained, none for others
+            out[mm.name] = None
+            continue
         xi, x = normalize_inputs(mm.norm, *table.inputs(c))
         lam = mm.lam
         if any(k.startswith("client") for k in lam):  # L2P: per-client lambda; none for clients it never saw
@@ -146,15 +132,18 @@ def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: S
 
 
 def fixed_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int) -> Strategy:
-    lr = torch.full((n_p,), base_lr * factor)
-    return Strategy({"ft-bnc": torch.ones(n_bn), "ft-bng": torch.zeros(n_bn), "ft-bni": None}[name], lr)
+    """A hand-made method's strategy (the registry's beta) at `factor` x its LR."""
+    m = methods.get(name)
+    lr = torch.full((n_p,), base_lr * m.lr_factor * factor)
+    return Strategy(None if m.beta is None else torch.full((n_bn,), float(m.beta)), lr)
 
 
-def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn: int, n_p: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every ft-tuned candidate's (validation loss, validation accuracy, test accuracy) for one client and seed;
-    candidate order as `selection.candidates()`. Rows are [val_loss, val_acc, test_acc]."""
-    out = np.zeros((len(candidates()), 3))
-    for i, (name, f) in enumerate(candidates()):
+def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn: int, n_p: int,
+                grid: list[tuple[str, float]]) -> np.ndarray:
+    """Every candidate's (validation loss, validation accuracy, test accuracy) for one client and seed, in `grid`'s
+    order ((hand-made method, LR factor) or no fine-tuning). Rows are [val_loss, val_acc, test_acc]."""
+    out = np.zeros((len(grid), 3))
+    for i, (name, f) in enumerate(grid):
         if name == NO_FT:
             vl, va = evaluate(model, theta_g, *data.val)
             out[i] = vl, va, evaluate(model, theta_g, *data.test)[1]
@@ -174,13 +163,14 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
     theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
     pfls = [pfl_stage.to_device(t, dev) for t in pfls]
     n_bn, n_p = table.xi.shape[1], len(theta_g)
-    tuned = TUNED in cfg.methods
-    methods = list(dict.fromkeys([m for m in cfg.methods if m in HANDMADE] + [mm.name for mm in metas] + [t.algo for t in pfls]))
-    acc = np.full((len(methods), len(cfg.seeds), len(clients)), np.nan)
-    cand = np.full((len(cfg.seeds), len(clients), len(candidates()), 3), np.nan) if tuned else None
-    beta = {m: np.full((len(clients), n_bn), np.nan, dtype=np.float32) for m in methods}
-    eta = {m: np.full((len(clients), n_p), np.nan, dtype=np.float32) for m in methods}
-    sparsity = {m: np.full(len(clients), np.nan) for m in methods}
+    tuned = next((m for m in cfg.methods if isinstance(methods.get(m), methods.Tuned)), None)
+    grid = methods.get(tuned).candidates() if tuned else []  # hand-made rows at x1 LR come from its grid (same batches)
+    names = list(dict.fromkeys([m for m in cfg.methods if m in methods.handmade()] + [mm.name for mm in metas] + [t.algo for t in pfls]))
+    acc = np.full((len(names), len(cfg.seeds), len(clients)), np.nan)
+    cand = np.full((len(cfg.seeds), len(clients), len(grid), 3), np.nan) if tuned else None
+    beta = {m: np.full((len(clients), n_bn), np.nan, dtype=np.float32) for m in names}
+    eta = {m: np.full((len(clients), n_p), np.nan, dtype=np.float32) for m in names}
+    sparsity = {m: np.full(len(clients), np.nan) for m in names}
     before = np.zeros(len(clients))
     sizes = torch.tensor([v.numel() for v in theta_g.values()], dtype=torch.float64)
     progress.start(f"personalize ({'unseen' if cfg.unseen else 'seen'} clients)", len(clients) * len(cfg.seeds))
@@ -189,7 +179,7 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
         before[j] = global_accuracy(model, state, *data.test)
         model.eval()
         strat = strategies(cfg, metas, c, table, n_bn, n_p)  # on the CPU, where they are recorded
-        for i, m in enumerate(methods):
+        for i, m in enumerate(names):
             s = strat.get(m)
             if s is None:
                 continue
@@ -200,24 +190,24 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
         for k, seed in enumerate(cfg.seeds):
             gen_for = lambda: generator(seed, c, 7)  # noqa: E731  the same batch order for every method: paired
             if tuned:  # its grid contains the FT baselines at the base LR (same batches): their rows come from it
-                cand[k, j] = tune_client(cfg, model, theta_g, data, bn0, gen_for, n_bn, n_p)
+                cand[k, j] = tune_client(cfg, model, theta_g, data, bn0, gen_for, n_bn, n_p, grid)
                 pick = select_by_validation(cand[k, j, :, 1], cand[k, j, :, 0])
-                acc[methods.index(TUNED), k, j] = cand[k, j, pick, 2]
-                for m in BASELINES:
-                    if m in methods:
-                        acc[methods.index(m), k, j] = cand[k, j, candidates().index((m, 1.0)), 2]
+                acc[names.index(tuned), k, j] = cand[k, j, pick, 2]
+                for m in names:
+                    if (m, 1.0) in grid:
+                        acc[names.index(m), k, j] = cand[k, j, grid.index((m, 1.0)), 2]
             for t in pfls:  # the other personalised-FL systems: their own models, the same clients and seeds
-                acc[methods.index(t.algo), k, j] = pfl_stage.client_accuracy(t, c, data, seed, cfg.pfl_steps)
-            for i, m in enumerate(methods):
+                acc[names.index(t.algo), k, j] = pfl_stage.client_accuracy(t, c, data, seed, cfg.pfl_steps)
+            for i, m in enumerate(names):
                 s = strat.get(m)
-                if s is None or (tuned and m in BASELINES):
+                if s is None or (tuned and (m, 1.0) in grid):
                     continue
                 ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
                 acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size,
-                                                     "running" if m in HANDMADE else cfg.eval_stats)[1]
+                                                     "running" if m in methods.handmade() else cfg.eval_stats)[1]
             progress.advance(1)
     progress.stop()
-    return results_h5.Results(methods, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
+    return results_h5.Results(names, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
                               part.domain[clients], before, acc, beta, eta, sparsity,
                               {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
                                "eval_stats": cfg.eval_stats}, cand)
@@ -228,30 +218,31 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
     rows = {}
     for i, m in enumerate(r.methods):
         per_seed = np.nanmean(r.acc_after[i], axis=1) if not np.isnan(r.acc_after[i]).all() else np.full(len(r.seeds), np.nan)
-        learned = m not in BASELINES and not np.isnan(r.sparsity[m]).all()
+        learned = not fixed(m) and not np.isnan(r.sparsity[m]).all()
         rows[m] = {"mean": float(np.mean(per_seed)), "sd": float(np.std(per_seed)),
                    "sparsity": float(np.nanmean(r.sparsity[m])) if learned else None,
                    "per_domain": {domain_names[d]: float(np.nanmean(r.acc_after[i][:, r.domain == d]))
                                   for d in np.unique(r.domain) if not np.isnan(r.acc_after[i][:, r.domain == d]).all()}}
     for m in r.methods:
-        if m not in BASELINES and not np.isnan(r.beta[m]).all():
+        if not fixed(m) and not np.isnan(r.beta[m]).all():
             rows[m]["beta_per_domain"] = {domain_names[d]: [float(v) for v in np.nanmean(r.beta[m][r.domain == d], axis=0)]
                                           for d in np.unique(r.domain)}
-    base = [m for m in r.methods if m in BASELINES]
+    base = [m for m in r.methods if m in methods.baselines()]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
     if base:
         best = max(base, key=lambda m: rows[m]["mean"])
         out["best_baseline"] = best
         bi = r.methods.index(best)
         for i, m in enumerate(r.methods):
-            if m not in BASELINES and not np.isnan(r.acc_after[i]).all():
+            if m not in base and not np.isnan(r.acc_after[i]).all():
                 diff = np.nanmean(r.acc_after[i] - r.acc_after[bi], axis=0)  # per client, over seeds
                 rows[m]["vs_best_baseline"] = float(np.nanmean(diff))
                 rows[m]["clients_better"] = float(np.mean(diff[~np.isnan(diff)] > 0))
-    if TUNED in r.methods:
-        ti = r.methods.index(TUNED)
+    tuned = next((m for m in r.methods if isinstance(methods.get(m), methods.Tuned)), None)
+    if tuned is not None:
+        ti = r.methods.index(tuned)
         for i, m in enumerate(r.methods):
-            if m not in HANDMADE and not np.isnan(r.acc_after[i]).all():
+            if m not in methods.handmade() and not np.isnan(r.acc_after[i]).all():
                 rows[m]["vs_ft_tuned"] = float(np.nanmean(r.acc_after[i] - r.acc_after[ti]))
     return out
 
@@ -269,8 +260,8 @@ def row_cells(m: str, v: dict) -> list[str]:
     """One summary row: label, mean ± SD, Δ vs best FT, Δ vs ft-tuned, share of clients better, sparsity."""
     fmt = lambda k: f"{100 * v[k]:+.2f}" if k in v else ""  # noqa: E731
     if np.isnan(v["mean"]):  # e.g. pFedLA on unseen clients: it has no model for them
-        return [LABELS.get(m, m), "N/A", "", "", "", ""]
-    return [LABELS.get(m, m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
+        return [methods.label(m), "N/A", "", "", "", ""]
+    return [methods.label(m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
             f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
             f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""]
 
@@ -278,14 +269,14 @@ def row_cells(m: str, v: dict) -> list[str]:
 def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:
     from ..analysis.plots import bar, hyperparam_boxes
     for m in r.methods:
-        if m in BASELINES or np.isnan(r.eta[m]).all():
+        if fixed(m) or np.isnan(r.eta[m]).all():
             continue
         ok = ~np.isnan(r.eta[m]).any(axis=1)
         hyperparam_boxes(r.beta[m][ok], [f"bn{i}" for i in range(r.beta[m].shape[1])], f"{m}: beta per BN layer", "beta",
                          draft.path(f"beta_{m}.png"))
         hyperparam_boxes(r.eta[m][ok], table.param_names, f"{m}: learning rate per tensor", "eta",
                          draft.path(f"eta_{m}.png"), log=True)
-    sp = {m: float(np.nanmean(r.sparsity[m])) for m in r.methods if m not in BASELINES and not np.isnan(r.sparsity[m]).all()}
+    sp = {m: float(np.nanmean(r.sparsity[m])) for m in r.methods if not fixed(m) and not np.isnan(r.sparsity[m]).all()}
     if sp:
         bar(sp, "share of parameters with learning rate 0", "sparsity", draft.path("sparsity.png"))
 

@@ -7,7 +7,7 @@ cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,7 +16,9 @@ from .. import device
 from ..algorithms import cafeme, pfedla
 from ..algorithms.local import LocalConfig
 from ..artifacts import Artifact, Draft, Store
-from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, between, validate
+from .. import methods
+from ..configs import PFLConfig
+from ..core.config import validate
 from ..core.functional import evaluate, get_state
 from ..core.client import Timer
 from ..core.layer_mix import layers_of
@@ -31,36 +33,12 @@ from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
 
-ALGOS = ("pfedla", "heurpfedla", "cafeme")
-ORDERS, OUTERS = ("first", "second"), ("adam", "sgd")
-
-
-@dataclass(kw_only=True)
-class PFLConfig:
-    algo: str = "pfedla"
-    model: str = "small-cnn"
-    rounds: int = field(default=100, metadata=AT_LEAST_1)
-    fraction: float = field(default=1.0, metadata=FRACTION)    # pFedLA: all 10 clients; CAFeMe: M = 5 of 80
-    batch_size: int = field(default=32, metadata=between(2))  # pFedLA 32; CAFeMe 30
-    lr: float = field(default=0.005, metadata=POSITIVE)        # pFedLA local SGD LR (0.005 FMNIST); CAFeMe inner alpha
-    local_epochs: int = field(default=10, metadata=AT_LEAST_1)  # pFedLA (10 clients: 10)
-    hn_lr: float = field(default=5e-3, metadata=POSITIVE)     # pFedLA hypernetwork step
-    embed_dim: int = field(default=100, metadata=AT_LEAST_1)
-    hn_hidden: int = field(default=100, metadata=AT_LEAST_1)
-    k: int = field(default=1, metadata=AT_LEAST_1)             # HeurpFedLA retained layers (paper: 1)
-    steps: int = field(default=5, metadata=AT_LEAST_1)         # CAFeMe S
-    outer_lr: float = field(default=1e-3, metadata=POSITIVE)  # CAFeMe beta
-    order: str = "first"
-    outer: str = "adam"
-    eval_every: int = field(default=10, metadata=AT_LEAST_1)
-    seed: int = field(default=0, metadata=NON_NEGATIVE)
 
 
 def check(cfg: PFLConfig) -> None:
     validate(cfg)
-    for opt, val, ok in (("--algo", cfg.algo, ALGOS), ("--order", cfg.order, ORDERS), ("--outer", cfg.outer, OUTERS)):
-        if val not in ok:
-            raise FedL2PError(f"unknown {opt} '{val}'; choose one of: {', '.join(ok)}")
+    if cfg.algo not in methods.systems():  # the registered systems
+        raise FedL2PError(f"unknown --algo '{cfg.algo}'; choose one of: {', '.join(methods.systems())}")
     registry.spec(cfg.model)
 
 
@@ -82,6 +60,24 @@ def retained_k(cfg: PFLConfig) -> int:
 def cafeme_config(cfg: PFLConfig, num_classes: int) -> cafeme.CAFeMeConfig:
     return cafeme.CAFeMeConfig(steps=cfg.steps, inner_lr=cfg.lr, outer_lr=cfg.outer_lr, batch_size=cfg.batch_size,
                                order=cfg.order, outer=cfg.outer, num_classes=num_classes)
+
+
+@dataclass
+class PFedLATask:
+    """A pFedLA round's client: its id, its slot in the server's stacked models and hypernetworks, the round."""
+    client: int
+    slot: int
+    round: int
+
+
+@dataclass
+class CAFeMeTask:
+    """A CAFeMe round's client: omega, its own Adam moments (None before its first round) and their step count."""
+    client: int
+    omega: dict
+    moments: dict | None
+    step: int
+    round: int
 
 
 class PFedLAStrategy:
@@ -107,17 +103,16 @@ class PFedLAStrategy:
     def stop(self, st: LoopState) -> bool:
         return False
 
-    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+    def configure(self, st: LoopState, rnd: int) -> list[PFedLATask]:
         restore_server(self.server, device.move(st.tensors, self.dev))
-        return [(self.seen.index(c), rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+        return [PFedLATask(c, self.seen.index(c), rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
 
-    def client(self, i: int, rnd: int):
-        c = self.seen[i]
-        return pfedla.client_round(self.model, self.server, i, self.part.client_on(c, self.dev), self.local,
-                                   self.cfg.lr, self.cfg.hn_lr, self.k, generator(self.cfg.seed, rnd, c))
+    def client(self, task: PFedLATask):
+        return pfedla.client_round(self.model, self.server, task.slot, self.part.client_on(task.client, self.dev), self.local,
+                                   self.cfg.lr, self.cfg.hn_lr, self.k, generator(self.cfg.seed, task.round, task.client))
 
-    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
-        pfedla.apply_round(self.server, {i: r for (i, _), r in zip(tasks, results)})
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[PFedLATask], results: list, timer: Timer) -> dict:
+        pfedla.apply_round(self.server, {t.slot: r for t, r in zip(tasks, results)})
         st.tensors = device.to_host(server_tensors(self.server))
         rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
@@ -176,28 +171,28 @@ class CAFeMeStrategy:
     def stop(self, st: LoopState) -> bool:
         return False
 
-    def configure(self, st: LoopState, rnd: int) -> list[tuple]:
+    def configure(self, st: LoopState, rnd: int) -> list[CAFeMeTask]:
         omega = omega_of(st.tensors)
-        tasks = []
-        for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd):
-            moments = group_of(st.tensors, f"adam{c}") or None
-            tasks.append((c, omega, moments, int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1, rnd))
-        return tasks
+        return [CAFeMeTask(c, omega, group_of(st.tensors, f"adam{c}") or None,
+                           int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1, rnd)
+                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
 
-    def client(self, c: int, omega: dict, moments: dict | None, t: int, rnd: int):
-        data = self.part.client_on(c, self.dev)
-        r = cafeme.client_update(self.model, self.sites, self.omega_cache.get(omega, self.dev), data.train, data.val,
-                                 self.ccfg, generator(self.cfg.seed, rnd, c), device.move(moments, self.dev), t)
+    def client(self, task: CAFeMeTask):
+        data = self.part.client_on(task.client, self.dev)
+        r = cafeme.client_update(self.model, self.sites, self.omega_cache.get(task.omega, self.dev), data.train, data.val,
+                                 self.ccfg, generator(self.cfg.seed, task.round, task.client),
+                                 device.move(task.moments, self.dev), task.step)
         return device.to_host(r)
 
-    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
-        for (c, _, _, t, _), (_, loss, moments) in zip(tasks, results):
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[CAFeMeTask], results: list, timer: Timer) -> dict:
+        for task, (_, loss, moments) in zip(tasks, results):
+            c, t = task.client, task.step
             if not np.isfinite(loss):
                 raise FedL2PError(f"cafeme diverged in round {rnd + 1} (client {c}); lower --lr or --outer-lr")
             if moments is not None:
                 st.tensors |= nest(f"adam{c}", moments)
                 st.extra.setdefault("adam_t", {})[str(c)] = t
-        omega = {k: torch.stack([r[0][k] for r in results]).mean(0) for k in tasks[0][1]}  # Alg. 1 line 11: plain mean
+        omega = {k: torch.stack([r[0][k] for r in results]).mean(0) for k in tasks[0].omega}  # Alg. 1 line 11: plain mean
         st.tensors = {k: v for k, v in st.tensors.items() if k.startswith("adam")} | omega
         rec = {"round": rnd + 1, "held_out_loss": float(np.mean([r[1] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..algorithms.fedl2p import MetaConfig
+from .. import methods
 from ..artifacts import Artifact, Store
-from ..core.config import ConfigError, key_name, validate
+from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
 from ..errors import DataError, FedL2PError
 from . import analyze, meta_train, partition, personalize, pfl, pretrain, stats
 from .common import Progress
@@ -35,12 +34,13 @@ class Pipeline:
 
 
 def _make(cls: type, section: str, values: dict, name: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
+    """A section's config: its keys are the config's fields, nested configs' fields among them (flat_fields)."""
+    names = {f.name for f in flat_fields(cls)}
     unknown = [k for k in values if k not in names]
     if unknown:
         raise FedL2PError(f"pipeline {name}: unknown key '{unknown[0]}' in [{section}] (known: {', '.join(sorted(names))})")
     try:
-        cfg = cls(**values)
+        cfg = from_flat(cls, values)
         validate(cfg, key_name)
     except (TypeError, ConfigError) as e:
         raise FedL2PError(f"pipeline {name}: [{section}] {e}") from None
@@ -111,9 +111,7 @@ def load(path: Path, store_override: Path | None = None) -> Pipeline:
 
 
 def _meta_cfg(values: dict, name: str) -> meta_train.MetaTrainConfig:
-    outer = {f.name for f in dataclasses.fields(meta_train.MetaTrainConfig)} - {"meta"}
-    meta = _make(MetaConfig, "meta-train", {k: v for k, v in values.items() if k not in outer}, name)
-    return _make(meta_train.MetaTrainConfig, "meta-train", {k: v for k, v in values.items() if k in outer} | {"meta": meta}, name)
+    return _make(meta_train.MetaTrainConfig, "meta-train", values, name)
 
 
 def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
@@ -164,16 +162,16 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         return p.results
     pers = dict(s["personalize"])
     pools = pers.pop("pools", ["seen"])
-    handmade = pers.pop("methods", list(personalize.BASELINES))
-    bad = [m for m in handmade if m not in personalize.HANDMADE] if isinstance(handmade, list) else [handmade]
+    handmade = pers.pop("methods", list(methods.baselines()))
+    bad = [m for m in handmade if m not in methods.handmade()] if isinstance(handmade, list) else [handmade]
     if bad:
         raise FedL2PError(f"pipeline {name}: [personalize] methods lists '{bad[0]}'; hand-made methods are: "
-                          f"{', '.join(personalize.HANDMADE)} (meta-net variants come from [[meta-train]])")
+                          f"{', '.join(methods.handmade())} (meta-net variants come from [[meta-train]])")
     last = None
     for pool in pools:
-        methods = list(handmade)
-        cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": methods}, name)
-        ids = [i for i in meta_ids if pool == "seen" or p.store.load("meta-train", i, verify=False).metrics.get("variant", "").startswith("fedl2p")]
+        cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": list(handmade)},
+                    name)
+        ids = [i for i in meta_ids if methods.learned_of(p.store.load("meta-train", i, verify=False).metrics["variant"]).supports(pool)]
         last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress(),
                                                                                       pfl_ids))
         if "analyze" in s and pool == s["analyze"].get("pool", pools[-1]):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,11 +13,11 @@ from ..algorithms.local import ALGORITHMS, LocalConfig
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
-from ..core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, validate
+from ..configs import PretrainConfig
+from ..core.config import validate
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
-from ..engine.rounds import FailureOptions, run_rounds
-from ..engine.flower import ENGINES
+from ..engine.rounds import run_rounds
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
 from ..io import weights
@@ -27,33 +27,10 @@ from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
-@dataclass(kw_only=True)
-class PretrainConfig(FailureOptions):  # clients that fail: see FailureOptions
-    algo: str = "fedavg"
-    model: str = "small-cnn"
-    rounds: int = field(default=30, metadata=AT_LEAST_1)
-    fraction: float = field(default=0.1, metadata=FRACTION)
-    local_epochs: int = field(default=1, metadata=AT_LEAST_1)
-    batch_size: int = field(default=32, metadata=between(2))
-    lr: float = field(default=0.1, metadata=POSITIVE)
-    pf_alpha: float = field(default=0.01, metadata=POSITIVE)
-    eval_every: int = field(default=5, metadata=AT_LEAST_1)
-    seed: int = field(default=0, metadata=NON_NEGATIVE)
-    init: str | None = None       # import a state dict instead of training
-    init_sha256: str | None = None
-    reset_head: bool = False
-    workers: int = field(default=1, metadata=AT_LEAST_1)  # processes for a round's clients; not part of the identity
-    engine: str = "local"        # local | flower (simulation): where client updates run; not part of the identity
-    # --engine flower on GPUs: the share of a GPU each ClientApp gets (0.25: four per GPU); not part of the identity
-    gpus_per_client: float = field(default=0.0, metadata=UNIT | {"option": "--gpus-per-client"})
-
-
 def check(cfg: PretrainConfig) -> None:
     validate(cfg)
     if cfg.init is None and cfg.algo not in ALGORITHMS:
         raise FedL2PError(f"unknown algorithm '{cfg.algo}'; choose one of: {', '.join(ALGORITHMS)}")
-    if cfg.engine not in ENGINES:
-        raise FedL2PError(f"unknown --engine '{cfg.engine}'; choose one of: {', '.join(ENGINES)}")
     registry.spec(cfg.model)
     from .meta_train import check_gpus
     check_gpus(cfg.engine, cfg.gpus_per_client)
@@ -92,6 +69,23 @@ def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
     return {k: state[k].to(v.dtype) for k, v in own.items()}
 
 
+@dataclass
+class LocalTask:
+    """What a sampled client receives in a pretraining round: the global state and the round's LR."""
+    state: dict
+    client: int
+    lr: float
+    round: int
+
+
+@dataclass
+class LocalResult:
+    """A client's new local state (on the CPU), its sample count and mean training loss."""
+    state: dict
+    n: int
+    loss: float
+
+
 class PretrainStrategy:
     """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule."""
 
@@ -114,21 +108,21 @@ class PretrainStrategy:
     def stop(self, st: LoopState) -> bool:
         return False
 
-    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[tuple]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[LocalTask]:
         lr = step_lr(self.cfg.lr, rnd, self.cfg.rounds)
-        return [(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
+        return [LocalTask(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
-    def client(self, state: dict, c: int, lr: float, rnd: int) -> tuple[dict, int, float]:
+    def client(self, task: LocalTask) -> LocalResult:
         """One client's local update on this process's device; the new state comes back on the CPU."""
-        x, y = self.part.client_on(c, self.dev).train
-        new, loss = ALGORITHMS[self.cfg.algo](self.model, self.state_cache.get(state, self.dev), x, y, lr, self.local,
-                                              generator(self.cfg.seed, rnd, c))
-        return device.to_host(new), len(y), loss
+        x, y = self.part.client_on(task.client, self.dev).train
+        new, loss = ALGORITHMS[self.cfg.algo](self.model, self.state_cache.get(task.state, self.dev), x, y, task.lr,
+                                              self.local, generator(self.cfg.seed, task.round, task.client))
+        return LocalResult(device.to_host(new), len(y), loss)
 
-    def aggregate(self, st: LoopState, rnd: int, tasks: list[tuple], results: list, timer: Timer) -> dict:
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[LocalTask], results: list[LocalResult], timer: Timer) -> dict:
         with timer.section("aggregate"):
-            st.tensors = weighted_average([r[0] for r in results], [r[1] for r in results])
-        rec = {"round": rnd + 1, "lr": tasks[0][2], "train_loss": sum(r[2] for r in results) / len(results)}
+            st.tensors = weighted_average([r.state for r in results], [r.n for r in results])
+        rec = {"round": rnd + 1, "lr": tasks[0].lr, "train_loss": sum(r.loss for r in results) / len(results)}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
             with timer.section("eval"):
                 for pool, data in self.tests.items():
@@ -149,8 +143,8 @@ def worker_strategy(root: str, partition_id: str, cfg: PretrainConfig) -> Pretra
     return make_strategy(cfg, partition_stage.load(Store(root), partition_id)[1])
 
 
-def client_task(strategy: PretrainStrategy, *task) -> tuple[dict, int, float]:
-    return strategy.client(*task)
+def client_task(strategy: PretrainStrategy, task: LocalTask) -> LocalResult:
+    return strategy.client(task)
 
 
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress,

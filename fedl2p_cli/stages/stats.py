@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store
 from ..core.bn import bn_layers
-from ..core.config import AT_LEAST_1, validate
+from ..configs import StatsConfig
+from ..core.config import validate
 from ..core.stats import many_client_stats, stat_layers
 from ..errors import ArtifactError
 from ..io import stats_h5
@@ -18,11 +18,6 @@ from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from .. import device
 from .common import NoProgress, Progress, build_or_reuse, config_dict
-
-
-@dataclass(kw_only=True)
-class StatsConfig:
-    batch_size: int = field(default=512, metadata=AT_LEAST_1)  # only speed; the statistics are merged exactly
 
 
 def compute(model: torch.nn.Module, part, clients: list[int], batch_size: int, progress: Progress) -> dict:

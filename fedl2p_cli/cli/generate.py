@@ -1,0 +1,116 @@
+"""Command-line options generated from the config dataclasses (core/config.py `opt`): a field's name, type, default
+and help text are declared once, and every command that takes that config gets the same option."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from ..core.config import choices, flat_fields, from_flat
+from . import options
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = {}
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        hints |= _hints(tp) if dataclasses.is_dataclass(tp) else {f.name: tp}
+    return hints
+
+
+def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
+    """What the command line takes: lists and per-domain tables as one comma-separated string, choices as a string
+    (checked with the config, so a bad value is one line naming the option), a `path` field as a Path."""
+    if f.metadata.get("path"):
+        return Optional[Path]
+    inner = _unwrap(tp)
+    if typing.get_origin(inner) in (list, dict):
+        return Optional[str]
+    if choices(inner) is not None:
+        return str
+    return Optional[inner] if inner is not tp else tp
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _cli_default(f: dataclasses.Field) -> Any:
+    value = _default(f)
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) if value else None
+    if isinstance(value, dict):
+        return None
+    return value
+
+
+def _option(f: dataclasses.Field) -> typer.models.OptionInfo:
+    md = f.metadata
+    decls = [md["option"]] if "option" in md else (["--" + f.name.replace("_", "-")] if md.get("flag") else [])
+    if "short" in md:
+        decls = decls or ["--" + f.name.replace("_", "-")]
+        decls.append(md["short"])
+    kw = {"envvar": md["envvar"]} if "envvar" in md else {}
+    return typer.Option(_cli_default(f), *decls, help=md.get("help") or None, **kw)
+
+
+def parameters(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """One keyword parameter per command-line field of `cls` (nested configs flattened), in declaration order."""
+    hints = _hints(cls)
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_option(f), annotation=_cli_type(hints[f.name], f))
+            for f in flat_fields(cls) if f.metadata.get("cli", True) and f.name not in skip and (only is None or f.name in only)]
+
+
+def _unwrap(tp: Any) -> Any:
+    """`X | None` -> X."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _parse(f: dataclasses.Field, tp: Any, value: Any) -> Any:
+    """A command-line value as the config holds it."""
+    tp = _unwrap(tp)
+    origin = typing.get_origin(tp)
+    if f.metadata.get("path"):
+        return None if value is None else str(value)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        items = options.int_list(value) if item is int else options.csv_list(value)
+        return _default(f) if items is None else items
+    if origin is dict:
+        return options.domain_values(value, typing.get_args(tp)[1], f.metadata.get("option") or "--" + f.name.replace("_", "-"))
+    return value
+
+
+def build(cls: type, values: dict) -> Any:
+    """The config from a command's parsed options."""
+    hints = _hints(cls)
+    fields = {f.name: f for f in flat_fields(cls)}
+    return from_flat(cls, {k: _parse(fields[k], hints[k], v) for k, v in values.items() if k in fields})
+
+
+def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorate `body(cfg, **rest)`: the command's options are `cls`'s fields (or `only` those, less `skip`), then
+    body's own parameters after `cfg` (artifact ids, --force, --store: what is not part of the config)."""
+    def wrap(body: Callable) -> Callable:
+        own = list(inspect.signature(body).parameters.values())[1:]
+        generated = parameters(cls, only, skip)
+        names = {p.name for p in generated}
+        hints = typing.get_type_hints(body)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation)) for p in own]
+
+        def command(**kw: Any) -> Any:
+            return body(build(cls, {k: kw.pop(k) for k in list(kw) if k in names}), **kw)
+
+        command.__signature__ = inspect.Signature(generated + own)  # what Typer reads
+        command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
+        return command
+    return wrap

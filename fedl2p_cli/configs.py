@@ -1,0 +1,266 @@
+"""Every stage's config: one typed, documented declaration per option. `fedl2p COMMAND`'s options
+(cli/generate.py), a pipeline file's keys (stages/pipeline.py) and their validation (core/config.py) all come from
+these dataclasses. Torch-free, so `fedl2p --help` and refused input start fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
+from .core.settings import Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
+
+Scheme = Literal["dirichlet", "shards"]
+PFLOrder = Literal["first", "second"]
+PFLOuter = Literal["adam", "sgd"]
+SCHEMES = get_args(Scheme)
+DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
+WORKERS_HELP = ("Processes that run a round's clients in parallel, one torch thread each (spawned once per run; each "
+                "loads the data once). The artifact is the same as with 1 (bit for bit; not part of its id). Use up to "
+                "the number of cores; see docs/guide/threads-devices.md.")
+ENGINE_HELP = ("Where the round's client updates run: local = this process (or --workers processes) | flower = Flower "
+               "ClientApps in Flower's simulation runtime (Message API; --workers at a time; needs pip install "
+               "'fedl2p[flower]'). The same artifact either way (bit for bit; not part of its id).")
+GPUS_HELP = ("With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25 runs four ClientApps per GPU, "
+             "on every GPU Ray sees). Not part of the artifact's id.")
+
+
+@dataclass(kw_only=True)
+class PartitionConfig:
+    """`fedl2p partition`: how a dataset is split into clients."""
+    dataset: str = opt("fmnist-c", "fmnist | fmnist-c (generated corruption domains) | fmnist-r (rotation domains: 10 "
+                       "angles 0..180, CAFeMe's RMNIST analogue) | digits | digits-c | cifar10 | cifar10-c | image-folder | "
+                       "speechcommands (the official Speech Commands V2 folder, 12 classes, one client per speaker) | "
+                       "speech-synth (the same task spoken by synthetic espeak-ng speakers, generated here: not the real "
+                       "dataset).")
+    alpha: float = opt(0.1, "Dirichlet concentration of each client's label mix (> 0; 1000 is ~IID, 0.1 very skewed).",
+                       POSITIVE)
+    # added after partitions existed: left out of the id at their defaults, so existing partitions keep theirs
+    scheme: Scheme = opt("dirichlet", "dirichlet = each client's labels ~ Dir(alpha) (FedL2P) | shards = each client "
+                         "holds --shard-classes classes in equal amounts (pFedLA's non-IID.1, CAFeMe's shards; --alpha "
+                         "unused).", identity_default=True)
+    shard_classes: int = opt(4, "Classes per client with --scheme shards (pFedLA: 4; CAFeMe: 2).", between(1),
+                             identity_default=True)
+    clients: int = opt(70, "Number of clients, split evenly across domains (speech: the speakers with the most clips, "
+                       "seen ones from the training speakers, unseen ones from the held-out speakers).", AT_LEAST_1)
+    samples_per_client: int = opt(200, "Samples per client (equal for every client, as in the paper).", between(3))
+    val_fraction: float = opt(0.2, "Share of each client's non-test samples held out for validation.", BELOW_1)
+    test_fraction: float = opt(0.2, "Share of each client's samples held out for testing.",
+                               between(0, 1, lo_open=True, hi_open=True))
+    unseen_fraction: float = opt(0.2, "Share of each domain's clients put in the unseen pool (never meta-trained on); "
+                                 "speech: the share of --clients that are held-out (validation and test list) speakers.",
+                                 BELOW_1)
+    unseen_domains: list[str] = opt([], "Comma-separated domains whose clients are all unseen.")
+    corruptions: list[str] | None = opt(None, "Comma-separated domains: generated corruptions for fmnist-c/digits-c "
+                                        "(default clean,gaussian_noise,gaussian_blur,contrast,brightness,invert,pixelate), "
+                                        "rotations rotate<degrees> (fmnist-r default rotate0,rotate20,...,rotate180) or "
+                                        "CIFAR-10-C types.")
+    severity: int = opt(3, "Corruption severity 1..5.", between(1, 5))
+    # per-domain overrides of alpha, samples_per_client and severity ({domain: value}; a domain not named takes the
+    # global value): clients of different domains with different label skew, size or shift (the planted-signal cell)
+    domain_alpha: dict[str, float] = opt({}, "Per-domain --alpha, e.g. clean=0.05,invert=1000: clients of those domains "
+                                         "draw their label mix from Dir(value); the others from --alpha.", POSITIVE,
+                                         identity_default=True)
+    domain_samples: dict[str, int] = opt({}, "Per-domain --samples-per-client, e.g. clean=60 (>= 3).", between(3),
+                                         identity_default=True)
+    domain_severity: dict[str, int] = opt({}, "Per-domain --severity of generated corruptions, e.g. contrast=5.",
+                                          between(1, 5), identity_default=True)
+    # speech datasets: log-mel bins = frames of each one-second clip (the authors' code: 128 x 128 at 10 ms hops)
+    spectrogram: int = opt(32, "Speech datasets: log-mel bins and frames per one-second clip (8..256; the authors' code "
+                           "uses 128 x 128, 32 keeps the CPU benchmark practical).", between(8, 256), identity_default=True)
+    seed: int = opt(0, "Seed of every random draw; the same seed gives an identical partition.", NON_NEGATIVE)
+    data_dir: str | None = opt(None, "Where the dataset files are (docs/guide/data.md lists each dataset's layout).",
+                               option="--data-dir", envvar="FEDL2P_DATA", path=True)  # a location, not the identity
+    download: bool = opt(False, "Allow torchvision to download the dataset when it is not found.")
+    exclude: str | None = opt(None, "A partition artifact id whose source images these clients must not get (e.g. the "
+                              "partition a model was pretrained on, so that personalising it to these clients uses images "
+                              "it never saw).", option="--exclude")
+
+    def speakers(self) -> tuple[int, int]:
+        """Seen and unseen speakers of a speech partition: --clients in all, round(--clients x --unseen-fraction)
+        of them held-out speakers."""
+        unseen = int(round(self.clients * self.unseen_fraction))
+        return self.clients - unseen, unseen
+
+
+WORKERS_PRETRAIN = ("Processes that run a round's clients in parallel, one torch thread each; the artifact is the same "
+                    "as with 1 (bit for bit; not part of its id).")
+
+
+@dataclass(kw_only=True)
+class PretrainConfig(FailureOptions):  # clients that fail: see FailureOptions
+    """`fedl2p pretrain`: the global model's federated pretraining (or an imported state dict)."""
+    algo: str = opt("fedavg", "fedavg | fedbabu (head frozen while training) | perfedavg-hf (Per-FedAvg, Hessian-free "
+                    "MAML steps).")
+    model: str = opt("small-cnn", "small-cnn | resnet18-cifar | resnet18 (ImageNet layout) | resnet18-speech (1-channel "
+                     "log-mel spectrograms).")
+    rounds: int = opt(30, "Communication rounds.", AT_LEAST_1)
+    fraction: float = opt(0.1, "Share r of the seen clients sampled per round.", FRACTION)
+    local_epochs: int = opt(1, "Local epochs per round.", AT_LEAST_1)
+    batch_size: int = opt(32, "Batch size.", between(2))
+    lr: float = opt(0.1, "SGD learning rate (x0.1 at 50% and 75% of the rounds); Per-FedAvg's outer step beta.", POSITIVE)
+    pf_alpha: float = opt(0.01, "Per-FedAvg (HF) inner step size alpha.", POSITIVE)
+    eval_every: int = opt(5, "Evaluate the global model on the seen and unseen clients' test data every k rounds.",
+                          AT_LEAST_1)
+    seed: int = opt(0, "Seed (model init, client sampling, batches).", NON_NEGATIVE)
+    init: str | None = opt(None, "Import a state dict (safetensors or torch.save) instead of training.", path=True)
+    init_sha256: str | None = opt(None, cli=False)  # the imported file's hash, filled in by the stage
+    reset_head: bool = opt(False, "With --init: start a new classifier when the class count differs.")
+    workers: int = opt(1, WORKERS_PRETRAIN, AT_LEAST_1)     # not part of the identity
+    engine: Engine = opt("local", ENGINE_HELP)               # not part of the identity
+    gpus_per_client: float = opt(0.0, GPUS_HELP, UNIT)       # not part of the identity
+
+
+@dataclass(kw_only=True)
+class StatsConfig:
+    """`fedl2p stats`: each client's statistics under the pretrained model."""
+    batch_size: int = opt(512, "Forward batch size (speed only; batches are merged exactly).", AT_LEAST_1)
+
+
+Nets = Literal["both", "bnnet", "lrnet"]
+InputNorm = Literal["none", "standardize"]
+Keep = Literal["best", "last"]
+MetaOpt = Literal["fedavg", "fedadam"]
+NETS, INPUT_NORMS, KEEPS, META_OPTS = (get_args(t) for t in (Nets, InputNorm, Keep, MetaOpt))
+@dataclass(kw_only=True)
+class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
+    """`fedl2p meta-train`'s options (and a [[meta-train]] table's keys): the federation around the client update
+    (MetaConfig), whose fields are options of the same command."""
+    rounds: int = opt(30, "Communication rounds (paper: up to 500).", AT_LEAST_1)
+    fraction: float = opt(0.1, "Share r of the seen clients sampled per round.", FRACTION)
+    meta: MetaConfig = field(default_factory=MetaConfig)
+    nets: Nets = opt("both", "both | bnnet (LRs fixed at --base-lr) | lrnet (beta fixed at --beta).")
+    local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
+    patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
+    input_norm: InputNorm = opt("none", "none = raw xi and x as the paper | standardize = z-score every input feature "
+                                "over the seen clients (not in the paper; the mean/SD are stored with lambda).")
+    meta_opt: MetaOpt = opt("fedavg", "Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
+                            "Adam on the mean client change (Reddi et al. 2021; not in the paper).")
+    server_lr: float = opt(1e-3, "Step size of --meta-opt fedadam.", POSITIVE)
+    keep: Keep = opt("best", "Which lambda the artifact keeps: best = the paper's, the broadcast lambda of the round whose "
+                     "sampled clients had the lowest mean validation loss | last = the final aggregate (not in the paper: "
+                     "with few clients per round and domains of unequal difficulty, 'best' mostly picks the round that "
+                     "sampled easy clients).")
+    seed: int = opt(0, "Seed (meta-net init, sampling, batches).", NON_NEGATIVE)
+    workers: int = opt(1, WORKERS_HELP, AT_LEAST_1)           # not part of the identity
+    engine: Engine = opt("local", ENGINE_HELP)                 # not part of the identity
+    gpus_per_client: float = opt(0.0, GPUS_HELP, UNIT)          # not part of the identity
+    # untrusted replies (not in the paper); left out of the artifact id at their defaults (added later)
+    norm_bound: float = opt(0.0, "Not in the paper: drop a client whose lambda moved more than this many times the "
+                            "round's median move (0: no bound). Replies with other tensors, shapes or dtypes, non-finite "
+                            "values or an impossible sample count are always dropped; every drop is named in "
+                            "history.csv's `dropped` column.", NON_NEGATIVE, identity_default=True)
+    aggregator: Aggregator = opt("mean", "How the server combines the clients' lambdas: mean (the paper's FedAvg, "
+                                 "weighted by samples) | median (coordinate-wise) | trimmed-mean (coordinate-wise, 20% "
+                                 "cut at each end). The last two are not in the paper: they bound what a few hostile "
+                                 "sites can do.", option="--aggregate", identity_default=True)
+
+    def variant(self) -> str:
+        """The method's name in result tables."""
+        name = "l2p" if self.local else "fedl2p"
+        if self.meta.meta_grad == "fomaml":
+            name += "-fomaml"
+        elif self.meta.hessian == "exact":
+            name += "-exact"
+        if self.nets == "bnnet":
+            name += "-bnnet"
+        elif self.nets == "lrnet":
+            name += f"-lrnet-b{self.meta.fixed_beta:g}"
+        if self.meta.psi_power > 0 and self.meta.meta_grad == "ift":
+            name += "-psipow"
+        if self.input_norm == "standardize":
+            name += "-std"
+        if self.meta_opt == "fedadam":
+            name += "-adam"
+        if self.keep == "last" and not self.local:
+            name += "-last"
+        if self.meta.hidden_bias == "zero":
+            name += "-zerobias"
+        if self.meta.beta_init != 0.5:
+            name += f"-binit{self.meta.beta_init:g}"
+        if self.meta.init_gain != 0.1:
+            name += f"-gain{self.meta.init_gain:g}"
+        if self.meta.client_bn == "running":
+            name += "-runningbn"
+        if self.meta.ift_at == "last-step" and self.meta.meta_grad == "ift":
+            name += "-laststep"
+        if self.meta.val_stats == "test-batch":
+            name += "-valtbs"
+        if self.meta.eta_nonneg:
+            name += "-etapos"
+        if self.aggregator != "mean":
+            name += "-" + {"median": "median", "trimmed-mean": "trim"}[self.aggregator]
+        if self.norm_bound:
+            name += f"-nb{self.norm_bound:g}"
+        if self.seed:  # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
+            name += f"-seed{self.seed}"
+        return name
+
+
+@dataclass(kw_only=True)
+class PFLConfig:
+    """`fedl2p pfl-train`: another personalised-FL system trained on the seen clients."""
+    algo: str = opt("pfedla", "pfedla (per-client hypernetworks aggregate every layer over all clients; CVPR 2022 "
+                        "Alg. 1) | heurpfedla (the same, the --k layers with the largest self-weight kept local; Alg. 2) | "
+                        "cafeme (federated modulator gating a MAML-trained base model; SDM 2024).")
+    model: str = opt("small-cnn", "Base model (small-cnn, resnet18-cifar, ...).")
+    rounds: int = opt(100, "Communication rounds (pFedLA paper: 600 for 10 clients; CAFeMe: 1000).", AT_LEAST_1)
+    fraction: float = opt(1.0, "Share of the seen clients per round (pFedLA: 1.0 with 10 clients; CAFeMe: 5 clients of "
+                          "80, 0.0625).", FRACTION)
+    batch_size: int = opt(32, "Batch size (pFedLA: 32; CAFeMe: 30).", between(2))
+    lr: float = opt(0.005, "pFedLA: local SGD learning rate (paper: 0.005 for Fashion-MNIST). CAFeMe: the inner step "
+                    "alpha (authors' code: 0.05 CIFAR-10).", POSITIVE)
+    local_epochs: int = opt(10, "pFedLA: local epochs per round (paper: 10 with 10 clients).", AT_LEAST_1)
+    hn_lr: float = opt(5e-3, "pFedLA: SGD step of the hypernetworks and embeddings (authors' re-implementation default; "
+                       "the paper leaves it to its supplement).", POSITIVE)
+    embed_dim: int = opt(100, "pFedLA: client embedding size (ours, as the public re-implementation).", AT_LEAST_1)
+    hn_hidden: int = opt(100, "pFedLA: width of the hypernetwork's three hidden layers (ours, as the public "
+                         "re-implementation); one linear head per layer outputs a softmax over the clients.", AT_LEAST_1)
+    k: int = opt(1, "HeurpFedLA: layers kept local (paper: 1).", AT_LEAST_1)
+    steps: int = opt(5, "CAFeMe: inner personalisation steps S per round (paper: 5).", AT_LEAST_1)
+    outer_lr: float = opt(1e-3, "CAFeMe: outer step beta (authors' code: Adam at 1e-3).", POSITIVE)
+    order: PFLOrder = opt("first", "CAFeMe inner gradients: first = no graph through the inner steps (the authors' code) "
+                          "| second = differentiate through them (the paper's MAML objective; slower).")
+    outer: PFLOuter = opt("adam", "CAFeMe outer step: adam = the authors' code (Adam, moments kept per client across "
+                          "rounds; the paper allows any optimiser, e.g. Adam) | sgd = the plain step of Alg. 1 line 8.")
+    eval_every: int = opt(10, "Rounds between validation-accuracy records in history.csv.", AT_LEAST_1)
+    seed: int = opt(0, "Seed (init, sampling, batches).", NON_NEGATIVE)
+
+
+@dataclass(kw_only=True)
+class PersonalizeConfig:
+    """`fedl2p personalize`: which clients, which methods, and the fine-tuning budget every method shares."""
+    unseen: bool = opt(False, "Evaluate the unseen pool (clients never used in meta-training).", flag=True)
+    methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated: ft-bnc (beta=1), ft-bng (beta=0), ft-bni (batch statistics), ft-tuned "
+                             "(each client picks the best of {BN C, BN G, BN I} x {LR/10, LR, LR x10} and no fine-tuning "
+                             "on its own validation split; not in the paper, a stronger baseline), and meta-net variants "
+                             "by name (fedl2p, l2p, fedl2p-fomaml, fedl2p-bnnet, fedl2p-lrnet-b1, ...; the newest artifact "
+                             "of that variant), and the other personalised-FL systems pfedla, heurpfedla, cafeme (the "
+                             "newest `fedl2p pfl-train` artifact on this partition).")
+    # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
+    pfl_steps: int = opt(50, "CAFeMe: personalisation steps (Alg. 2) of every evaluated client before testing (paper: "
+                         "50). pFedLA/HeurpFedLA are evaluated as trained (their Alg. 1 output) and have no model for "
+                         "unseen clients (N/A).", AT_LEAST_1, identity_default=True)
+    epochs: int = opt(5, "Fine-tuning epochs, the same budget for every method.", AT_LEAST_1, option="--epochs", short="-e")
+    batch_size: int = opt(32, "Fine-tuning batch size (also the test batch size of BN I).", between(2))
+    base_lr: float = opt(1e-3, "Learning rate of the FT baselines.", POSITIVE)
+    seeds: list[int] = opt([0, 1, 2], "Comma-separated seeds; the table reports mean ± SD over them.", NON_NEGATIVE)
+    client_bn: ClientBNMode = opt("precise", "Client BN statistics used at test time by every method that mixes them "
+                                  "(BN C, FedL2P's beta): precise = recomputed after fine-tuning by one no-grad pass over "
+                                  "the client's train data under the same beta (PreciseBN; consistent, not in the paper) | "
+                                  "running = the paper's momentum-0.1 running statistics (started from stats.h5; stale for "
+                                  "layers >= 2).")
+    # the learned methods' test-time statistics (see core.finetune.personalized_accuracy); added later
+    eval_stats: EvalStats = opt("running", "Test-time statistics of the learned methods (FedL2P and its ablations): "
+                                "running = beta mixes the client's statistics with the pretrained ones (the paper's "
+                                "inference) | test-batch = beta mixes each test batch's statistics, as in training (not in "
+                                "the paper: gives a learned beta the transductive access to test batches that FT (BN I) "
+                                "has; with beta 1 it is BN I's evaluation). Its methods are named with a '-tbs' suffix. "
+                                "The FT baselines are unaffected.", identity_default=True)
+
+
+@dataclass(kw_only=True)
+class ClustersConfig:
+    """`fedl2p analyze clusters`."""
+    method: str | None = opt(None, "Meta-net method whose beta/eta to cluster; default: the first one.")
+    seed: int = opt(0, "Seed of the spectral clustering.", NON_NEGATIVE)

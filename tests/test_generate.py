@@ -1,0 +1,83 @@
+"""Options declared once (fedl2p_cli/configs.py, core/settings.py): every command-line option of a stage is a field
+of its config, with the field's help and default, and a new option is one field."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fedl2p_cli import configs
+from fedl2p_cli.cli.generate import config_command
+from fedl2p_cli.cli.main import app
+from fedl2p_cli.core.config import ConfigError, flat_fields, opt, option_name, validate
+
+COMMANDS = {"partition": configs.PartitionConfig, "pretrain": configs.PretrainConfig, "stats": configs.StatsConfig,
+            "meta-train": configs.MetaTrainConfig, "pfl-train": configs.PFLConfig,
+            "personalize": configs.PersonalizeConfig}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_field_is_an_option_with_its_help_and_default(command):
+    cmd = typer.main.get_command(app).commands[command]
+    params = {p.name: p for p in cmd.params}
+    fields = [f for f in flat_fields(COMMANDS[command]) if f.metadata.get("cli", True)]
+    assert len(fields) > 0
+    for f in fields:
+        p = params[f.name]
+        assert option_name(f) in p.opts, (f.name, p.opts)
+        assert p.help == f.metadata["help"] and p.help, f.name
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        want = ",".join(map(str, default)) if isinstance(default, list) and default else (None if default in ([], {}) else default)
+        assert p.default == want, (f.name, p.default, want)
+
+
+def test_run_config_takes_meta_train_s_options_but_those_a_deployment_cannot_use():
+    params = {p.name for p in typer.main.get_command(app).commands["flower"].commands["run-config"].params}
+    meta = {f.name for f in flat_fields(configs.MetaTrainConfig)}
+    assert meta - params == {"local", "input_norm", "workers", "engine", "gpus_per_client"}
+
+
+def test_the_generated_command_line_does_not_import_torch():
+    """Every command's options are generated from configs that need no torch: `fedl2p --help` stays fast."""
+    code = ("import sys, typer; from fedl2p_cli.cli.main import app, run_cli; typer.main.get_command(app); "
+            "run_cli(['--help']); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout[-500:] + out.stderr[-500:]
+
+
+@dataclass(kw_only=True)
+class Toy:
+    rounds: int = opt(3, "Rounds.", {"range": (1, None, False, False)})
+    fast: bool = opt(False, "A boolean added in one place.", flag=True)
+    mode: Literal["a", "b"] = opt("a", "a | b.")
+    seeds: list[int] = opt([0, 1], "Seeds.")
+
+
+def test_a_new_option_is_one_field():
+    """A config with a boolean, a choice and a list gets its command's options, typed and checked, from the fields
+    alone."""
+    got = []
+    toy = typer.Typer()
+
+    @toy.command()
+    @config_command(Toy)
+    def run(cfg: Toy) -> None:
+        validate(cfg)
+        got.append(cfg)
+
+    runner = CliRunner()
+    assert runner.invoke(toy, ["--fast", "--mode", "b", "--seeds", "4,5"]).exit_code == 0
+    assert got[-1] == Toy(fast=True, mode="b", seeds=[4, 5])
+    assert runner.invoke(toy, []).exit_code == 0 and got[-1] == Toy()
+    r = runner.invoke(toy, ["--mode", "c"])
+    assert isinstance(r.exception, ConfigError) and "unknown --mode 'c'; choose one of: a, b" in str(r.exception)
+    r = runner.invoke(toy, ["--rounds", "0"])
+    assert isinstance(r.exception, ConfigError) and "--rounds must be >= 1" in str(r.exception)
+    assert "A boolean added in one place." in runner.invoke(toy, ["--help"]).output

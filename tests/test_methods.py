@@ -1,0 +1,58 @@
+"""The method registry (fedl2p_cli/methods): every question about a method is answered there, so a new method is
+one object and one registration; shown here by adding one in a test and running it through `personalize`."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from fedl2p_cli import methods
+from fedl2p_cli.artifacts import Store
+from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
+from fedl2p_cli.engine.loop import generator
+from fedl2p_cli.methods import registry
+from fedl2p_cli.stages import partition, personalize, pretrain, stats
+
+
+def test_the_builtin_methods():
+    assert methods.baselines() == ("ft-bnc", "ft-bng", "ft-bni")
+    assert methods.handmade() == ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned")
+    assert methods.systems() == ("pfedla", "heurpfedla", "cafeme")
+    assert [methods.label(m) for m in methods.handmade()] == ["FT (BN C)", "FT (BN G)", "FT (BN I)", "FT tuned (val)"]
+    # a meta-train variant belongs to its family; L2P and pFedLA have nothing for clients they never trained
+    assert methods.get("fedl2p-fomaml-std-last-gain1").name == "fedl2p" and methods.get("l2p-fomaml").name == "l2p"
+    assert methods.get("fedl2p-tbs").name == "fedl2p" and methods.get("fedl2px") is None and methods.get("ft-bnx") is None
+    assert not methods.get("l2p").supports("unseen") and not methods.get("pfedla").supports("unseen")
+    assert methods.get("cafeme").supports("unseen") and methods.get("fedl2p-fomaml").supports("unseen")
+    with pytest.raises(ValueError, match="twice"):
+        methods.register(methods.HandMade("ft-bnc", "again"))
+
+
+def test_a_new_method_is_one_registration(tiny_store, tmp_path, monkeypatch):
+    """A hand-made strategy nobody wrote before (beta 0.5 in every layer, half the LR), registered here and nowhere
+    else: `personalize` runs it on every client with the same batches as the others, its row carries its label, its
+    beta is recorded, and its accuracy is the one a direct fine-tune under that strategy gets."""
+    monkeypatch.setitem(registry._REGISTRY, "ft-half", methods.HandMade("ft-half", "FT (half)", beta=0.5, lr_factor=0.5,
+                                                                         baseline=False))
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
+    cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "ft-half"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    art, _ = personalize.run(cfg, store, pre, st)
+    _, r = personalize.load(store, art.id)
+    assert r.methods == ["ft-bnc", "ft-half"]
+    np.testing.assert_array_equal(r.beta["ft-half"], 0.5)
+    np.testing.assert_allclose(r.eta["ft-half"], 0.005)
+    assert "| FT (half) |" in art.file("summary.md").read_text()
+    _, part = partition.load(store, tiny_store["partition"].id)
+    _, model, state = pretrain.load(store, pre)
+    _, table = stats.load_matching(store, st, pre)
+    theta = {n: state[n] for n, _ in model.named_parameters()}
+    c = int(r.client[0])
+    data, s = part.client(c), Strategy(torch.full((3,), 0.5), torch.full((len(theta),), 0.005))
+    ft = finetune(model.eval(), theta, *data.train, s, table.client_bn(c), 1, 16, generator(0, c, 7), "precise")
+    want = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 16)[1]
+    assert r.acc_after[1, 0, 0] == pytest.approx(want, abs=1e-9)
+    assert methods.get("ft-half") is not None  # registered for this test only (monkeypatch removes it)
