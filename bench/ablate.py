@@ -41,7 +41,7 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
     from fedl2p_cli import methods
     from fedl2p_cli.stages import personalize as pers_stage
     secs = accuracy.sections(cell)
-    secs["meta-train"] = [accuracy.META_COMMON | variant]
+    secs["meta-train"] = [accuracy.sections(cell)["meta-train"][0] | variant]  # the paper-default variant's settings
     secs["personalize"] = dict(secs["personalize"], pools=[pool], methods=["ft-bnc", "ft-bng", "ft-bni"])
     if eval_stats != "running":
         secs["personalize"]["eval_stats"] = eval_stats

@@ -6,9 +6,11 @@ Cells (each: meta-train on the seen pool, personalise seen and unseen pools, 3 s
 - feature shift from unseen domains (Table 3 analogue): the alpha = 1000 clean model personalised to clients holding
   corrupted images it never saw (clean + 6 generated corruptions, severity 3), each type split by Dir(alpha),
   alpha in {1000, 0.1};
-- unseen clients (Table 4 analogue): every cell's unseen pool, with meta-nets learned on the seen pool.
+- unseen clients (Table 4 analogue): every cell's unseen pool, with meta-nets learned on the seen pool;
+- the planted-signal cell (issue 26) and the speakers of the embedded spoken-commands set.
 
-Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
+Each cell is declared by its pipeline files, pipelines/bench/CELL.toml and its extra groups CELL.GROUP.toml:
+`fedl2p run pipelines/bench/CELL.toml` builds (or reuses) the same artifacts this script does. Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
 named cells (default: all, most important first) in `--jobs` processes of one torch thread each, then writes
 bench/accuracy.md and bench/accuracy.json from whatever cells are complete. The oracle row picks, per client, the
 ft-tuned candidate with the best *test* accuracy: an upper bound on any per-client choice among those recipes, never
@@ -34,98 +36,33 @@ META_SEEDS = [0, 1, 2]     # meta-train seeds (meta-net init, client sampling, b
 EPOCHS = 5
 BASE_LR = 0.01
 
-LS_PARTITION = {"dataset": "fmnist", "clients": 30, "samples_per_client": 250, "val_fraction": 0.2,
-                "test_fraction": 0.2, "unseen_fraction": 0.2, "seed": 0}
-PRETRAIN = {"algo": "fedavg", "model": "small-cnn", "rounds": 40, "fraction": 0.25, "local_epochs": 5,
-            "batch_size": 32, "lr": 0.1, "eval_every": 10, "seed": 0}
-FS_PARTITION = {"dataset": "fmnist-c", "clients": 35, "samples_per_client": 200, "val_fraction": 0.2,
-                "test_fraction": 0.2, "unseen_fraction": 0.2, "severity": 3, "seed": 0, "exclude": "pretrain"}
-META_COMMON = {"rounds": 20, "fraction": 0.25, "iterations": 3, "epochs": EPOCHS, "batch_size": 32, "base_lr": BASE_LR,
-               "seed": 0}
-# The paper's algorithm (IFT) and FOMAML+ with the paper's defaults (meta-LRs 1e-3, 1e-3, 1e-4), and the
-# options this project adds to make the meta-nets learn in that budget (each named in the method's variant).
-VARIANTS = [{}, {"psi_power": 5}, {"meta_grad": "fomaml"},
-            {"meta_grad": "fomaml", "input_norm": "standardize", "meta_opt": "fedadam", "server_lr": 1e-3}]
-# keep = "last" (the final aggregate instead of the paper's noisy best-round pick), on the first feature-shift cell:
-# evaluated by a second personalize artifact on the same clients, seeds and batches (merged into the table)
-# and the paper's one-net ablations (BNNet only; LRNet only with beta fixed at 1 = BN C), which locate fs-1000's
-# deficit: BNNet's beta stays near its 0.5 init while BN C's beta = 1 is what this cell asks for
-EXTRA_VARIANTS = {"fs-1000": [{"meta_grad": "fomaml", "keep": "last"},
-                              {"meta_grad": "fomaml", "input_norm": "standardize", "meta_opt": "fedadam", "server_lr": 1e-3,
-                               "keep": "last"},
-                              {"meta_grad": "fomaml", "nets": "bnnet"},
-                              {"meta_grad": "fomaml", "nets": "lrnet", "fixed_beta": 1.0}],
-                 # the planted cell at the paper's defaults keeps one beta for all clients (spread < 0.002). What the
-                 # measurements called for, each a named option: z-scored meta-net inputs and Xavier gain 1 (the nets'
-                 # outputs depend on xi from the start), and the final aggregate (the paper's best-round pick chose
-                 # round 3 of 20: a round's mean validation loss is ruled by which kinds of clients it sampled);
-                 # IFT with its power-iteration psi (at the paper's psi it diverged in round 6 for 2 of 3 seeds)
-                 "planted": [{"meta_grad": "fomaml", "input_norm": "standardize", "init_gain": 1.0, "keep": "last"},
-                             {"psi_power": 5, "input_norm": "standardize", "init_gain": 1.0, "keep": "last"}]}
-# every cell: FOMAML+ with BNNet's biases at 0.9 instead of App. E's 0.5 (--beta-init; not in the paper). Where the best
-# fixed beta is near 1 the meta-gradient cannot move beta from 0.5 in 20 rounds (fs-1000: beta stayed 0.49-0.55).
-# Run as its own group, so each cell's other extras keep their artifacts.
-EVERY_CELL_EXTRAS = [{"meta_grad": "fomaml", "beta_init": 0.9}]
-# feature-shift cells: the other personalised-FL systems trained on the cell's seen clients (from scratch, as their
-# papers train; FedL2P and FT start from the model pretrained on clean images), evaluated on the same clients,
-# seeds and batches; pFedLA/HeurpFedLA have no model for unseen clients (N/A)
-PFL_SYSTEMS = [{"algo": a, "rounds": 60, "fraction": 0.25, "local_epochs": 5, "lr": BASE_LR, "hn_lr": 5.0, "eval_every": 20,
-                "seed": 0}  # hn_lr: see bench/pfl_compare.py (the default 5e-3 leaves the weights uniform in a short run)
-               for a in ("pfedla", "heurpfedla")] + \
-              [{"algo": "cafeme", "rounds": 300, "fraction": 0.18, "steps": 5, "batch_size": 30, "lr": 0.05, "eval_every": 100,
-                "seed": 0}]
-# label-shift cells run the paper's two meta-gradients only: the 2-core budget (the power-iteration variant's rounds
-# take ~2x an IFT round) does not allow all four in every cell
-LABEL_VARIANTS = VARIANTS[0::2][:2]
-PLANTED_VARIANTS = LABEL_VARIANTS  # the paper's IFT and FOMAML+ at the paper's defaults first
-
-
-def seeded(variants: list[dict]) -> list[dict]:
-    """Each variant once per meta-train seed; two worker processes each (the same artifact as one) unless this is
-    already a worker of the cells' pool (a daemon process may not start processes)."""
-    workers = 1 if mp.current_process().daemon else 2
-    return [META_COMMON | v | {"seed": s, "workers": workers} for v in variants for s in META_SEEDS]
-
-# The planted-signal cell (issue 26): two kinds of clients whose best BN strategies are opposite by construction.
-# Clean clients (the pretraining distribution) with extreme label skew (Dir(0.05): about one class) and few images:
-# their own BN statistics describe one class, the pretrained ones are right (beta near 0). Inverted-image clients
-# with IID labels: the pretrained statistics are wrong for them, their own are right (beta near 1). Half of each
-# client's non-test images are validation, so a choice made on validation is not noise.
-PLANTED_PARTITION = {"dataset": "fmnist-c", "corruptions": ["clean", "invert"], "clients": 48, "samples_per_client": 200,
-                     "alpha": 1000.0, "domain_alpha": {"clean": 0.05}, "domain_samples": {"clean": 100},
-                     "val_fraction": 0.5, "test_fraction": 0.3, "unseen_fraction": 0.25, "severity": 3, "seed": 0,
-                     "exclude": "pretrain"}
-
-# The Table 4 analogue (issue 30) on the embedded spoken-commands set (synthetic espeak-ng speakers, NOT the real
-# Speech Commands): one client per speaker, 48 seen training speakers and 12 unseen held-out ones; the model is
-# pretrained by FedAvg on the seen speakers only (as in the paper), FedL2P learns on them only.
-SPEECH_PARTITION = {"dataset": "speech-synth", "clients": 60, "unseen_fraction": 0.2, "val_fraction": 0.2,
-                    "test_fraction": 0.2, "spectrogram": 32, "seed": 0}
-SPEECH_PRETRAIN = PRETRAIN | {"rounds": 150, "eval_every": 50}
-
+BENCH = HERE.parent / "pipelines" / "bench"
+# The cells, each declared by its pipeline files (pipelines/bench/CELL.toml and its extra groups CELL.GROUP.toml):
+# what `fedl2p run` runs, once. Kind (how the report reads it) and alpha (its label in the tables):
 CELLS = {"fs-1000": ("feature", 1000.0), "fs-0.1": ("feature", 0.1), "ls-1000": ("label", 1000.0),
          "ls-0.1": ("label", 0.1), "ls-1": ("label", 1.0), "ls-0.5": ("label", 0.5), "planted": ("planted", 0.05),
          "speech": ("speech", float("nan"))}
 SHIFTED = ("feature", "planted")  # cells personalising the clean model to clients it never saw
+# a cell's extra groups, in the order they run: named options its measurements called for (extras), FOMAML+ with
+# --beta-init 0.9 (binit, every cell) and, on feature-shift cells, the other personalised-FL systems (pfl). Each
+# personalises the hand-made baselines with it: its rows join the cell's table (same clients, seeds and batches).
+GROUPS = ("extras", "binit", "pfl")
 
 
-def sections(cell: str, full: bool = True) -> dict:
-    kind, alpha = CELLS[cell]
-    ls_alpha = 1000.0 if kind in SHIFTED else alpha
-    s = {"pretrain": dict(PRETRAIN)}
-    if kind == "speech":  # pretrained on the cell's own seen speakers
-        s["partition"], s["pretrain"] = SPEECH_PARTITION, dict(SPEECH_PRETRAIN)
-    elif kind in SHIFTED:
-        s["partition"] = PLANTED_PARTITION if kind == "planted" else FS_PARTITION | {"alpha": alpha}
-        s["pretrain"]["partition"] = LS_PARTITION | {"alpha": ls_alpha}
-    else:
-        s["partition"] = LS_PARTITION | {"alpha": alpha}
-    s["stats"] = {}
-    if full:
-        s["meta-train"] = seeded({"feature": VARIANTS, "label": LABEL_VARIANTS, "planted": PLANTED_VARIANTS,
-                                  "speech": LABEL_VARIANTS}[kind])
-        s["personalize"] = {"pools": ["seen", "unseen"], "epochs": EPOCHS, "batch_size": 32, "base_lr": BASE_LR,
-                            "seeds": SEEDS, "methods": ["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"]}
+def pipeline_file(cell: str, group: str | None = None) -> Path:
+    return BENCH / (f"{cell}.{group}.toml" if group else f"{cell}.toml")
+
+
+def sections(cell: str, full: bool = True, group: str | None = None) -> dict:
+    """The sections of a cell's pipeline file (without its learning and personalisation when not `full`). Meta-train
+    workers (not part of any id) follow the process: 2, or 1 inside the cells' pool (a daemon may not start processes)."""
+    import tomllib
+    s = tomllib.loads(pipeline_file(cell, group).read_text())
+    s = {k: v for k, v in s.items() if k not in ("name", "description")}
+    if not full:
+        return {k: v for k, v in s.items() if k not in ("meta-train", "pfl", "personalize")}
+    workers = 1 if mp.current_process().daemon else 2
+    s["meta-train"] = [m | {"workers": workers} for m in s.get("meta-train", [])]
     return s
 
 
@@ -143,22 +80,10 @@ def prerequisites(cell: str) -> dict[str, str]:
 
 
 def run_extras(cell: str, cell_extras: bool = True) -> None:
-    """EXTRA_VARIANTS of a finished cell (unless cell_extras is False), then EVERY_CELL_EXTRAS and, on feature-shift
-    cells, the other personalised-FL systems: meta-train / train them and personalise with the FT baselines (no
-    ft-tuned grid); each personalisation joins the cell's table (same clients, seeds and batches)."""
-    groups = [("extra variants", EXTRA_VARIANTS.get(cell, []) if cell_extras else []), ("beta-init variant", EVERY_CELL_EXTRAS)]
-    for label, group in groups:
-        if not group:
-            continue
-        secs = sections(cell)
-        secs["meta-train"] = seeded(group)
-        secs["personalize"] = dict(secs["personalize"], methods=["ft-bnc", "ft-bng", "ft-bni"])
-        _run(f"{cell} ({label})", secs)
-    if CELLS[cell][0] == "feature":
-        secs = sections(cell)
-        secs["meta-train"], secs["pfl"] = [], PFL_SYSTEMS
-        secs["personalize"] = dict(secs["personalize"], methods=["ft-bnc", "ft-bng", "ft-bni"])
-        _run(f"{cell} (other personalised-FL systems)", secs)
+    """A finished cell's extra groups (GROUPS; `extras` only if cell_extras), each its own pipeline file."""
+    for group in GROUPS:
+        if pipeline_file(cell, group).is_file() and (cell_extras or group != "extras"):
+            _run(f"{cell} ({group})", sections(cell, group=group))
 
 
 def _run(label: str, secs: dict) -> None:
@@ -523,7 +448,7 @@ def main() -> None:
                     r["client_bn"] = stats_comparison(r)
             if r["kind"] == "label":
                 key = r["pretrain_partition"]
-                central.setdefault(key, central_accuracy(key, PRETRAIN))
+                central.setdefault(key, central_accuracy(key, sections(c, full=False)["pretrain"]))
                 r["central_acc"] = central[key]
         done.append(rows)
     text = report(done)

@@ -11,6 +11,7 @@ from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, 
 from .core.settings import Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
+Normalize = Literal["source", "partition"]
 PFLOrder = Literal["first", "second"]
 PFLOuter = Literal["adam", "sgd"]
 SCHEMES = get_args(Scheme)
@@ -68,6 +69,12 @@ class PartitionConfig:
     # speech datasets: log-mel bins = frames of each one-second clip (the authors' code: 128 x 128 at 10 ms hops)
     spectrogram: int = opt(32, "Speech datasets: log-mel bins and frames per one-second clip (8..256; the authors' code "
                            "uses 128 x 128, 32 keeps the CPU benchmark practical).", between(8, 256), identity_default=True)
+    normalize: Normalize = opt("source", "Normalisation of generated domains (fmnist-c, digits-c, --corruptions): source = the "
+                               "source dataset's constants, as the model's pretraining images are normalised, so the "
+                               "clean domain is the pretraining distribution and each corruption is its shift alone | "
+                               "partition = the mean and SD of this partition's own corrupted images (before 2026-11-24 "
+                               "the only behaviour; kept to rebuild those artifacts under their ids: it shifts every "
+                               "domain, the clean one too).")
     seed: int = opt(0, "Seed of every random draw; the same seed gives an identical partition.", NON_NEGATIVE)
     data_dir: str | None = opt(None, "Where the dataset files are (docs/guide/data.md lists each dataset's layout).",
                                option="--data-dir", envvar="FEDL2P_DATA", path=True)  # a location, not the identity

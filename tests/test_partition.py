@@ -108,3 +108,36 @@ def test_per_domain_options_at_their_defaults_keep_every_partition_id():
     d = config_dict(PartitionConfig(dataset="digits-c"))
     assert not {"domain_alpha", "domain_samples", "domain_severity"} & set(d)
     assert "domain_alpha" in config_dict(PartitionConfig(dataset="digits-c", domain_alpha={"clean": 1.0}))
+
+
+def test_generated_domains_are_normalised_as_the_source_so_the_clean_domain_is_the_pretraining_data():
+    """A model pretrained on the plain dataset sees a generated partition's clean domain exactly as its own data:
+    the same constants, so the same normalised pixels for the same source image (the planted cell's clean clients got
+    13.7% from their global model under the partition's own constants, 72.2% under the source's). The corruptions are
+    then each domain's shift alone."""
+    from fedl2p_cli.data.datasets import channel_stats, normalize
+    ds = synthetic()
+    cfg = dict(dataset="digits-c", alpha=1.0, clients=12, samples_per_client=60, corruptions=["clean", "invert"])
+    p = build_partition(PartitionConfig(**cfg), ds)
+    assert p.mean == ds.mean and p.std == ds.std
+    plain = build_partition(PartitionConfig(dataset="digits", alpha=1.0, clients=6, samples_per_client=60), ds)
+    clean = next(c for c in range(12) if p.domain[c] == 0)
+    x, src = p.client(clean).train[0], p.source_index[p.offsets[clean][0]:p.offsets[clean][1]]
+    common = np.intersect1d(src.numpy(), plain.source_index.numpy())
+    row = lambda q, i: q.images[int(np.nonzero(q.source_index.numpy() == i)[0][0])].float()  # noqa: E731
+    for i in common[:5]:  # the same source image: the same raw pixels and the same constants in both partitions
+        assert torch.equal(row(p, i), row(plain, i))
+    assert torch.equal(x[:1], normalize(p.images[p.offsets[clean][0]:p.offsets[clean][0] + 1], ds.mean, ds.std))
+    old = build_partition(PartitionConfig(**cfg, normalize="partition"), ds)  # the older behaviour, on request
+    assert (old.mean, old.std) == channel_stats(old.images) and old.mean != ds.mean
+
+
+def test_normalize_is_in_the_id_only_where_it_changes_the_pixels():
+    from fedl2p_cli.artifacts import artifact_id
+    from fedl2p_cli.stages.common import config_dict
+    from fedl2p_cli.stages.partition import generates
+    gen, plain = PartitionConfig(dataset="digits-c"), PartitionConfig(dataset="digits")
+    assert generates(gen) and not generates(plain)
+    assert "normalize" in config_dict(gen)  # a stage that leaves it out (non-generated, or "partition") says so
+    old = {k: v for k, v in config_dict(PartitionConfig(dataset="digits-c", normalize="partition")).items() if k != "normalize"}
+    assert artifact_id("partition", old, {}) != artifact_id("partition", config_dict(gen), {})

@@ -141,11 +141,11 @@ class FlowerPool:
         except BaseException as e:  # noqa: BLE001
             self._results.put(FedL2PError(f"Flower simulation failed: {e}"))
 
-    def _round(self, grid, tasks: list[tuple], expected: int) -> list[Any]:
+    def _round(self, grid, tasks: list[Any], expected: int) -> list[Any]:
         nodes = wait_nodes(grid, expected)
-        return exchange(grid, [list(t) for t in tasks], [nodes[i % len(nodes)] for i in range(len(tasks))], self.timeout)
+        return exchange(grid, tasks, [nodes[i % len(nodes)] for i in range(len(tasks))], self.timeout)  # typed tasks
 
-    def map(self, tasks: list[tuple]) -> list[Any]:
+    def map(self, tasks: list[Any]) -> list[Any]:
         self._tasks.put(tasks)
         while True:
             try:

@@ -53,7 +53,7 @@ class ClientPool:
                                                   initargs=(build, args, update))
         self.pool = self._start() if workers > 1 else None
 
-    def map(self, tasks: list[tuple]) -> list[Any]:
+    def map(self, tasks: list[Any]) -> list[Any]:
         if self.pool is None:
             return [self.update(self.local, t) for t in tasks]
         out = self._batch(tasks)
@@ -65,7 +65,7 @@ class ClientPool:
                 out[i] = Failed("its worker process died (killed or out of memory)")
         return out
 
-    def _batch(self, tasks: list[tuple]) -> list[Any]:
+    def _batch(self, tasks: list[Any]) -> list[Any]:
         """Results in task order; `_BROKEN` where the executor broke first, `Failed` for an error or no reply in
         time. A broken or hung pool is replaced before returning."""
         futures = [self.pool.submit(_run, t) for t in tasks]

@@ -28,10 +28,15 @@ def default_domains(dataset: str) -> list[str]:
     return corr.ROTATION_DOMAINS if dataset == "fmnist-r" else corr.DEFAULT_DOMAINS
 
 
+def generates(cfg: PartitionConfig) -> bool:
+    """Whether this partition's domains are corruptions generated here (their pixels made at partition time)."""
+    return cfg.dataset in GENERATED or (cfg.corruptions is not None and cfg.dataset in ("fmnist", "digits", "cifar10"))
+
+
 def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
     """Domain names, each domain's pool of source indices (without `excluded`), and whether corruptions are
     generated here."""
-    generated = cfg.dataset in GENERATED or (cfg.corruptions is not None and cfg.dataset in ("fmnist", "digits", "cifar10"))
+    generated = generates(cfg)
     if generated:
         names = cfg.corruptions or default_domains(cfg.dataset)
         corr.check(names, cfg.severity)
@@ -105,7 +110,8 @@ def _assemble(cfg: PartitionConfig, ds: datasets.Dataset, names: list[str], spli
     else:
         unseen = choose_unseen(domain, cfg.unseen_fraction, [names.index(d) for d in cfg.unseen_domains], cfg.seed)
         attrs = {"seed": cfg.seed, "alpha": cfg.alpha, "severity": cfg.severity, "scheme": cfg.scheme}
-    mean, std = datasets.channel_stats(images) if generated else (ds.mean, ds.std)
+    own = generated and cfg.normalize == "partition"  # the older behaviour: constants of the corrupted images
+    mean, std = datasets.channel_stats(images) if own else (ds.mean, ds.std)
     return partition_h5.Partition(
         dataset=cfg.dataset, images=images, labels=torch.from_numpy(labels[idx]), source_index=torch.from_numpy(idx),
         offsets=offsets.astype(np.int64), domain=domain, unseen=unseen, label_hist=hist, classes=ds.classes,
@@ -197,7 +203,10 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
             from ..analysis.plots import label_mix_heatmap
             label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
 
-    return build_or_reuse(store, "partition", config_dict(cfg, exclude=("data_dir", "download")), {}, build, force)
+    # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
+    # built before the option existed, keep their ids with --normalize partition)
+    quiet = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
+    return build_or_reuse(store, "partition", config_dict(cfg, exclude=("data_dir", "download", *quiet)), {}, build, force)
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, partition_h5.Partition]:
