@@ -271,3 +271,14 @@ class ClustersConfig:
     """`fedl2p analyze clusters`."""
     method: str | None = opt(None, "Meta-net method whose beta/eta to cluster; default: the first one.")
     seed: int = opt(0, "Seed of the spectral clustering.", NON_NEGATIVE)
+
+
+@dataclass(kw_only=True)
+class BetaGridConfig:
+    """`fedl2p analyze beta-grid`: does a cell's data ask for a different beta per domain, before any training?"""
+    lr: float = opt(0.01, "Learning rate of every tensor while fine-tuning under each beta vector.", POSITIVE)
+    levels: list[float] = opt([0.0, 0.5, 1.0], "Comma-separated beta levels; every BN layer takes each, so the grid "
+                              "has levels^(BN layers) vectors.", UNIT)
+    seeds: list[int] = opt([0], "Comma-separated batch-order seeds; the report gives mean ± SD over them.", NON_NEGATIVE)
+    epochs: int = opt(5, "Fine-tuning epochs per vector.", AT_LEAST_1, option="--epochs", short="-e")
+    batch_size: int = opt(32, "Fine-tuning batch size.", between(2))

@@ -6,11 +6,12 @@ from typing import Optional
 
 import typer
 
-from ..configs import ClustersConfig
+from ..configs import BetaGridConfig, ClustersConfig
 from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.analyze")
+grid_stage = options.Lazy("fedl2p_cli.stages.beta_grid")
 
 app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=True)
 
@@ -28,4 +29,25 @@ def clusters(
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])
+    render.artifact_line("analyze", art.id, art.path, reused)
+
+
+@app.command("beta-grid", epilog="Example: fedl2p analyze beta-grid --lr 0.01 --levels 0,1 --seeds 0,1,2")
+@config_command(BetaGridConfig)
+def beta_grid(
+    cfg: BetaGridConfig,
+    stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id (its partition and pretrained model); "
+                                        "default: the newest."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Does the data ask for a per-domain beta, before any training? Fine-tunes every seen client under each beta
+    vector of a grid and compares one vector for all clients, one per domain and one per client, each chosen on
+    validation and scored on test -> summary.md/json, scores.json."""
+    art, reused = grid_stage.run(cfg, options.store(store), stats, force, render.RichProgress())
+    s = json.loads(art.file("summary.json").read_text())
+    render.table(f"test accuracy (%) by how beta is chosen, LR {cfg.lr:g}, seeds {cfg.seeds}",
+                 ["choice", "chosen on validation", "Δ vs shared", "chosen on test (bound)"],
+                 [[k, f"{sum(v['val']) / len(v['val']):.2f}", f"{sum(v['gain']) / len(v['gain']):+.2f}",
+                   f"{sum(v['bound']) / len(v['bound']):.2f}"] for k, v in s["choices"].items()])
     render.artifact_line("analyze", art.id, art.path, reused)

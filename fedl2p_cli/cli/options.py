@@ -36,6 +36,14 @@ def int_list(value: Optional[str]) -> list[int] | None:
         raise FedL2PError(f"expected comma-separated integers, got '{value}'") from None
 
 
+def float_list(value: Optional[str]) -> list[float] | None:
+    items = csv_list(value)
+    try:
+        return None if items is None else [float(v) for v in items]
+    except ValueError:
+        raise FedL2PError(f"expected comma-separated numbers, got '{value}'") from None
+
+
 def domain_values(value: Optional[str], cast: type, option: str) -> dict:
     """`clean=0.05,invert=1000` -> {"clean": 0.05, "invert": 1000.0} (a per-domain option); None -> {}."""
     out = {}
