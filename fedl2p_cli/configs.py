@@ -282,3 +282,14 @@ class BetaGridConfig:
     seeds: list[int] = opt([0], "Comma-separated batch-order seeds; the report gives mean ± SD over them.", NON_NEGATIVE)
     epochs: int = opt(5, "Fine-tuning epochs per vector.", AT_LEAST_1, option="--epochs", short="-e")
     batch_size: int = opt(32, "Fine-tuning batch size.", between(2))
+
+
+@dataclass(kw_only=True)
+class DecomposeConfig:
+    """`fedl2p analyze decompose`: which half of a learned strategy (beta, eta) helps."""
+    method: str | None = opt(None, "The learned method (a meta-train variant of the personalisation) to take apart; "
+                             "default: its first.")
+    beta: float | None = opt(None, "The fixed beta that replaces the learned one in every BN layer; default: the "
+                             "meta-train's --beta-init (the beta every client starts from).", UNIT)
+    eta_scales: list[float] = opt([], "Comma-separated factors: also the learned strategy with every learned LR times "
+                                  "each (does the pool want more or less fine-tuning than it was given?).", POSITIVE)

@@ -6,12 +6,13 @@ from typing import Optional
 
 import typer
 
-from ..configs import BetaGridConfig, ClustersConfig
+from ..configs import BetaGridConfig, ClustersConfig, DecomposeConfig
 from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.analyze")
 grid_stage = options.Lazy("fedl2p_cli.stages.beta_grid")
+decompose_stage = options.Lazy("fedl2p_cli.stages.decompose")
 
 app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=True)
 
@@ -50,4 +51,21 @@ def beta_grid(
                  ["choice", "chosen on validation", "Δ vs shared", "chosen on test (bound)"],
                  [[k, f"{sum(v['val']) / len(v['val']):.2f}", f"{sum(v['gain']) / len(v['gain']):+.2f}",
                    f"{sum(v['bound']) / len(v['bound']):.2f}"] for k, v in s["choices"].items()])
+    render.artifact_line("analyze", art.id, art.path, reused)
+
+
+@app.command("decompose", epilog="Example: fedl2p analyze decompose --eta-scales 0.5,2")
+@config_command(DecomposeConfig)
+def decompose(
+    cfg: DecomposeConfig,
+    personalize: Optional[str] = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """Which half of a learned strategy helps: re-runs the personalisation's learned method on the same clients, seeds
+    and batches with beta fixed, with eta at the base LR, and with its LRs scaled -> summary.md/json."""
+    art, reused = decompose_stage.run(cfg, options.store(store), personalize, force, render.RichProgress())
+    s = json.loads(art.file("summary.json").read_text())
+    render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned"],
+                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", f"{v['vs_learned']:+.2f}"] for n, v in s["combinations"].items()])
     render.artifact_line("analyze", art.id, art.path, reused)

@@ -1,0 +1,102 @@
+"""`fedl2p analyze decompose`: which half of a learned strategy helps. A FedL2P strategy is a pair (beta, eta) per
+client; this re-runs a personalisation's learned method on the same clients, seeds and batches with one half swapped
+for a fixed choice (beta fixed for every BN layer; eta at the base LR for every tensor), and with its learned LRs
+scaled, and reports every combination with its paired difference to the learned strategy, next to the stored FT
+baselines, and the learned eta's ratio to the base LR per parameter tensor."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from .. import methods
+from ..artifacts import Artifact, Draft, Store
+from ..configs import DecomposeConfig
+from ..core.config import validate
+from ..core.finetune import Strategy, finetune, personalized_accuracy
+from ..engine.loop import generator
+from ..errors import FedL2PError
+from . import partition as partition_stage
+from . import personalize as personalize_stage
+from . import pretrain as pretrain_stage
+from . import stats as stats_stage
+from .common import NoProgress, Progress, build_or_reuse, config_dict
+
+
+def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float]) -> dict[str, tuple]:
+    """The strategies compared, the learned one first."""
+    fixed_b, base_e = np.full_like(beta, b_fixed), np.full_like(eta, base_lr)
+    out = {"learned beta, learned eta": (beta, eta), "learned beta, base LR": (beta, base_e),
+           f"beta {b_fixed:g}, learned eta": (fixed_b, eta), f"beta {b_fixed:g}, base LR": (fixed_b, base_e)}
+    return out | {f"learned beta, learned eta x {s:g}": (beta, eta * np.float32(s)) for s in scales}
+
+
+def summary(names: list[str], acc: np.ndarray, stored: dict[str, np.ndarray]) -> dict:
+    """acc [combos, seeds, clients] -> per combination: mean ± SD over seeds of the clients' mean (percent) and the
+    paired difference to the learned strategy; the stored rows as they are."""
+    m = 100 * acc.mean(axis=2)
+    rows = {n: {"mean": float(m[i].mean()), "sd": float(m[i].std()), "vs_learned": float((m[i] - m[0]).mean()),
+                "vs_learned_sd": float((m[i] - m[0]).std())} for i, n in enumerate(names)}
+    return {"combinations": rows, "stored": {k: {"mean": float(v.mean()), "sd": float(v.std())} for k, v in stored.items()}}
+
+
+def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, beta: np.ndarray, params: list[str]) -> str:
+    lines = [f"{method} on {clients} {pool} clients: accuracy (%) mean ± SD over seeds, Δ paired vs the learned strategy", "",
+             "| strategy | accuracy | Δ vs learned |", "|---|---|---|"]
+    lines += [f"| {n} | {v['mean']:.2f} ± {v['sd']:.2f} | {v['vs_learned']:+.2f} ± {v['vs_learned_sd']:.2f} |"
+              for n, v in s["combinations"].items()]
+    lines += [f"| {methods.label(k)} (stored) | {v['mean']:.2f} ± {v['sd']:.2f} | |" for k, v in s["stored"].items()]
+    lines += ["", "Learned beta, mean per BN layer: " + " / ".join(f"{v:.2f}" for v in beta.mean(0)), "",
+              "| tensor | learned eta / base LR: mean | min | max |", "|---|---|---|---|"]
+    lines += [f"| {p} | {col.mean():.2f} | {col.min():.2f} | {col.max():.2f} |" for p, col in zip(params, ratio.T)]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
+        progress: Progress | None = None) -> tuple[Artifact, bool]:
+    validate(cfg)
+    art, r = personalize_stage.load(store, personalize_ref)
+    learned = [m for m in r.methods if isinstance(methods.get(m), methods.Learned) and not np.isnan(r.eta[m]).all()]
+    if not learned or (cfg.method is not None and cfg.method not in learned):
+        raise FedL2PError(f"personalize {art.id} has no learned method {cfg.method or ''}".rstrip() +
+                          f" to take apart (learned: {', '.join(learned) or 'none'})")
+    method = cfg.method or learned[0]
+    meta_id = art.parents[f"meta-train:{method}"]
+    b_fixed = cfg.beta if cfg.beta is not None else float(store.load("meta-train", meta_id).config["meta"].get("beta_init", 0.5))
+    parents = {"personalize": art.id, "meta-train": meta_id}
+
+    def build(draft: Draft) -> None:
+        _, model, state = pretrain_stage.load(store, art.parents["pretrain"])
+        _, table = stats_stage.load(store, art.parents["stats"])
+        _, part = partition_stage.load(store, art.parents["partition"])
+        model.eval()
+        theta = {n: state[n] for n, _ in model.named_parameters()}
+        pc = art.config
+        base_lr, epochs, bs = float(pc["base_lr"]), int(pc["epochs"]), int(pc["batch_size"])
+        per_client = [combos(r.beta[method][j], r.eta[method][j], b_fixed, base_lr, cfg.eta_scales) for j in range(len(r.client))]
+        names = list(per_client[0])
+        acc = np.full((len(names), len(r.seeds), len(r.client)), np.nan)
+        bar = progress or NoProgress()
+        bar.start(f"decompose {method}", len(r.client))
+        for j, c in enumerate(int(c) for c in r.client):
+            data = part.client(c)
+            for i, (b, e) in enumerate(per_client[j].values()):
+                s = Strategy(torch.from_numpy(b), torch.from_numpy(e))
+                for k, seed in enumerate(r.seeds):  # the personalisation's batches: paired with its stored rows
+                    ft = finetune(model, theta, *data.train, s, table.client_bn(c), epochs, bs, generator(seed, c, 7),
+                                  pc.get("client_bn", "precise"))
+                    acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, bs,
+                                                         pc.get("eval_stats", "running"))[1]
+            bar.advance(1)
+        bar.stop()
+        stored = {m: 100 * r.acc_after[r.methods.index(m)].mean(axis=1) for m in (method, *methods.baselines()) if m in r.methods}
+        s = summary(names, acc, stored)
+        draft.path("summary.json").write_text(json.dumps(s | {"method": method, "beta_fixed": b_fixed}, indent=2))
+        draft.path("summary.md").write_text(markdown(s, method, r.pool, len(r.client), r.eta[method] / base_lr,
+                                                     r.beta[method], table.param_names))
+        draft.metrics = {n: v["mean"] for n, v in s["combinations"].items()}
+
+    return build_or_reuse(store, "analyze", {"analysis": "decompose", **config_dict(cfg) | {"method": method, "beta": b_fixed}},
+                          parents, build, force)
