@@ -83,7 +83,7 @@ def _parse(f: dataclasses.Field, tp: Any, value: Any) -> Any:
         return None if value is None else str(value)
     if origin is list:
         (item,) = typing.get_args(tp)
-        items = options.int_list(value) if item is int else options.float_list(value) if item is float else options.csv_list(value)
+        items = options.typed_list(value, item if item in (int, float) else str)
         return _default(f) if items is None else items
     if origin is dict:
         return options.domain_values(value, typing.get_args(tp)[1], f.metadata.get("option") or "--" + f.name.replace("_", "-"))

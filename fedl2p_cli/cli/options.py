@@ -28,20 +28,14 @@ def csv_list(value: Optional[str]) -> list[str] | None:
     return items
 
 
-def int_list(value: Optional[str]) -> list[int] | None:
+def typed_list(value: Optional[str], cast: type = str) -> list | None:
+    """`1,2,3` -> [1, 2, 3] with each item cast (int, float or str); None -> None."""
     items = csv_list(value)
     try:
-        return None if items is None else [int(v) for v in items]
+        return None if items is None else [cast(v) for v in items]
     except ValueError:
-        raise FedL2PError(f"expected comma-separated integers, got '{value}'") from None
-
-
-def float_list(value: Optional[str]) -> list[float] | None:
-    items = csv_list(value)
-    try:
-        return None if items is None else [float(v) for v in items]
-    except ValueError:
-        raise FedL2PError(f"expected comma-separated numbers, got '{value}'") from None
+        word = {int: "integers", float: "numbers"}.get(cast, "values")
+        raise FedL2PError(f"expected comma-separated {word}, got '{value}'") from None
 
 
 def domain_values(value: Optional[str], cast: type, option: str) -> dict:
