@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..core.config import choices, flat_fields, from_flat
+from ..core.config import choices, flat_fields, from_flat, option_name
 from . import options
 
 
@@ -51,11 +51,11 @@ def _cli_default(f: dataclasses.Field) -> Any:
 
 
 def _option(f: dataclasses.Field) -> typer.models.OptionInfo:
+    """Typer's option for a field. Spelled out only where needed: otherwise Typer derives --field-name (and, for a
+    bool that is not a `flag`, its --no- form)."""
     md = f.metadata
-    decls = [md["option"]] if "option" in md else (["--" + f.name.replace("_", "-")] if md.get("flag") else [])
-    if "short" in md:
-        decls = decls or ["--" + f.name.replace("_", "-")]
-        decls.append(md["short"])
+    decls = [option_name(f)] if "option" in md or md.get("flag") or "short" in md else []
+    decls += [md["short"]] if "short" in md else []
     kw = {"envvar": md["envvar"]} if "envvar" in md else {}
     return typer.Option(_cli_default(f), *decls, help=md.get("help") or None, **kw)
 
@@ -86,7 +86,7 @@ def _parse(f: dataclasses.Field, tp: Any, value: Any) -> Any:
         items = options.typed_list(value, item if item in (int, float) else str)
         return _default(f) if items is None else items
     if origin is dict:
-        return options.domain_values(value, typing.get_args(tp)[1], f.metadata.get("option") or "--" + f.name.replace("_", "-"))
+        return options.domain_values(value, typing.get_args(tp)[1], option_name(f))
     return value
 
 
