@@ -6,6 +6,8 @@ from __future__ import annotations
 from ..core.selection import candidates
 from .registry import HandMade, Learned, System, Tuned, register
 
+SYSTEMS = "fedl2p_cli.stages.systems"  # the systems' training modules, imported when used
+
 BUILTIN = (
     register(HandMade("ft-bnc", "FT (BN C)", beta=1.0)),    # the client's own statistics
     register(HandMade("ft-bng", "FT (BN G)", beta=0.0)),    # the pretrained (global) statistics
@@ -13,7 +15,8 @@ BUILTIN = (
     register(Tuned("ft-tuned", "FT tuned (val)", candidates=candidates)),
     register(Learned("fedl2p", "FedL2P", family="fedl2p")),
     register(Learned("l2p", "L2P", family="l2p", pools=("seen",))),  # a lambda per client it trained: none for others
-    register(System("pfedla", "pFedLA", pools=("seen",))),           # per-client aggregation weights: seen clients only
-    register(System("heurpfedla", "HeurpFedLA", pools=("seen",))),
-    register(System("cafeme", "CAFeMe")),                            # a modulator that personalises any client
+    # per-client aggregation weights: a model for the clients it trained only
+    register(System("pfedla", "pFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla")),
+    register(System("heurpfedla", "HeurpFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla")),
+    register(System("cafeme", "CAFeMe", trainer=f"{SYSTEMS}.cafeme")),  # a modulator that personalises any client
 )

@@ -50,7 +50,10 @@ class Learned(Method):
 
 @dataclass(frozen=True)
 class System(Method):
-    """Another personalised-FL system with its own models (a pfl artifact): `fedl2p pfl-train --algo NAME`."""
+    """Another personalised-FL system with its own models (a pfl artifact): `fedl2p pfl-train --algo NAME`.
+    `trainer` names the module that trains, saves, loads and evaluates it (stages/systems/: SETTINGS, train, load,
+    accuracy); it is imported only when the system is used."""
+    trainer: str = ""
     trained_by: ClassVar[str | None] = "pfl"
 
 

@@ -1,0 +1,130 @@
+"""CAFeMe (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.safetensors; each client is
+evaluated after `steps` steps of Alg. 2 on its train split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ... import device
+from ...algorithms import cafeme
+from ...configs import PFLConfig
+from ...core.client import Timer
+from ...core.modulate import gate_sites, init_modulator
+from ...engine.loop import LoopState, generator, group_of, nest, sample_clients
+from ...engine.rounds import in_process, run_rounds
+from ...errors import FedL2PError
+from ...io import weights
+from ...io.partition_h5 import Partition
+from ...models import registry
+
+SETTINGS = {"cafeme": ("steps", "outer_lr", "order", "outer")}
+
+
+def cafeme_config(cfg: PFLConfig, num_classes: int) -> cafeme.CAFeMeConfig:
+    return cafeme.CAFeMeConfig(steps=cfg.steps, inner_lr=cfg.lr, outer_lr=cfg.outer_lr, batch_size=cfg.batch_size,
+                               order=cfg.order, outer=cfg.outer, num_classes=num_classes)
+
+
+@dataclass
+class CAFeMeTask:
+    """A CAFeMe round's client: omega, its own Adam moments (None before its first round) and their step count."""
+    client: int
+    omega: dict
+    moments: dict | None
+    step: int
+    round: int
+
+
+class CAFeMeStrategy:
+    """CAFeMe (Alg. 1): each sampled client personalises omega and takes one outer step; the server averages.
+    The state is omega plus every client's Adam moments (keys adam<c>.)."""
+
+    def __init__(self, cfg: PFLConfig, part: Partition):
+        self.cfg, self.part = cfg, part
+        self.label = f"pfl-train {cfg.algo}"
+        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.sites = gate_sites(self.model, part.in_channels)
+        self.ccfg = cafeme_config(cfg, part.num_classes)
+        self.seen = part.pool(False)
+        self.dev = device.current()
+        self.model.to(self.dev)
+        self.omega_cache = device.RoundCache()
+        if any(len(part.client(c).val[1]) < 2 for c in self.seen):
+            raise FedL2PError("cafeme needs a held-out split on every seen client; partition with --val-fraction > 0")
+
+    def initial_state(self) -> LoopState:
+        mu = init_modulator(self.part.in_channels, self.part.num_classes, sum(c for _, c in self.sites),
+                            generator(self.cfg.seed, 2))
+        psi = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        return LoopState(0, cafeme.join(mu, device.to_host(psi)))
+
+    def stop(self, st: LoopState) -> bool:
+        return False
+
+    def configure(self, st: LoopState, rnd: int) -> list[CAFeMeTask]:
+        omega = omega_of(st.tensors)
+        return [CAFeMeTask(c, omega, group_of(st.tensors, f"adam{c}") or None,
+                           int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1, rnd)
+                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+
+    def client(self, task: CAFeMeTask):
+        data = self.part.client_on(task.client, self.dev)
+        r = cafeme.client_update(self.model, self.sites, self.omega_cache.get(task.omega, self.dev), data.train, data.val,
+                                 self.ccfg, generator(self.cfg.seed, task.round, task.client),
+                                 device.move(task.moments, self.dev), task.step)
+        return device.to_host(r)
+
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[CAFeMeTask], results: list, timer: Timer) -> dict:
+        for task, (_, loss, moments) in zip(tasks, results):
+            c, t = task.client, task.step
+            if not np.isfinite(loss):
+                raise FedL2PError(f"cafeme diverged in round {rnd + 1} (client {c}); lower --lr or --outer-lr")
+            if moments is not None:
+                st.tensors |= nest(f"adam{c}", moments)
+                st.extra.setdefault("adam_t", {})[str(c)] = t
+        omega = {k: torch.stack([r[0][k] for r in results]).mean(0) for k in tasks[0].omega}  # Alg. 1 line 11: plain mean
+        st.tensors = {k: v for k, v in st.tensors.items() if k.startswith("adam")} | omega
+        rec = {"round": rnd + 1, "held_out_loss": float(np.mean([r[1] for r in results]))}
+        if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
+            on = device.move(omega, self.dev)
+            rec["val_acc"] = float(np.mean([cafeme.personalize_and_test(
+                self.model, self.sites, on, self.part.client_on(c, self.dev).train, self.part.client_on(c, self.dev).val,
+                self.cfg.steps, self.ccfg, generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
+        return rec
+
+    def progress_info(self, rec: dict, st: LoopState) -> dict:
+        return {"loss": rec["held_out_loss"], "acc": rec.get("val_acc")}
+
+
+def omega_of(tensors: dict) -> dict:
+    return {k: v for k, v in tensors.items() if not k.startswith("adam")}
+
+
+
+
+def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft) -> tuple[list[dict], dict]:
+    strategy = CAFeMeStrategy(cfg, part)
+    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
+    omega = omega_of(st.tensors)
+    weights.save(draft.path("omega.safetensors"), omega, {"algo": cfg.algo, "model": cfg.model})
+    return st.history, {"algo": cfg.algo, "params": int(sum(v.numel() for v in omega.values()))}
+
+
+@dataclass
+class Omega:
+    """A trained CAFeMe: omega and the model's gate sites."""
+    omega: dict
+    sites: list
+
+
+def load(art, cfg: PFLConfig, model: torch.nn.Module) -> Omega:
+    return Omega(weights.load(art.file("omega.safetensors")), gate_sites(model, art.config["in_channels"]))
+
+
+def accuracy(t, c: int, data, seed: int, steps: int) -> float:
+    ccfg = cafeme_config(t.cfg, t.num_classes)
+    return cafeme.personalize_and_test(t.model, t.state.sites, t.state.omega, data.train, data.test, steps, ccfg,
+                                       generator(seed, c, 7))
