@@ -151,12 +151,17 @@ def collect(cell: str) -> list[dict] | None:
     rows = []
     want = {k: v for k, v in sections(cell)["partition"].items() if k != "exclude"}
 
-    from fedl2p_cli.stages.partition import PartitionConfig
+    from fedl2p_cli.stages.partition import PartitionConfig, generates
     defaults = PartitionConfig()
+    # generated domains built before --normalize existed were normalised with the partition's own constants: another
+    # partition, which a stored config says by lacking the key (it enters the id only at "source")
+    norm = want.get("normalize", defaults.normalize) if generates(PartitionConfig(**want)) else None
 
     def ours(art) -> bool:  # an option at its default may be absent from a stored config (identity_default)
         got = store.load("partition", art.parents["partition"], verify=False).config
-        return art.config.get("seeds") == SEEDS and all(got.get(k, getattr(defaults, k)) == v for k, v in want.items())
+        same_norm = norm is None or got.get("normalize", "partition") == norm
+        return art.config.get("seeds") == SEEDS and same_norm and all(got.get(k, getattr(defaults, k)) == v
+                                                                      for k, v in want.items())
 
     arts = [a for a in store.iter("personalize") if ours(a)]
     for art in arts:
