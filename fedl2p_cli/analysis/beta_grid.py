@@ -35,22 +35,19 @@ def summarize(scores: np.ndarray, domain: np.ndarray, domain_names: list[str], g
     """Per choice: test accuracy when chosen on validation and on test (the bound), mean and SD over seeds, and its
     gain over the shared vector; per domain: the vector it chose in each seed and its test accuracy."""
     gs = groups_of(domain)
-    out: dict = {"choices": {}, "domains": {}}
-    for name, g in gs.items():
-        val = np.array([test_accuracy(s, choose(s, g)) for s in scores])
-        bound = np.array([test_accuracy(s, choose(s, g, 1)) for s in scores])
-        shared = np.array([test_accuracy(s, choose(s, gs["shared"])) for s in scores])
-        shared_bound = np.array([test_accuracy(s, choose(s, gs["shared"], 1)) for s in scores])
-        out["choices"][name] = {"val": val.tolist(), "bound": bound.tolist(), "gain": (val - shared).tolist(),
-                                "gain_bound": (bound - shared_bound).tolist()}
+    picks = {name: [(choose(s, g), choose(s, g, 1)) for s in scores] for name, g in gs.items()}  # [seed] (val, test)
+    acc = {name: (np.array([test_accuracy(s, v) for s, (v, _) in zip(scores, p)]),
+                  np.array([test_accuracy(s, t) for s, (_, t) in zip(scores, p)])) for name, p in picks.items()}
+    shared, shared_bound = acc["shared"]
+    out: dict = {"choices": {name: {"val": val.tolist(), "bound": bound.tolist(), "gain": (val - shared).tolist(),
+                                    "gain_bound": (bound - shared_bound).tolist()} for name, (val, bound) in acc.items()},
+                 "domains": {}}
     for d in np.unique(domain):
         rows = domain == d
-        picks = [choose(s, gs["per domain"])[rows][0] for s in scores]
-        shared = [choose(s, gs["shared"])[0] for s in scores]
+        per, one = [v for v, _ in picks["per domain"]], [v for v, _ in picks["shared"]]
         out["domains"][domain_names[d]] = {
-            "vector": [list(grid[p]) for p in picks], "acc": [test_accuracy(s, choose(s, gs["per domain"]), rows) for s in scores],
-            "shared_vector": [list(grid[p]) for p in shared],
-            "shared_acc": [test_accuracy(s, choose(s, gs["shared"]), rows) for s in scores]}
+            "vector": [list(grid[p[rows][0]]) for p in per], "acc": [test_accuracy(s, p, rows) for s, p in zip(scores, per)],
+            "shared_vector": [list(grid[p[0]]) for p in one], "shared_acc": [test_accuracy(s, p, rows) for s, p in zip(scores, one)]}
     return out
 
 

@@ -83,7 +83,7 @@ def credentials(
     SuperNode for Flower's SuperNode authentication (valid 30 days). For a trial only: a real federation takes its
     certificate from an authority its sites trust, and each site makes its own key pair."""
     from ..stages import flower_certs
-    hosts = options.csv_list(host) or []
+    hosts = options.csv_list(host, "--host") or []
     if not hosts:
         raise FedL2PError("--host needs at least one name or address")
     written = flower_certs.make(out, sites, hosts)

@@ -12,16 +12,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..core.config import choices, flat_fields, from_flat, option_name
+from ..core.config import choices, flat_fields, flat_types, from_flat, option_name
 from . import options
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    hints = {}
-    for f in dataclasses.fields(cls):
-        tp = typing.get_type_hints(cls)[f.name]
-        hints |= _hints(tp) if dataclasses.is_dataclass(tp) else {f.name: tp}
-    return hints
 
 
 def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
@@ -62,7 +54,7 @@ def _option(f: dataclasses.Field) -> typer.models.OptionInfo:
 
 def parameters(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
     """One keyword parameter per command-line field of `cls` (nested configs flattened), in declaration order."""
-    hints = _hints(cls)
+    hints = flat_types(cls)
     return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_option(f), annotation=_cli_type(hints[f.name], f))
             for f in flat_fields(cls) if f.metadata.get("cli", True) and f.name not in skip and (only is None or f.name in only)]
 
@@ -83,7 +75,7 @@ def _parse(f: dataclasses.Field, tp: Any, value: Any) -> Any:
         return None if value is None else str(value)
     if origin is list:
         (item,) = typing.get_args(tp)
-        items = options.typed_list(value, item if item in (int, float) else str)
+        items = options.typed_list(value, item if item in (int, float) else str, option_name(f))
         return _default(f) if items is None else items
     if origin is dict:
         return options.domain_values(value, typing.get_args(tp)[1], option_name(f))
@@ -92,7 +84,7 @@ def _parse(f: dataclasses.Field, tp: Any, value: Any) -> Any:
 
 def build(cls: type, values: dict) -> Any:
     """The config from a command's parsed options."""
-    hints = _hints(cls)
+    hints = flat_types(cls)
     fields = {f.name: f for f in flat_fields(cls)}
     return from_flat(cls, {k: _parse(fields[k], hints[k], v) for k, v in values.items() if k in fields})
 

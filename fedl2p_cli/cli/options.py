@@ -19,29 +19,29 @@ def store(path: Optional[Path]) -> Store:
     return Store(path)
 
 
-def csv_list(value: Optional[str]) -> list[str] | None:
+def csv_list(value: Optional[str], option: str = "a list option") -> list[str] | None:
     if value is None:
         return None
     items = [v.strip() for v in value.split(",") if v.strip()]
     if not items:
-        raise FedL2PError("an empty list was given")
+        raise FedL2PError(f"{option}: an empty list was given")
     return items
 
 
-def typed_list(value: Optional[str], cast: type = str) -> list | None:
-    """`1,2,3` -> [1, 2, 3] with each item cast (int, float or str); None -> None."""
-    items = csv_list(value)
+def typed_list(value: Optional[str], cast: type = str, option: str = "a list option") -> list | None:
+    """`1,2,3` -> [1, 2, 3] with each item cast (int, float or str); None -> None. `option` names it in errors."""
+    items = csv_list(value, option)
     try:
         return None if items is None else [cast(v) for v in items]
     except ValueError:
         word = {int: "integers", float: "numbers"}.get(cast, "values")
-        raise FedL2PError(f"expected comma-separated {word}, got '{value}'") from None
+        raise FedL2PError(f"{option}: expected comma-separated {word}, got '{value}'") from None
 
 
 def domain_values(value: Optional[str], cast: type, option: str) -> dict:
     """`clean=0.05,invert=1000` -> {"clean": 0.05, "invert": 1000.0} (a per-domain option); None -> {}."""
     out = {}
-    for item in csv_list(value) or []:
+    for item in csv_list(value, option) or []:
         name, sep, v = item.partition("=")
         try:
             if not sep or not name.strip():

@@ -141,12 +141,22 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
 def flat_fields(cls: type) -> list[dataclasses.Field]:
     """A config's fields with each nested config's fields in its place, inherited fields (a shared part such as
     FailureOptions) last: the options of one command or section, in --help order."""
+    return [f for f, _ in _flat(cls)]
+
+
+def flat_types(cls: type) -> dict[str, Any]:
+    """{field name: its resolved type annotation} over `flat_fields(cls)`."""
+    return {f.name: tp for f, tp in _flat(cls)}
+
+
+def _flat(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
     inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
     fields = dataclasses.fields(cls)
     out = []
     for f in [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]:
-        nested = typing.get_type_hints(cls)[f.name]
-        out += flat_fields(nested) if dataclasses.is_dataclass(nested) else [f]
+        tp = hints[f.name]
+        out += _flat(tp) if dataclasses.is_dataclass(tp) else [(f, tp)]
     return out
 
 

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import torch
 
+from .. import device
 from ..analysis import beta_grid
 from ..artifacts import Artifact, Draft, Store
 from ..configs import BetaGridConfig
@@ -38,13 +39,14 @@ def scores(cfg: BetaGridConfig, model, theta: dict, table, part, clients: list[i
            progress: Progress) -> np.ndarray:
     """[seeds, clients, vectors, (val, test)] accuracy in percent; every vector of a client and seed sees the same
     batches (generator(seed, client, 7), as `personalize` draws them)."""
+    dev = next(iter(theta.values())).device  # where the model is (the current --device)
     out = np.zeros((len(cfg.seeds), len(clients), len(grid), 2))
     progress.start("beta grid", len(cfg.seeds) * len(clients))
     for k, seed in enumerate(cfg.seeds):
         for j, c in enumerate(clients):
-            data, bn0 = part.client(c), table.client_bn(c)
+            data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
             for i, vec in enumerate(grid):
-                s = Strategy(torch.tensor(vec, dtype=torch.float32), torch.full((len(theta),), cfg.lr))
+                s = Strategy(torch.tensor(vec, dtype=torch.float32, device=dev), torch.full((len(theta),), cfg.lr, device=dev))
                 ft = finetune(model, theta, *data.train, s, bn0, cfg.epochs, cfg.batch_size, generator(seed, c, 7))
                 out[k, j, i] = [100 * personalized_accuracy(model, ft.params, *split, s, ft.bn, cfg.batch_size)[1]
                                 for split in (data.val, data.test)]
@@ -69,8 +71,9 @@ def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: 
 
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, parents["pretrain"])
-        model.eval()
-        theta = {n: state[n] for n, _ in model.named_parameters()}
+        dev = device.current()
+        model.to(dev).eval()
+        theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
         sc = scores(cfg, model, theta, table, part, clients, grid, progress or NoProgress())
         domain = np.asarray(part.domain[clients])
         used = sorted(set(domain.tolist()))

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import torch
 
-from .. import methods
+from .. import device, methods
 from ..artifacts import Artifact, Draft, Store
 from ..configs import DecomposeConfig
 from ..core.config import validate
@@ -71,8 +71,9 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         _, model, state = pretrain_stage.load(store, art.parents["pretrain"])
         _, table = stats_stage.load(store, art.parents["stats"])
         _, part = partition_stage.load(store, art.parents["partition"])
-        model.eval()
-        theta = {n: state[n] for n, _ in model.named_parameters()}
+        dev = device.current()
+        model.to(dev).eval()
+        theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
         pc = art.config
         base_lr, epochs, bs = float(pc["base_lr"]), int(pc["epochs"]), int(pc["batch_size"])
         per_client = [combos(r.beta[method][j], r.eta[method][j], b_fixed, base_lr, cfg.eta_scales) for j in range(len(r.client))]
@@ -81,11 +82,11 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         bar = progress or NoProgress()
         bar.start(f"decompose {method}", len(r.client))
         for j, c in enumerate(int(c) for c in r.client):
-            data = part.client(c)
+            data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
             for i, (b, e) in enumerate(per_client[j].values()):
-                s = Strategy(torch.from_numpy(b), torch.from_numpy(e))
+                s = Strategy(torch.from_numpy(b).to(dev), torch.from_numpy(e).to(dev))
                 for k, seed in enumerate(r.seeds):  # the personalisation's batches: paired with its stored rows
-                    ft = finetune(model, theta, *data.train, s, table.client_bn(c), epochs, bs, generator(seed, c, 7),
+                    ft = finetune(model, theta, *data.train, s, bn0, epochs, bs, generator(seed, c, 7),
                                   pc.get("client_bn", "precise"))
                     acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, bs,
                                                          pc.get("eval_stats", "running"))[1]

@@ -165,7 +165,8 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
     n_bn, n_p = table.xi.shape[1], len(theta_g)
     tuned = next((m for m in cfg.methods if isinstance(methods.get(m), methods.Tuned)), None)
     grid = methods.get(tuned).candidates() if tuned else []  # hand-made rows at x1 LR come from its grid (same batches)
-    names = list(dict.fromkeys([m for m in cfg.methods if m in methods.handmade()] + [mm.name for mm in metas] + [t.algo for t in pfls]))
+    handmade = methods.handmade()
+    names = list(dict.fromkeys([m for m in cfg.methods if m in handmade] + [mm.name for mm in metas] + [t.algo for t in pfls]))
     acc = np.full((len(names), len(cfg.seeds), len(clients)), np.nan)
     cand = np.full((len(cfg.seeds), len(clients), len(grid), 3), np.nan) if tuned else None
     beta = {m: np.full((len(clients), n_bn), np.nan, dtype=np.float32) for m in names}
@@ -204,7 +205,7 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
                     continue
                 ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
                 acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size,
-                                                     "running" if m in methods.handmade() else cfg.eval_stats)[1]
+                                                     "running" if m in handmade else cfg.eval_stats)[1]
             progress.advance(1)
     progress.stop()
     return results_h5.Results(names, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
