@@ -164,15 +164,16 @@ def collect(cell: str) -> list[dict] | None:
                                                                       for k, v in want.items())
 
     arts = [a for a in store.iter("personalize") if ours(a)]
+    n_meta = len(sections(cell)["meta-train"])  # the main file's variants: a personalisation of other ones is not this cell's
     for art in arts:
-        if "ft-tuned" not in art.config.get("methods", []):
+        if "ft-tuned" not in art.config.get("methods", []) or sum(k.startswith("meta-train:") for k in art.parents) != n_meta:
             continue
         _, r = pers_stage.load(store, art.id)
         s = json.loads(art.file("summary.json").read_text())
         merge_extras(store, art, r, s, arts)
         row = {"cell": cell, "kind": CELLS[cell][0], "alpha": CELLS[cell][1], "pool": s["pool"], "clients": s["clients"],
                "global": s["global_acc"], "methods": s["methods"], "best_baseline": s.get("best_baseline"),
-               "personalize": art.id, "pretrain": art.parents["pretrain"]}
+               "personalize": art.id, "pretrain": art.parents["pretrain"], "base_lr": art.config.get("base_lr", BASE_LR)}
         if r.candidates is not None:
             row["oracle"] = oracle(r.candidates)
         pre = store.load("pretrain", art.parents["pretrain"], verify=False)
@@ -335,7 +336,7 @@ def report(done: list[list[dict]]) -> str:
                            cwd=HERE).stdout.strip()
     stamp = f"Report written {time.strftime('%Y-%m-%d %H:%M %Z')} from commit {commit or 'unknown'}" + \
         (" (with uncommitted changes)" if dirty else "") + "; each row's artifacts were built by the code of their own day."
-    lines = [stamp, "", f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR}, small CNN, 2-core CPU. Hand-made rows: mean ± SD "
+    lines = [stamp, "", f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR} unless the scenario names another, small CNN, 2-core CPU. Hand-made rows: mean ± SD "
              f"over personalisation seeds {SEEDS}. Learned rows: mean ± SD over meta-train seeds {META_SEEDS} (each the mean "
              f"over the personalisation seeds), [the mean personalisation-seed SD], (Δ vs best of FT BN C/G/I; Δ vs FT "
              "tuned, paired, mean over meta-train seeds).", "", head,
@@ -355,6 +356,8 @@ def report(done: list[list[dict]]) -> str:
             lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}{pers} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
                        f"{100 * v.get('vs_ft_tuned', np.nan):+.2f})")
         scenario, alpha = ("speakers (synthetic)", "–") if r["kind"] == "speech" else (f"{r['kind']} shift", f"{r['alpha']:g}")
+        if r.get("base_lr", BASE_LR) != BASE_LR:  # a cell whose own pipeline file sets another base LR (planted)
+            scenario += f" (base LR {r['base_lr']:g})"
         lines.append(f"| {scenario} | {alpha} | {r['pool']} | {100 * r['global']:.2f} | " + " | ".join(cells)
                      + f" | {orc} | " + " | ".join(lrn) + " |")
     return "\n".join(lines) + "\n"
