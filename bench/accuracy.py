@@ -149,7 +149,8 @@ def collect(cell: str) -> list[dict] | None:
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     rows = []
-    want = {k: v for k, v in sections(cell)["partition"].items() if k != "exclude"}
+    secs = sections(cell)
+    want = {k: v for k, v in secs["partition"].items() if k != "exclude"}
 
     from fedl2p_cli.stages.partition import PartitionConfig, generates
     defaults = PartitionConfig()
@@ -164,7 +165,7 @@ def collect(cell: str) -> list[dict] | None:
                                                                       for k, v in want.items())
 
     arts = [a for a in store.iter("personalize") if ours(a)]
-    n_meta = len(sections(cell)["meta-train"])  # the main file's variants: a personalisation of other ones is not this cell's
+    n_meta = len(secs["meta-train"])  # the main file's variants: a personalisation of other ones is not this cell's
     for art in arts:
         if "ft-tuned" not in art.config.get("methods", []) or sum(k.startswith("meta-train:") for k in art.parents) != n_meta:
             continue
@@ -384,7 +385,7 @@ def beta_report(done: list[list[dict]]) -> str:
             if "sweep" in r:
                 lrs = list(next(iter(r["sweep"].values())))
                 lines += [f"What the data asks for, {r['kind']} shift α = {r['alpha']:g}: test accuracy (%) of FT with one fixed β "
-                          "in every BN layer, at the base LR and a tenth of it (seen clients, seed 0)", "",
+                          f"in every BN layer, at LR {' and '.join(lrs)} (seen clients, seed 0)", "",
                           "| domain | LR | " + " | ".join(f"β={b:g}" for b in SWEEP) + " | best β |", "|---" * (3 + len(SWEEP)) + "|"]
                 lines += [f"| {d} | {lr} | " + " | ".join(f"{100 * a:.2f}" for a in by_lr[lr]) +
                           f" | {SWEEP[int(np.argmax(by_lr[lr]))]:g} |" for d, by_lr in r["sweep"].items() for lr in lrs]

@@ -21,7 +21,7 @@ app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=T
 @config_command(ClustersConfig)
 def clusters(
     cfg: ClustersConfig,
-    personalize: Optional[str] = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest."),
+    personalize: Optional[str] = options.PERSONALIZE,
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
@@ -58,7 +58,7 @@ def beta_grid(
 @config_command(DecomposeConfig)
 def decompose(
     cfg: DecomposeConfig,
-    personalize: Optional[str] = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest."),
+    personalize: Optional[str] = options.PERSONALIZE,
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:

@@ -13,6 +13,7 @@ from ..errors import FedL2PError
 
 STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", help="Artifact store folder (default: ./artifacts).")
 FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one with the same inputs exists.")
+PERSONALIZE = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest.")
 
 
 def store(path: Optional[Path]) -> Store:
