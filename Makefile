@@ -21,8 +21,9 @@ data:
 	@bash scripts/get-fmnist.sh
 	@bash scripts/get-espeak.sh || echo "(continuing: only --dataset speech-synth needs espeak-ng)"
 
-quickstart: $(STAMP) data
+quickstart: $(STAMP) data  # feature shift over 7 domains, then the small planted-signal cell (the same pretrained model)
 	$(BIN)/fedl2p run pipelines/quickstart.toml
+	$(BIN)/fedl2p run pipelines/quickstart-planted.toml
 
 test: $(STAMP)
 	@bash scripts/get-espeak.sh >/dev/null 2>&1 || echo "(espeak-ng missing: the synthetic-speech tests are skipped)"

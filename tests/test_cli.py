@@ -219,12 +219,17 @@ def fedl2p(*args, store, **kw):
                           timeout=300, **kw)
 
 
-def test_console_entry_point_maps_errors_and_help(tmp_path):
+def test_console_entry_point_maps_errors_and_help(tiny_store, tmp_path):
     r = fedl2p("partition", "--alpha", "nan", store=tmp_path / "s")
     assert r.returncode == 2 and r.stderr.strip() == "error: --alpha must be a finite number, got nan"
     assert not (tmp_path / "s").exists()
     r = fedl2p("meta-train", "--help", store=tmp_path / "s")
     assert r.returncode == 0 and "--psi-power" in r.stdout
+    # a pickle that is not weights-only: torch's own warning about its protocol must not reach the user's terminal
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(b"\x80\x04\x95\x15\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94.")
+    r = fedl2p("pretrain", "--init", evil, store=tiny_store["store"].root)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: --init {evil} is not a weights-only state dict (UnpicklingError)"
 
 
 def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_path):

@@ -137,6 +137,24 @@ def test_results_and_summary(tiny_store):
     assert "FT (BN C)" in md and "fedl2p" in md
 
 
+def test_summary_gives_the_learned_beta_per_domain_and_layer(tiny_store):
+    """The β table beside the ARI: each domain's row is the mean β of that domain's clients, per BN layer; the
+    hand-made methods (a fixed β) get none."""
+    import json
+    art = tiny_store["personalize"]
+    _, r = personalize.load(tiny_store["store"], art.id)
+    s = json.loads(art.file("summary.json").read_text())
+    assert set(s["methods"]) - {"fedl2p"} == {"ft-bnc", "ft-bng", "ft-bni"}
+    assert all("beta_per_domain" not in v for m, v in s["methods"].items() if m != "fedl2p")
+    per_domain = s["methods"]["fedl2p"]["beta_per_domain"]
+    _, cols, rows = personalize.beta_table("fedl2p", per_domain)
+    assert cols == ["domain"] + [f"bn{i}" for i in range(r.beta["fedl2p"].shape[1])]
+    md = art.file("summary.md").read_text()
+    for (name, _), d in zip(per_domain.items(), np.unique(r.domain)):
+        want = r.beta["fedl2p"][r.domain == d].mean(axis=0)
+        assert "| " + " | ".join([name] + [f"{b:.2f}" for b in want]) + " |" in md
+
+
 def test_bad_inputs(tiny_store):
     store, pre, st = tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id
     with pytest.raises(FedL2PError, match="unknown method"):

@@ -35,3 +35,7 @@ def show(s: dict) -> None:
     rows += [stage.row_cells(m, v) for m, v in s["methods"].items()]
     render.table(f"personalised accuracy (%), {s['pool']} clients ({s['clients']}), seeds {s['seeds']}",
                  ["method", "accuracy", "Δ vs best FT", "Δ vs FT tuned", "clients better", "sparsity"], rows)
+    for m, v in s["methods"].items():
+        if "beta_per_domain" in v:
+            title, cols, brows = stage.beta_table(m, v["beta_per_domain"])
+            render.table(f"{title} ({s['pool']} clients)", cols, brows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -47,7 +48,9 @@ def import_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         return load(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns on stderr about a file's pickle protocol before refusing it:
+            warnings.simplefilter("ignore", UserWarning)  # the user gets our one line instead
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise FedL2PError(f"--init {path} is not a weights-only state dict ({e.__class__.__name__})") from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):

@@ -254,7 +254,21 @@ def markdown(s: dict) -> str:
              f"| global model | {100 * s['global_acc']:.2f} | | | | |"]
     for m, v in s["methods"].items():
         lines.append("| " + " | ".join(row_cells(m, v)) + " |")
+    for m, v in s["methods"].items():
+        if "beta_per_domain" in v:
+            title, cols, rows = beta_table(m, v["beta_per_domain"])
+            lines += ["", f"{title} (mean over a domain's clients)", "",
+                      "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[str], list[list[str]]]:
+    """Title, columns and rows of a learned method's β by domain (rows) and BN layer (columns): what an ARI alone
+    hides, how far apart the domains' β are."""
+    n = len(next(iter(per_domain.values())))
+    return (f"β per domain and BN layer, {methods.label(m)}",
+            ["domain"] + [f"bn{i}" for i in range(n)], [[d] + [f"{b:.2f}" for b in bs] for d, bs in per_domain.items()])
 
 
 def row_cells(m: str, v: dict) -> list[str]:
