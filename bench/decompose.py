@@ -1,4 +1,5 @@
-"""Which half of a learned strategy helps: `python bench/decompose.py PERSONALIZE_ID [--beta B] [--eta-scales 0.5,2]`.
+"""Which half of a learned strategy helps: `python bench/decompose.py PERSONALIZE_ID [--beta B] [--eta-scales 0.5,2]
+[--layer-betas 0,1] [--method M]`.
 Runs `fedl2p analyze decompose` on the bench store (artifacts/ or $FEDL2P_STORE) and prints its report; the artifact
 (analyze/ID: summary.md/json) keeps the result."""
 
@@ -17,6 +18,8 @@ def main() -> None:
     ap.add_argument("personalize", help="a personalize artifact id (with a learned method)")
     ap.add_argument("--beta", type=float, default=None, help="the fixed beta (default: the meta-train's beta_init)")
     ap.add_argument("--eta-scales", default="", help="comma-separated factors for the learned LRs")
+    ap.add_argument("--layer-betas", default="", help="comma-separated betas set in one BN layer at a time")
+    ap.add_argument("--method", default=None, help="the learned method (default: the personalisation's first)")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -25,7 +28,9 @@ def main() -> None:
     from fedl2p_cli.configs import DecomposeConfig
     from fedl2p_cli.errors import USER_ERRORS
     from fedl2p_cli.stages import decompose
-    cfg = DecomposeConfig(beta=args.beta, eta_scales=[float(v) for v in args.eta_scales.split(",") if v.strip()])
+    floats = lambda text: [float(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    cfg = DecomposeConfig(method=args.method, beta=args.beta, eta_scales=floats(args.eta_scales),
+                          layer_betas=floats(args.layer_betas))
     try:
         art, _ = decompose.run(cfg, Store(accuracy.STORE), args.personalize, progress=RichProgress())
     except USER_ERRORS as e:  # a wrong id: one line, not a traceback

@@ -293,3 +293,6 @@ class DecomposeConfig:
                              "meta-train's --beta-init (the beta every client starts from).", UNIT)
     eta_scales: list[float] = opt([], "Comma-separated factors: also the learned strategy with every learned LR times "
                                   "each (does the pool want more or less fine-tuning than it was given?).", POSITIVE)
+    layer_betas: list[float] = opt([], "Comma-separated beta values: also the learned strategy with one BN layer's "
+                                   "beta set to each value, every layer in turn, the rest learned (is each layer's "
+                                   "learned beta the best there, given the rest?).", UNIT, identity_default=True)

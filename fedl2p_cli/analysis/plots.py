@@ -122,7 +122,8 @@ def learning_curves(history: list[dict], domains: list[str], path: Path) -> None
     groups = [k for k in history[-1] if k.startswith("etagroup_")]
     for k in groups[:12]:
         ax.plot(r, [h.get(k, np.nan) for h in history], label=k[9:], lw=1)
-    ax.set_yscale("log")
+    if any(float(h.get(k, 0)) > 0 for k in groups for h in history):  # every LR frozen at 0: no log axis to draw
+        ax.set_yscale("log")
     ax.set_title("mean learning rate per layer group")
     ax.legend(fontsize=6, ncol=3)
     ax = axes[1, 1]

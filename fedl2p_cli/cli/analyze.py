@@ -54,7 +54,7 @@ def beta_grid(
     render.artifact_line("analyze", art.id, art.path, reused)
 
 
-@app.command("decompose", epilog="Example: fedl2p analyze decompose --eta-scales 0.5,2")
+@app.command("decompose", epilog="Example: fedl2p analyze decompose --eta-scales 0.5,2 --layer-betas 0,1")
 @config_command(DecomposeConfig)
 def decompose(
     cfg: DecomposeConfig,
@@ -63,9 +63,13 @@ def decompose(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Which half of a learned strategy helps: re-runs the personalisation's learned method on the same clients, seeds
-    and batches with beta fixed, with eta at the base LR, and with its LRs scaled -> summary.md/json."""
+    and batches with beta fixed, with eta at the base LR, with its LRs scaled and with one BN layer's beta set
+    (--layer-betas), overall and per domain -> summary.md/json."""
     art, reused = decompose_stage.run(cfg, options.store(store), personalize, force, render.RichProgress())
     s = json.loads(art.file("summary.json").read_text())
-    render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned"],
-                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", f"{v['vs_learned']:+.2f}"] for n, v in s["combinations"].items()])
+    doms = list(s["by_domain"]) if len(s["by_domain"]) > 1 else []  # one column per domain where there are several
+    render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned", *doms],
+                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", f"{v['vs_learned']:+.2f}",
+                   *(f"{s['by_domain'][d][n]['mean']:.2f} ({s['by_domain'][d][n]['vs_learned']:+.2f})" for d in doms)]
+                  for n, v in s["combinations"].items()])
     render.artifact_line("analyze", art.id, art.path, reused)

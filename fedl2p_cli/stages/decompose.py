@@ -1,7 +1,8 @@
 """`fedl2p analyze decompose`: which half of a learned strategy helps. A FedL2P strategy is a pair (beta, eta) per
 client; this re-runs a personalisation's learned method on the same clients, seeds and batches with one half swapped
 for a fixed choice (beta fixed for every BN layer; eta at the base LR for every tensor), and with its learned LRs
-scaled, and reports every combination with its paired difference to the learned strategy, next to the stored FT
+scaled, and with one BN layer's beta set to a value (every layer in turn, the rest learned). It reports every
+combination with its paired difference to the learned strategy, overall and per domain, next to the stored FT
 baselines, and the learned eta's ratio to the base LR per parameter tensor."""
 
 from __future__ import annotations
@@ -25,21 +26,36 @@ from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
-def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float]) -> dict[str, tuple]:
+def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],
+           layer_betas: list[float] = ()) -> dict[str, tuple]:
     """The strategies compared, the learned one first."""
     fixed_b, base_e = np.full_like(beta, b_fixed), np.full_like(eta, base_lr)
     out = {"learned beta, learned eta": (beta, eta), "learned beta, base LR": (beta, base_e),
            f"beta {b_fixed:g}, learned eta": (fixed_b, eta), f"beta {b_fixed:g}, base LR": (fixed_b, base_e)}
-    return out | {f"learned beta, learned eta x {s:g}": (beta, eta * np.float32(s)) for s in scales}
+    out |= {f"learned beta, learned eta x {s:g}": (beta, eta * np.float32(s)) for s in scales}
+    return out | {f"learned, BN layer {layer} beta {v:g}": (_with(beta, layer, v), eta)
+                  for layer in range(len(beta)) for v in layer_betas}
 
 
-def summary(names: list[str], acc: np.ndarray, stored: dict[str, np.ndarray]) -> dict:
-    """acc [combos, seeds, clients] -> per combination: mean ± SD over seeds of the clients' mean (percent) and the
-    paired difference to the learned strategy; the stored rows as they are."""
-    m = 100 * acc.mean(axis=2)
-    rows = {n: {"mean": float(m[i].mean()), "sd": float(m[i].std()), "vs_learned": float((m[i] - m[0]).mean()),
+def _with(beta: np.ndarray, layer: int, value: float) -> np.ndarray:
+    out = beta.copy()
+    out[layer] = value
+    return out
+
+
+def _rows(names: list[str], m: np.ndarray) -> dict:
+    """m [combos, seeds] (percent) -> per combination: mean ± SD over seeds and the paired difference to the first."""
+    return {n: {"mean": float(m[i].mean()), "sd": float(m[i].std()), "vs_learned": float((m[i] - m[0]).mean()),
                 "vs_learned_sd": float((m[i] - m[0]).std())} for i, n in enumerate(names)}
-    return {"combinations": rows, "stored": {k: {"mean": float(v.mean()), "sd": float(v.std())} for k, v in stored.items()}}
+
+
+def summary(names: list[str], acc: np.ndarray, stored: dict[str, np.ndarray], domain: np.ndarray,
+            domain_names: list[str]) -> dict:
+    """acc [combos, seeds, clients] -> per combination: mean ± SD over seeds of the clients' mean (percent) and the
+    paired difference to the learned strategy, over all clients and over each domain's; the stored rows as they are."""
+    by_domain = {domain_names[d]: _rows(names, 100 * acc[:, :, domain == d].mean(axis=2)) for d in np.unique(domain)}
+    return {"combinations": _rows(names, 100 * acc.mean(axis=2)), "by_domain": by_domain,
+            "stored": {k: {"mean": float(v.mean()), "sd": float(v.std())} for k, v in stored.items()}}
 
 
 def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, beta: np.ndarray, params: list[str]) -> str:
@@ -48,6 +64,12 @@ def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, b
     lines += [f"| {n} | {v['mean']:.2f} ± {v['sd']:.2f} | {v['vs_learned']:+.2f} ± {v['vs_learned_sd']:.2f} |"
               for n, v in s["combinations"].items()]
     lines += [f"| {methods.label(k)} (stored) | {v['mean']:.2f} ± {v['sd']:.2f} | |" for k, v in s["stored"].items()]
+    if len(s["by_domain"]) > 1:  # does a change help one kind of client and cost another?
+        doms = list(s["by_domain"])
+        lines += ["", "By domain: accuracy (Δ vs learned, paired)", "", "| strategy | " + " | ".join(doms) + " |",
+                  "|---|" + "---|" * len(doms)]
+        lines += [f"| {n} | " + " | ".join(f"{s['by_domain'][d][n]['mean']:.2f} ({s['by_domain'][d][n]['vs_learned']:+.2f})"
+                                         for d in doms) + " |" for n in s["combinations"]]
     lines += ["", "Learned beta, mean per BN layer: " + " / ".join(f"{v:.2f}" for v in beta.mean(0)), "",
               "| tensor | learned eta / base LR: mean | min | max |", "|---|---|---|---|"]
     lines += [f"| {p} | {col.mean():.2f} | {col.min():.2f} | {col.max():.2f} |" for p, col in zip(params, ratio.T)]
@@ -76,7 +98,8 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
         pc = art.config
         base_lr, epochs, bs = float(pc["base_lr"]), int(pc["epochs"]), int(pc["batch_size"])
-        per_client = [combos(r.beta[method][j], r.eta[method][j], b_fixed, base_lr, cfg.eta_scales) for j in range(len(r.client))]
+        per_client = [combos(r.beta[method][j], r.eta[method][j], b_fixed, base_lr, cfg.eta_scales, cfg.layer_betas)
+                      for j in range(len(r.client))]
         names = list(per_client[0])
         acc = np.full((len(names), len(r.seeds), len(r.client)), np.nan)
         bar = progress or NoProgress()
@@ -93,7 +116,7 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
             bar.advance(1)
         bar.stop()
         stored = {m: 100 * r.acc_after[r.methods.index(m)].mean(axis=1) for m in (method, *methods.baselines()) if m in r.methods}
-        s = summary(names, acc, stored)
+        s = summary(names, acc, stored, part.domain[np.asarray(r.client, dtype=np.int64)], list(part.domain_names))
         draft.path("summary.json").write_text(json.dumps(s | {"method": method, "beta_fixed": b_fixed}, indent=2))
         draft.path("summary.md").write_text(markdown(s, method, r.pool, len(r.client), r.eta[method] / base_lr,
                                                      r.beta[method], table.param_names))
