@@ -195,6 +195,8 @@ class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
             name += "-valtbs"
         if self.meta.eta_nonneg:
             name += "-etapos"
+        if self.meta.beta_output == "sigmoid":
+            name += "-sigmoid"
         if self.aggregator != "mean":
             name += "-" + {"median": "median", "trimmed-mean": "trim"}[self.aggregator]
         if self.norm_bound:

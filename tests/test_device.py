@@ -57,7 +57,8 @@ def on_meta(fn):
 META = MetaConfig(epochs=1, batch_size=8, base_lr=0.01)
 VARIANTS = {"ift-fo": META, "ift-exact": replace(META, hessian="exact"), "ift-last-step": replace(META, ift_at="last-step"),
             "fomaml": replace(META, meta_grad="fomaml"), "valtbs": replace(META, val_stats="test-batch"),
-            "running-bn": replace(META, client_bn="running"), "eta-nonneg": replace(META, eta_nonneg=True)}
+            "running-bn": replace(META, client_bn="running"), "eta-nonneg": replace(META, eta_nonneg=True),
+            "sigmoid": replace(META, beta_output="sigmoid")}
 
 
 @pytest.mark.parametrize("nets", ["both", "bnnet", "lrnet"])

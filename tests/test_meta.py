@@ -137,6 +137,7 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old["meta"].pop("ift_at")
     old["meta"].pop("val_stats")
     old["meta"].pop("eta_nonneg")
+    old["meta"].pop("beta_output")
     old.pop("norm_bound"), old.pop("aggregator")  # untrusted-reply options, out of the id at their defaults
     for k in ("round_timeout", "min_answers", "round_retries"):  # failure handling, likewise
         old.pop(k)
@@ -203,3 +204,23 @@ def test_eta_nonneg_freezes_instead_of_ascending():
     (g,) = torch.autograd.grad(pos.sum(), lam["eta"])
     assert (g != 0).all()
     assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(eta_nonneg=True)).variant().endswith("-etapos")
+
+
+def test_sigmoid_beta_output_starts_at_beta_init_and_its_gradient_fades_where_the_clamp_s_does_not():
+    """--beta-output sigmoid: beta = sigmoid(BNNet), the output bias at logit(beta_init); unlike the straight-through
+    clamp, whose gradient is 1 however far past the bound the output runs, the sigmoid's is beta (1 - beta)."""
+    for b0 in (0.5, 0.9):
+        lam = init_lambda(3, 4, 5, 1e-3, "both", 0, beta_init=b0, beta_output="sigmoid")
+        assert torch.equal(lam["bnnet.0.bias"], torch.full((100,), b0))  # hidden biases: App. E's constant
+        beta, _ = hyperparameters(lam, torch.rand(3), torch.randn(4), 5, 1e-3, 1.0, beta_output="sigmoid")
+        assert torch.allclose(beta, torch.full((3,), b0), atol=0.05)  # "~beta_init", as App. E says of the clamp
+    lam = init_lambda(3, 4, 5, 1e-3, "both", 0)
+    lam["bnnet.2.bias"] = torch.tensor([4.0, 0.0, -4.0], requires_grad=True)  # outputs ~4, ~0, ~-4
+    xi, x = torch.rand(3), torch.randn(4)
+    (g_ste,) = torch.autograd.grad(hyperparameters(lam, xi, x, 5, 1e-3, 1.0)[0].sum(), lam["bnnet.2.bias"])
+    beta, _ = hyperparameters(lam, xi, x, 5, 1e-3, 1.0, beta_output="sigmoid")
+    (g_sig,) = torch.autograd.grad(beta.sum(), lam["bnnet.2.bias"])
+    assert torch.allclose(g_ste, torch.ones(3))  # straight-through: 1 even at raw 4, far past beta = 1
+    assert torch.allclose(g_sig, beta * (1 - beta)) and g_sig[0] < 0.02 and g_sig[1] == pytest.approx(0.25, abs=1e-3)
+    assert beta[0] > 0.98 and beta[2] < 0.02
+    assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid")).variant().endswith("-sigmoid")

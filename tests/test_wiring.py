@@ -209,6 +209,7 @@ DEFAULTS = [  # (config, field, default, where it is documented)
     (MetaConfig, "beta_init", 0.5, "App. E: BNNet bias 0.5"), (MetaConfig, "init_gain", 0.1, "App. E: Xavier gain 0.1"),
     (MetaConfig, "ift_at", "star", "meta-train --ift-at help"), (MetaConfig, "val_stats", "running", "the paper's Eq. 2"),
     (MetaConfig, "eta_nonneg", False, "eta~ unconstrained as in the authors' code; meta-train --eta-nonneg help"),
+    (MetaConfig, "beta_output", "ste-clamp", "App. E: clamp with a straight-through estimator; --beta-output help"),
     (meta_train.MetaTrainConfig, "keep", "best", "Alg. 1's server keeps the lowest mean validation loss"),
     (meta_train.MetaTrainConfig, "meta_opt", "fedavg", "Alg. 1: FedAvg of lambda"),
     (meta_train.MetaTrainConfig, "input_norm", "none", "the paper feeds raw statistics"),

@@ -40,7 +40,7 @@ class ClientResult:
 
 
 def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
-    return lambda lam: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg)
+    return lambda lam: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg, cfg.beta_output)
 
 
 def _finite(lam: Lambda) -> bool:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import mlp
-from .settings import HiddenBias
+from .settings import BetaOutput, HiddenBias
 
 Lambda = dict[str, Tensor]
 HIDDEN = 100
@@ -25,11 +25,12 @@ def clamp_ste(x: Tensor, lo: float, hi: float) -> Tensor:
 
 
 def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generator, gain: float = 0.1,
-             hidden_bias: str = "paper") -> Lambda:
+             hidden_bias: str = "paper", out_bias: float | None = None) -> Lambda:
     """3-layer MLP d_in -> 100 -> 100 -> d_out (`DIMS`); Xavier-normal (gain 0.1) weights and, as App. E and the
     authors' `weights_init` do, *every* bias set to the constant (0.5 BNNet, 1.0 LRNet). The constant hidden biases
     keep the hidden units active, so gradient reaches the input weights (with zero hidden biases only the output
-    bias learns). `hidden_bias="zero"` is the ablation that zeroes the hidden biases."""
+    bias learns). `hidden_bias="zero"` is the ablation that zeroes the hidden biases; `out_bias` (default: `bias`)
+    sets the output layer's bias alone."""
     if hidden_bias not in HIDDEN_BIAS:
         raise ValueError(f"hidden_bias must be one of {HIDDEN_BIAS}")
     out: Lambda = {}
@@ -39,7 +40,8 @@ def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generat
         std = gain * math.sqrt(2.0 / (a + b))
         out[wk] = torch.randn(b, a, generator=gen, device=gen.device) * std
         last = i == len(layers) - 2
-        out[bk] = torch.full((b,), float(bias) if last or hidden_bias == "paper" else 0.0, device=gen.device)
+        value = (bias if out_bias is None else out_bias) if last else (bias if hidden_bias == "paper" else 0.0)
+        out[bk] = torch.full((b,), float(value), device=gen.device)
     return out
 
 
@@ -54,27 +56,39 @@ def shapes(n_bn: int, n_x: int, n_params: int) -> dict[str, tuple[int, ...]]:
 
 
 def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, seed: int,
-                hidden_bias: str = "paper", beta_init: float = 0.5, gain: float = 0.1) -> Lambda:
+                hidden_bias: str = "paper", beta_init: float = 0.5, gain: float = 0.1,
+                beta_output: BetaOutput = "ste-clamp") -> Lambda:
     """nets: 'both', 'bnnet' (LRs fixed at base_lr) or 'lrnet' (beta fixed). beta_init: BNNet's bias constant
     (App. E: 0.5), hence every client's initial beta up to the small spread of the gain-0.1 weights. gain: the
-    weights' Xavier gain (App. E: 0.1; larger makes the outputs depend on the inputs from the start)."""
+    weights' Xavier gain (App. E: 0.1; larger makes the outputs depend on the inputs from the start). With
+    beta_output="sigmoid" BNNet's output bias is logit(beta_init), so the initial beta is still ~beta_init."""
     gen = torch.Generator().manual_seed(seed)
     lam: Lambda = {}
     if nets in ("both", "bnnet"):
-        lam |= init_mlp("bnnet", n_bn, n_bn, beta_init, gen, gain, hidden_bias)
+        out_bias = logit(beta_init) if beta_output == "sigmoid" else None
+        lam |= init_mlp("bnnet", n_bn, n_bn, beta_init, gen, gain, hidden_bias, out_bias)
     if nets in ("both", "lrnet"):
         lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen, gain, hidden_bias)
         lam["eta"] = torch.full((n_params,), float(base_lr), device=gen.device)
     return lam
 
 
+def logit(p: float, eps: float = 1e-3) -> float:
+    """The sigmoid's inverse, with p kept inside [eps, 1 - eps] (a beta_init of 0 or 1 starts at a finite bias)."""
+    p = min(max(p, eps), 1 - eps)
+    return math.log(p / (1 - p))
+
+
 def hyperparameters(lam: Lambda, xi: Tensor, x: Tensor, n_params: int, base_lr: float,
-                    fixed_beta: float, eta_nonneg: bool = False) -> tuple[Tensor, Tensor]:
+                    fixed_beta: float, eta_nonneg: bool = False,
+                    beta_output: BetaOutput = "ste-clamp") -> tuple[Tensor, Tensor]:
     """Eq. 4: beta = BNNet(xi) in [0,1]; eta = LRNet(x) in [0,1000] times eta~ (per parameter tensor). eta~ is a free
     parameter (as in the authors' code), so a tensor's eta can turn negative: gradient *ascent* on it. eta_nonneg
-    (not in the paper) clamps eta~ at 0, straight-through, so such a tensor is frozen instead (and counts as sparse)."""
+    (not in the paper) clamps eta~ at 0, straight-through, so such a tensor is frozen instead (and counts as sparse).
+    beta_output="sigmoid" (not the paper's default) maps BNNet's output through a logistic instead of the clamp."""
     if "bnnet.0.weight" in lam:
-        beta = clamp_ste(mlp.run(mlp.group(lam, "bnnet"), xi), *BETA_RANGE)
+        raw = mlp.run(mlp.group(lam, "bnnet"), xi)
+        beta = torch.sigmoid(raw) if beta_output == "sigmoid" else clamp_ste(raw, *BETA_RANGE)
     else:
         beta = xi.new_full((xi.numel(),), float(fixed_beta))
     if "lrnet.0.weight" in lam:

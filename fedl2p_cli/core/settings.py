@@ -17,6 +17,7 @@ Hessian = Literal["fo", "exact"]
 ClientBNMode = Literal["precise", "running"]      # how the client's statistics for evaluation are obtained
 EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes with the pretrained statistics at test time
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
+BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 Engine = Literal["local", "flower"]
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
@@ -76,6 +77,14 @@ class MetaConfig:
                            "meta-gradient pushes below 0 is frozen (counted as sparsity) instead of moved uphill by "
                            "gradient ascent. Not in the paper (the authors' eta~ is unconstrained). Variant suffix -etapos.",
                            flag=True, identity_default=True)
+    beta_output: BetaOutput = opt("ste-clamp", "How BNNet's output becomes beta in [0, 1]: ste-clamp = clamped, with a "
+                                  "straight-through (identity) gradient (App. E) | sigmoid = a logistic output, which "
+                                  "App. E reports trying (the same solution, more slowly). Not the paper's default: on "
+                                  "the planted cell the straight-through clamp let a saturated output keep growing "
+                                  "(BNNet's raw bn0 output 2-8 for every client, beta 1 for all), so clients whose "
+                                  "gradient asks for a lower beta there could not pull it back below 1; a sigmoid's "
+                                  "gradient fades as it saturates. Its output bias starts at logit(--beta-init), so "
+                                  "clients start at the same beta. Variant suffix -sigmoid.", identity_default=True)
 
     @property
     def meta_lrs(self) -> dict[str, float]:

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update
+from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, hyper_fn
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from .. import device
 from ..configs import MetaTrainConfig
 from ..core.config import validate
-from ..core.metanets import (Lambda, ServerAdam, hyperparameters, init_lambda, input_normalizer,
+from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
 from ..engine.rounds import run_rounds
@@ -82,8 +82,7 @@ class Context:
         seen = self.part.pool(False)
         n_p = len(self.theta_g)
         with torch.no_grad():
-            outs = [hyperparameters(lam, *self.inputs(c), n_p, self.cfg.meta.base_lr, self.cfg.meta.fixed_beta,
-                                    self.cfg.meta.eta_nonneg) for c in seen]
+            outs = [hyper_fn(*self.inputs(c), n_p, self.cfg.meta)(lam) for c in seen]
         beta = torch.stack([o[0] for o in outs])
         eta = torch.stack([o[1] for o in outs]).mean(0)
         dom = torch.as_tensor(self.part.domain[seen])
@@ -337,7 +336,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
 
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
     return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init,
-                       cfg.meta.init_gain)
+                       cfg.meta.init_gain, cfg.meta.beta_output)
 
 
 def config_from_dict(d: dict) -> MetaTrainConfig:
