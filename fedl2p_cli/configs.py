@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
-from .core.settings import Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
+from .core.settings import DEFAULT_META_LR, Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -197,6 +197,9 @@ class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
             name += "-etapos"
         if self.meta.beta_output == "sigmoid":
             name += "-sigmoid"
+        for group, lr in self.meta.meta_lrs.items():  # a meta-LR other than App. E's is part of the name
+            if lr != DEFAULT_META_LR[group]:
+                name += f"-{group}lr{lr:g}"
         if self.aggregator != "mean":
             name += "-" + {"median": "median", "trimmed-mean": "trim"}[self.aggregator]
         if self.norm_bound:

@@ -224,3 +224,5 @@ def test_sigmoid_beta_output_starts_at_beta_init_and_its_gradient_fades_where_th
     assert torch.allclose(g_sig, beta * (1 - beta)) and g_sig[0] < 0.02 and g_sig[1] == pytest.approx(0.25, abs=1e-3)
     assert beta[0] > 0.98 and beta[2] < 0.02
     assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid")).variant().endswith("-sigmoid")
+    named = meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid", lr_bnnet=0.004)).variant()
+    assert named.endswith("-sigmoid-bnnetlr0.004")  # a meta-LR other than App. E's is named too
