@@ -102,6 +102,16 @@ def _die(_ctx, c):
     return c
 
 
+def _slow_start():
+    import time
+    time.sleep(3)  # a worker whose start-up (importing torch, reading the store) takes longer than a round's timeout
+    return None
+
+
+def _echo(_ctx, c):
+    return c
+
+
 def _slow(_ctx, c):
     import time
     if c == 1:
@@ -134,3 +144,14 @@ def test_a_client_without_a_reply_within_the_timeout_is_a_failed_client():
         assert out[0] == 0 and out[2] == 2 and isinstance(out[1], Failed) and "no reply within 5 s" in out[1].reason
         assert pool.map([0, 2]) == [0, 2]
     assert time.time() - t0 < 90  # the hung worker (120 s) was not waited for
+
+
+def test_a_round_s_timeout_does_not_count_the_workers_start_up():
+    """The pool starts its workers (and their context) before any round: clients that answer at once are not failed
+    because their workers took longer than --round-timeout to start, neither at first nor after a restart."""
+    from fedl2p_cli.engine.workers import ClientPool
+    with ClientPool(2, _slow_start, (), _echo, None, timeout=2.0) as pool:
+        assert pool.map([0, 1, 2]) == [0, 1, 2]
+        pool.close()
+        pool.pool = pool._start()  # as after a hung or dead worker
+        assert pool.map([3, 4]) == [3, 4]

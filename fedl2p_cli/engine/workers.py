@@ -10,6 +10,8 @@ through multiprocessing's own channel; nothing is pickled to disk.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import time
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
@@ -39,6 +41,12 @@ def _run(task: Any) -> Any:
     return _UPDATE(_CONTEXT, task)
 
 
+def _ready() -> int:
+    """A no-op that holds its worker briefly, so that a batch of them spreads over every worker."""
+    time.sleep(0.05)
+    return os.getpid()
+
+
 class ClientPool:
     """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context` (an
     error there is a bug and propagates). With worker processes, a client whose worker dies (killed, out of memory),
@@ -49,9 +57,21 @@ class ClientPool:
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
                  timeout: float | None = None):
         self.update, self.local, self.timeout = update, local_context, timeout
-        self._start = lambda: ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                                  initargs=(build, args, update))
+        self.workers = workers
+        self._executor = lambda: ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
+                                                     initargs=(build, args, update))
         self.pool = self._start() if workers > 1 else None
+
+    def _start(self) -> ProcessPoolExecutor:
+        """A pool whose workers have all started and built their context, so that a round's timeout counts the
+        clients' updates and not the workers' start-up (importing torch, reading the store: seconds)."""
+        pool, seen, t0 = self._executor(), set(), time.monotonic()
+        try:
+            while len(seen) < self.workers and time.monotonic() - t0 < 600:
+                seen |= {f.result() for f in [pool.submit(_ready) for _ in range(self.workers)]}
+        except BrokenProcessPool:  # a worker that cannot start: a lazy pool, whose first round's clients fail and say so
+            pool = self._executor()
+        return pool
 
     def map(self, tasks: list[Any]) -> list[Any]:
         if self.pool is None:
