@@ -67,9 +67,8 @@ def decompose(
     (--layer-betas), overall and per domain -> summary.md/json."""
     art, reused = decompose_stage.run(cfg, options.store(store), personalize, force, render.RichProgress())
     s = json.loads(art.file("summary.json").read_text())
-    doms = list(s["by_domain"]) if len(s["by_domain"]) > 1 else []  # one column per domain where there are several
+    doms, cells = decompose_stage.domain_cells(s)  # one column per domain where there are several
     render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned", *doms],
-                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", f"{v['vs_learned']:+.2f}",
-                   *(f"{s['by_domain'][d][n]['mean']:.2f} ({s['by_domain'][d][n]['vs_learned']:+.2f})" for d in doms)]
+                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", f"{v['vs_learned']:+.2f}", *cells[n]]
                   for n, v in s["combinations"].items()])
     render.artifact_line("analyze", art.id, art.path, reused)

@@ -58,18 +58,25 @@ def summary(names: list[str], acc: np.ndarray, stored: dict[str, np.ndarray], do
             "stored": {k: {"mean": float(v.mean()), "sd": float(v.std())} for k, v in stored.items()}}
 
 
+def domain_cells(s: dict) -> tuple[list[str], dict[str, list[str]]]:
+    """The per-domain columns of a summary where it has several domains (none otherwise): the domains, and per
+    combination its cells, "accuracy (Δ vs learned)". Shared by summary.md and the command's table."""
+    doms = list(s["by_domain"]) if len(s["by_domain"]) > 1 else []
+    return doms, {n: [f"{s['by_domain'][d][n]['mean']:.2f} ({s['by_domain'][d][n]['vs_learned']:+.2f})" for d in doms]
+                  for n in s["combinations"]}
+
+
 def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, beta: np.ndarray, params: list[str]) -> str:
     lines = [f"{method} on {clients} {pool} clients: accuracy (%) mean ± SD over seeds, Δ paired vs the learned strategy", "",
              "| strategy | accuracy | Δ vs learned |", "|---|---|---|"]
     lines += [f"| {n} | {v['mean']:.2f} ± {v['sd']:.2f} | {v['vs_learned']:+.2f} ± {v['vs_learned_sd']:.2f} |"
               for n, v in s["combinations"].items()]
     lines += [f"| {methods.label(k)} (stored) | {v['mean']:.2f} ± {v['sd']:.2f} | |" for k, v in s["stored"].items()]
-    if len(s["by_domain"]) > 1:  # does a change help one kind of client and cost another?
-        doms = list(s["by_domain"])
+    doms, cells = domain_cells(s)
+    if doms:  # does a change help one kind of client and cost another?
         lines += ["", "By domain: accuracy (Δ vs learned, paired)", "", "| strategy | " + " | ".join(doms) + " |",
                   "|---|" + "---|" * len(doms)]
-        lines += [f"| {n} | " + " | ".join(f"{s['by_domain'][d][n]['mean']:.2f} ({s['by_domain'][d][n]['vs_learned']:+.2f})"
-                                         for d in doms) + " |" for n in s["combinations"]]
+        lines += [f"| {n} | " + " | ".join(c) + " |" for n, c in cells.items()]
     lines += ["", "Learned beta, mean per BN layer: " + " / ".join(f"{v:.2f}" for v in beta.mean(0)), "",
               "| tensor | learned eta / base LR: mean | min | max |", "|---|---|---|---|"]
     lines += [f"| {p} | {col.mean():.2f} | {col.min():.2f} | {col.max():.2f} |" for p, col in zip(params, ratio.T)]
