@@ -1,0 +1,152 @@
+"""FedBN as a fedl2p personalised-FL system: `fedl2p pfl-train --algo fedbn` trains it on a partition's seen
+clients -> fedbn.safetensors; `fedl2p personalize --methods fedbn` evaluates every client with its own model.
+
+What is stored: the shared (non-BN) weights under `shared.` and, under `local<c>.`, the BN layers of every client c
+that trained at least once. A client the federation never trained (an unseen client, or a seen one that sampling
+never picked) gets a model the paper does not define; here it starts from the shared weights and the trained
+clients' mean BN layers, trains only its BN affine parameters on its own train split (the system's own
+--local-epochs, --lr, --batch-size: what a FedBN client does in a round, restricted to what FedBN keeps local) and
+estimates its BN statistics on that split. The shared weights stay as the federation trained them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedl2p_cli import device
+from fedl2p_cli.algorithms.local import LocalConfig
+from fedl2p_cli.core.client import Timer
+from fedl2p_cli.core.functional import evaluate, get_state
+from fedl2p_cli.engine.loop import LoopState, generator, group_of, nest, sample_clients
+from fedl2p_cli.engine.rounds import in_process, run_rounds
+from fedl2p_cli.io import weights
+from fedl2p_cli.models import registry
+
+from . import fedbn
+
+SETTINGS = {"fedbn": ("local_epochs",)}
+FILE = "fedbn.safetensors"
+
+
+@dataclass
+class FedBNTask:
+    """A FedBN round's client: the server's shared weights and the client's own BN layers (None before its first
+    round: it starts from the model's initial ones)."""
+    client: int
+    shared: dict
+    local: dict | None
+    round: int
+
+
+class FedBNStrategy:
+    """FedBN (Alg. 1): every sampled client trains the whole model locally; the server averages the non-BN weights
+    and each client keeps its BN layers. The state: `shared.` plus `local<c>.` for every client that trained."""
+
+    def __init__(self, cfg, part):
+        self.cfg, self.part = cfg, part
+        self.label = f"pfl-train {cfg.algo}"
+        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.keys = fedbn.local_keys(self.model)
+        self.init_shared, self.init_local = fedbn.split(get_state(self.model), self.keys)
+        self.local_cfg = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+        self.seen = part.pool(False)
+        self.dev = device.current()
+        self.model.to(self.dev)
+
+    def initial_state(self) -> LoopState:
+        return LoopState(0, nest("shared", self.init_shared))
+
+    def stop(self, st: LoopState) -> bool:
+        return False
+
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[FedBNTask]:
+        shared = group_of(st.tensors, "shared")
+        return [FedBNTask(c, shared, group_of(st.tensors, f"local{c}") or None, rnd)
+                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
+
+    def client(self, task: FedBNTask):
+        x, y = self.part.client_on(task.client, self.dev).train
+        state, loss = fedbn.client_update(self.model, device.move(task.shared, self.dev),
+                                          device.move(task.local or self.init_local, self.dev), x, y, self.cfg.lr,
+                                          self.local_cfg, generator(self.cfg.seed, task.round, task.client))
+        return device.to_host(state), len(y), loss
+
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[FedBNTask], results: list, timer: Timer) -> dict:
+        shared, locals_ = fedbn.aggregate([(r[0], r[1]) for r in results], self.keys)
+        st.tensors = {k: v for k, v in st.tensors.items() if not k.startswith("shared.")} | nest("shared", shared)
+        for t, loc in zip(tasks, locals_):
+            st.tensors |= nest(f"local{t.client}", loc)
+        rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results]))}
+        if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
+            t = trained_of(st.tensors, sizes_of(self.part, self.seen))
+            data = {c: self.part.client_on(c, self.dev) for c in self.seen}
+            rec["val_acc"] = float(np.nanmean([client_accuracy(self.model, t, c, data[c], data[c].val, self.cfg,
+                                                               generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
+        return rec
+
+    def progress_info(self, rec: dict, st: LoopState) -> dict:
+        return {"loss": rec["train_loss"], "acc": rec.get("val_acc")}
+
+
+@dataclass
+class Trained:
+    """A trained FedBN: the shared weights, each trained client's BN layers, and their sample-weighted mean (where a
+    client FedBN never trained starts)."""
+    shared: dict
+    locals: dict[int, dict]
+    start: dict
+
+
+def trained_of(tensors: dict, sizes: dict[int, int]) -> Trained:
+    """The FedBN state in a flat state (a round's, or the artifact's); `sizes`: every client's train size."""
+    locals_ = {c: loc for c in sizes if (loc := group_of(tensors, f"local{c}"))}
+    start = fedbn.mean_local(list(locals_.values()), [sizes[c] for c in locals_])
+    return Trained(group_of(tensors, "shared"), locals_, start)
+
+
+def client_model(model: torch.nn.Module, t: Trained, c: int, data, cfg, gen: torch.Generator) -> dict:
+    """Client c's FedBN model on its data's device: its own BN layers if it trained, else BN layers trained and
+    estimated on its train split (module docstring)."""
+    dev = data.train[0].device
+    shared = device.move(t.shared, dev)
+    if c in t.locals:
+        return fedbn.state_of(shared, device.move(t.locals[c], dev))
+    local_cfg = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+    local, _ = fedbn.adapt_bn(model, shared, device.move(t.start, dev), *data.train, cfg.lr, local_cfg, gen)
+    return fedbn.state_of(shared, local)
+
+
+def client_accuracy(model: torch.nn.Module, t: Trained, c: int, data, split, cfg, gen: torch.Generator) -> float:
+    """Accuracy on `split` (a split of `data`) of client c's FedBN model; NaN for an empty split."""
+    if len(split[1]) == 0:
+        return float("nan")
+    state = client_model(model, t, c, data, cfg, gen)
+    model.eval()
+    return evaluate(model, state, *split)[1]
+
+
+def sizes_of(part, clients: list[int]) -> dict[int, int]:
+    return {c: part.client(c).n_train for c in clients}
+
+
+def train(cfg, part, ckpt, progress, draft) -> tuple[list[dict], dict]:
+    strategy = FedBNStrategy(cfg, part)
+    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
+    sizes = sizes_of(part, strategy.seen)
+    weights.save(draft.path(FILE), st.tensors, {"algo": cfg.algo, "model": cfg.model, "sizes": sizes})
+    trained = trained_of(st.tensors, sizes)
+    return st.history, {"algo": cfg.algo, "clients_trained": len(trained.locals), "local_tensors": len(strategy.keys)}
+
+
+def load(art, cfg, model: torch.nn.Module) -> Trained:
+    tensors, meta = weights.load_with_meta(art.file(FILE))
+    return trained_of(tensors, {int(c): n for c, n in meta["sizes"].items()})
+
+
+def accuracy(t, c: int, data, seed: int, steps: int) -> float:
+    """Client c's test accuracy under FedBN; a client it never trained adapts its BN layers first, on the batches of
+    personalisation seed `seed` (the same stream as the other methods')."""
+    return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, generator(seed, c, 7))
