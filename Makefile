@@ -4,10 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower docs docs-reference bench bench-gpu bench-accuracy bench-pfl clean-artifacts
+.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-accuracy bench-pfl clean-artifacts
 
 setup: $(STAMP)
-	@bash scripts/get-fmnist.sh || echo "(continuing: the tests do not need Fashion-MNIST)"
+	@$(BIN)/python -m fedl2p_cli.data.provision || echo "(continuing: the tests do not need Fashion-MNIST)"
 	@bash scripts/get-espeak.sh || echo "(continuing: only --dataset speech-synth needs espeak-ng)"
 
 $(STAMP): pyproject.toml
@@ -17,13 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-data:
-	@bash scripts/get-fmnist.sh
+data: $(STAMP)  # Fashion-MNIST (Debian's dataset-fashion-mnist, as `fedl2p` itself installs it when missing) and espeak-ng
+	@$(BIN)/python -m fedl2p_cli.data.provision
 	@bash scripts/get-espeak.sh || echo "(continuing: only --dataset speech-synth needs espeak-ng)"
 
 quickstart: $(STAMP) data  # feature shift over 7 domains, then the small planted-signal cell (the same pretrained model)
-	$(BIN)/fedl2p run pipelines/quickstart.toml
-	$(BIN)/fedl2p run pipelines/quickstart-planted.toml
+	$(BIN)/fedl2p run quickstart
+	$(BIN)/fedl2p run quickstart-planted
 
 test: $(STAMP)
 	@bash scripts/get-espeak.sh >/dev/null 2>&1 || echo "(espeak-ng missing: the synthetic-speech tests are skipped)"
@@ -48,6 +48,11 @@ docs: $(STAMP)
 
 docs-reference: $(STAMP)  # regenerate the CLI reference after changing an option (a test checks it is current)
 	$(BIN)/python -m fedl2p_cli.cli.reference > docs/reference/cli.md
+
+# an sdist and a wheel in dist/, checked by twine (what `pip install fedl2p` would get)
+dist: $(STAMP)
+	$(BIN)/pip install -q -e '.[release]'
+	rm -rf dist && $(BIN)/python -m build --outdir dist . && $(BIN)/twine check --strict dist/*
 
 bench: $(STAMP) data
 	$(BIN)/python bench/bench.py

@@ -9,8 +9,8 @@ Cells (each: meta-train on the seen pool, personalise seen and unseen pools, 3 s
 - unseen clients (Table 4 analogue): every cell's unseen pool, with meta-nets learned on the seen pool;
 - the planted-signal cell (issue 26) and the speakers of the embedded spoken-commands set.
 
-Each cell is declared by its pipeline files, pipelines/bench/CELL.toml and its extra groups CELL.GROUP.toml:
-`fedl2p run pipelines/bench/CELL.toml` builds (or reuses) the same artifacts this script does. Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
+Each cell is declared by its shipped pipeline files, bench/CELL and its extra groups bench/CELL.GROUP
+(fedl2p_cli/pipelines/bench/): `fedl2p run bench/CELL` builds (or reuses) the same artifacts this script does. Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
 named cells (default: all, most important first) in `--jobs` processes of one torch thread each, then writes
 bench/accuracy.md and bench/accuracy.json from whatever cells are complete. The oracle row picks, per client, the
 ft-tuned candidate with the best *test* accuracy: an upper bound on any per-client choice among those recipes, never
@@ -36,8 +36,8 @@ META_SEEDS = [0, 1, 2]     # meta-train seeds (meta-net init, client sampling, b
 EPOCHS = 5
 BASE_LR = 0.01
 
-BENCH = HERE.parent / "pipelines" / "bench"
-# The cells, each declared by its pipeline files (pipelines/bench/CELL.toml and its extra groups CELL.GROUP.toml):
+BENCH = HERE.parent / "fedl2p_cli" / "pipelines" / "bench"
+# The cells, each declared by its pipeline files (bench/CELL.toml and its extra groups CELL.GROUP.toml there):
 # what `fedl2p run` runs, once. Kind (how the report reads it) and alpha (its label in the tables):
 CELLS = {"fs-1000": ("feature", 1000.0), "fs-0.1": ("feature", 0.1), "ls-1000": ("label", 1000.0),
          "ls-0.1": ("label", 0.1), "ls-1": ("label", 1.0), "ls-0.5": ("label", 0.5), "planted": ("planted", 0.05),
@@ -56,8 +56,8 @@ def pipeline_file(cell: str, group: str | None = None) -> Path:
 def sections(cell: str, full: bool = True, group: str | None = None) -> dict:
     """The sections of a cell's pipeline file (without its learning and personalisation when not `full`). Meta-train
     workers (not part of any id) follow the process: 2, or 1 inside the cells' pool (a daemon may not start processes)."""
-    import tomllib
-    s = tomllib.loads(pipeline_file(cell, group).read_text())
+    from fedl2p_cli.stages.pipeline_files import resolve
+    s = resolve(pipeline_file(cell, group))  # its extends chain applied
     s = {k: v for k, v in s.items() if k not in ("name", "description")}
     if not full:
         return {k: v for k, v in s.items() if k not in ("meta-train", "pfl", "personalize")}

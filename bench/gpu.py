@@ -8,7 +8,7 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
   profiler, so the round's samples per second are reported instead), peak GPU memory;
 - client updates per second one at a time and with N worker processes sharing the GPU (`--workers N --device cuda`,
   the executor meta-training uses: same artifact id, each process one CUDA context);
-- the projected wall time of `pipelines/cifar10-a0.1-fedavg.toml` (500 pretraining rounds of 100 FedAvg clients,
+- the projected wall time of the shipped pipeline `cifar10-a0.1-fedavg` (500 pretraining rounds of 100 FedAvg clients,
   500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency.
 Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
 """

@@ -289,7 +289,9 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
             start(["flower-supernode", "--root-certificates", str(certs / "ca.crt"),
                    "--superlink", f"127.0.0.1:{link}", "--port", str(_free_ports(1)[0]),
                    "--max-retries", "2", "--node-config", f"site-dir='{tmp_path / f'site{sites[0]}'}'"], logs[3])
-        app = Path(__file__).resolve().parents[1] / "flower_app"
+        from fedl2p_cli.cli.main import run_cli
+        app = tmp_path / "app"
+        assert run_cli(["flower", "app", str(app)]) == 0  # the app as a deployment gets it: written out by fedl2p
         flwr_run = [str(bin_dir / "flwr"), "run", str(app), "loopback", "--run-config", str(tmp_path / "run.toml"), "--stream"]
         if killed:
             killed_at = _kill_serverapp_after_a_round(flwr_run, env, out, started[0].pid)

@@ -13,12 +13,37 @@ from ..configs import MetaTrainConfig
 from . import options, render
 from .generate import config_command
 
-app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `flwr run flower_app` against a SuperLink "
+app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `fedl2p flower app DIR` writes the Flower "
+                  "app, `flwr run DIR` runs it against a SuperLink "
                   "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
                   "authentication (`credentials` makes test credentials for a trial); Flower's insecure mode "
                   "(--insecure) sends everything in clear and lets anyone join: loopback only.", no_args_is_help=True)
 flower_app = options.Lazy("fedl2p_cli.stages.flower_app")
 meta_stage = options.Lazy("fedl2p_cli.stages.meta_train")
+
+
+APP = Path(__file__).resolve().parent.parent / "flower_app"  # package data: the app's pyproject.toml
+
+
+@app.command("app")
+def write_app(
+    out: Optional[Path] = typer.Argument(None, help="Folder to write the Flower app to (its pyproject.toml); without "
+                                         "it, print the installed app's folder.", show_default=False),
+) -> None:
+    """The Flower app that `flwr run` takes (a pyproject.toml naming fedl2p's ServerApp and ClientApp): written to
+    OUT for `flwr run OUT <connection>`, or, without OUT, the folder of the one installed with fedl2p printed."""
+    text = (APP / "pyproject.toml").read_text()
+    if out is None:
+        typer.echo(str(APP))
+        return
+    target = out / "pyproject.toml"
+    if target.exists() and target.read_text() != text:
+        raise FedL2PError(f"{target} exists and is not fedl2p's Flower app: give an empty or new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".pyproject.toml.tmp"
+    tmp.write_text(text)
+    tmp.replace(target)  # atomic: never a half-written app
+    render.console.print(f"Flower app: {out} (flwr run {out} <connection> --run-config RUN.toml)")
 
 
 @app.command("export-site")
@@ -51,7 +76,7 @@ def run_config(
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     store: Optional[Path] = options.STORE,
 ) -> None:
-    """Write OUT/run.toml for `flwr run flower_app <connection> --run-config OUT/run.toml`; the ServerApp writes
+    """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes
     OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
     meta_stage.check(cfg)
     rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out)

@@ -19,8 +19,17 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        typer.echo(f"fedl2p {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _global(threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
+def _global(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                         help="Print fedl2p's version and exit."),
+            threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
                                         help="Torch CPU threads per process. Default 1: torch's default (every core) slows "
                                         "small models down a lot when another process is busy, and the small CNN is no "
                                         "faster with two. Raise it for big models on an idle machine; use --workers to "
@@ -65,7 +74,7 @@ for _name, _fn, _short, _example in COMMANDS:
     app.command(_name, short_help=_short, epilog=f"Example: {_example}")(_fn)
 app.add_typer(analyze.app, name="analyze", short_help="6. Analyse the results (clusters of the learned strategies).")
 app.command("run", short_help="Run a pipeline file: every stage in order, reusing existing artifacts.",
-            epilog="Example: fedl2p run pipelines/quickstart.toml")(run)
+            epilog="Example: fedl2p run quickstart")(run)
 app.add_typer(artifacts.app, name="artifacts", short_help="See what the store holds and where it came from.")
 app.add_typer(flower.app, name="flower", short_help="Deploy meta-training across real sites with Flower.")
 

@@ -1,23 +1,42 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from ..errors import FedL2PError
+from ..stages import pipeline_files as files
 from . import options, personalize, render
 
 pipeline = options.Lazy("fedl2p_cli.stages.pipeline")
 
 
 def run(
-    file: Annotated[Path, typer.Argument(help="Pipeline TOML file (see pipelines/).", show_default=False)],
+    file: Annotated[Optional[str], typer.Argument(help="Pipeline TOML file, or the name of a shipped pipeline (--list).",
+                                                  show_default=False)] = None,
     force: Optional[str] = typer.Option(None, "--force", help="Re-run this stage and every later one even if their artifacts exist."),
     store: Optional[Path] = options.STORE,
+    list_: bool = typer.Option(False, "--list", help="List the shipped pipelines, one line each, and exit."),
+    show: bool = typer.Option(False, "--show", help="Print the pipeline as one self-contained file (its extends "
+                              "resolved) instead of running it: `fedl2p run --show quickstart > my.toml`."),
 ) -> None:
     """Run partition -> pretrain -> stats -> meta-train -> personalize -> analyze, reusing existing artifacts."""
-    p = pipeline.load(file, store)
+    if list_:
+        names = files.shipped()
+        width = max(len(n) for n, _ in names)
+        for n, f in names:  # plain lines, one a pipeline: greppable, never wrapped into a table's cells
+            typer.echo(f"{n:<{width}}  {files.description(f)}")
+        return
+    if file is None:
+        raise FedL2PError("give a pipeline file or a shipped pipeline's name (`fedl2p run --list` lists them)")
+    path = files.find(file)
+    if show:
+        sys.stdout.write(files.show(path))
+        return
+    p = pipeline.load(path, store)
     render.console.print(f"[bold]pipeline {p.name}[/bold] (store {p.store.root})")
     results = pipeline.run(p, force, render.RichProgress,
                            lambda r: render.artifact_line(f"{r.stage} [{r.label}]", r.artifact.id, r.artifact.path, r.reused))

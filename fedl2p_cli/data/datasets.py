@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from . import provision
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 ENV_DATA = "FEDL2P_DATA"
@@ -72,19 +73,18 @@ def _read_idx(path: Path) -> np.ndarray:
 
 
 def _find_fmnist(data_dir: Path | None) -> Path:
-    names = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
     if data_dir is not None and not data_dir.is_dir():  # an explicit folder is never silently replaced by another
         raise DataError(f"--data-dir {data_dir} does not exist")
-    if data_dir is not None:
-        candidates = [data_dir, data_dir / "fashion-mnist", data_dir / "FashionMNIST" / "raw"]
-    else:
-        candidates = [DEBIAN_FMNIST]
+    if data_dir is None:  # the Debian package's folder: installed now if it is missing and apt-get may be used
+        if provision.complete(DEBIAN_FMNIST) or provision.install_fmnist(DEBIAN_FMNIST):
+            return DEBIAN_FMNIST
+        raise DataError(provision.missing_line(DEBIAN_FMNIST))
+    candidates = [data_dir, data_dir / "fashion-mnist", data_dir / "FashionMNIST" / "raw"]
     for c in candidates:
-        if all((c / n).exists() or (c / f"{n}.gz").exists() for n in names):
+        if provision.complete(c):
             return c
-    looked = ", ".join(str(c) for c in candidates)
-    raise DataError(f"Fashion-MNIST not found (looked in {looked}); `apt-get install dataset-fashion-mnist` "
-                    "or pass --data-dir with the four IDX files")
+    raise DataError(f"Fashion-MNIST not found (looked in {', '.join(str(c) for c in candidates)}): put the four IDX "
+                    "files (train/t10k images/labels, .gz or not) in that folder")
 
 
 def load_fmnist(data_dir: Path | None = None, download: bool = False) -> Dataset:

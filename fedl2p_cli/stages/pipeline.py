@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -11,7 +10,7 @@ from .. import methods
 from ..artifacts import Artifact, Store
 from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
 from ..errors import DataError, FedL2PError
-from . import analyze, meta_train, partition, personalize, pfl, pretrain, stats
+from . import analyze, meta_train, partition, personalize, pfl, pipeline_files, pretrain, stats
 from .common import Progress
 
 ORDER = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze")
@@ -89,12 +88,7 @@ def _tables(value: Any, section: str, name: str) -> list[dict]:
 
 
 def load(path: Path, store_override: Path | None = None) -> Pipeline:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise FedL2PError(f"pipeline file not found: {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FedL2PError(f"pipeline {path} is not valid TOML: {e}") from None
+    data = pipeline_files.resolve(path)  # its `extends` chain applied
     unknown = [k for k in data if k not in ORDER and k not in ("store", "name", "description", "device")]
     if unknown:
         raise FedL2PError(f"pipeline {path}: unknown section '{unknown[0]}'; sections are: {', '.join(ORDER)}")
