@@ -59,8 +59,9 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def shipped() -> list[tuple[str, Path]]:
     """(name, file) of every shipped pipeline: its path under pipelines/ without .toml (`quickstart`,
     `bench/fs-0.1`). Files named _*.toml are bases other files extend, not pipelines of their own."""
-    files = sorted(SHIPPED.rglob("*.toml"), key=lambda f: (len(f.relative_to(SHIPPED).parts), str(f)))
-    return [(f.relative_to(SHIPPED).with_suffix("").as_posix(), f) for f in files if not f.name.startswith("_")]
+    named = [(f.relative_to(SHIPPED).with_suffix("").as_posix(), f) for f in SHIPPED.rglob("*.toml")
+             if not f.name.startswith("_")]
+    return sorted(named, key=lambda nf: (nf[0].count("/"), nf[0]))  # top level first; a cell before its groups
 
 
 def find(name_or_path: str) -> Path:
