@@ -73,8 +73,8 @@ def find(name_or_path: str) -> Path:
     for n, f in shipped():
         if n == name:
             return f
-    raise FedL2PError(f"pipeline '{name_or_path}' is neither a file nor a shipped pipeline (`fedl2p run --list` "
-                      "lists them)")
+    raise FedL2PError(f"pipeline file not found: {name_or_path} (nor is it a shipped pipeline's name: "
+                      "`fedl2p run --list` lists them)")
 
 
 def description(path: Path) -> str:
