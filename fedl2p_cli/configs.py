@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
-from .core.settings import DEFAULT_META_LR, Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
+from .core.settings import DEFAULT_ETA_BOUND, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -173,8 +173,15 @@ class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
             name += "-bnnet"
         elif self.nets == "lrnet":
             name += f"-lrnet-b{self.meta.fixed_beta:g}"
-        if self.meta.psi_power > 0 and self.meta.meta_grad == "ift":
-            name += "-psipow"
+        if self.meta.meta_grad == "ift":  # the Neumann series: psi = min(psi, 1/lambda_max), p scaled by psi
+            if self.meta.psi_power == 0:
+                name += "-psifixed"
+            elif self.meta.psi_power != DEFAULT_PSI_POWER:
+                name += f"-psipow{self.meta.psi_power}"
+            if not self.meta.scale_by_psi:
+                name += "-unscaled"
+            if self.meta.eta_bound != DEFAULT_ETA_BOUND:
+                name += f"-etab{self.meta.eta_bound:g}"
         if self.input_norm == "standardize":
             name += "-std"
         if self.meta_opt == "fedadam":

@@ -102,6 +102,9 @@ def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
     art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
     assert "round 2" in art.metrics["diverged"]
     assert art.metrics["rounds_run"] == 1
+    rows = list(csv.DictReader(open(art.file("history.csv"))))  # the diverged round is recorded and marked
+    assert [r["round"] for r in rows] == ["1", "2"] and not rows[0]["diverged"] and "val nan" in rows[1]["diverged"]
+    assert art.metrics["kept_round"] == 1 and "round 1" in art.metrics["kept"]
     lam = weights.load(art.file("lambda.safetensors"))
     # round 1 scored the only validation loss, so the kept lambda is the one broadcast in round 1: the initial one
     _, table = meta_train.stats_stage.load(tiny_store["store"], tiny_store["stats"].id)
@@ -226,3 +229,43 @@ def test_sigmoid_beta_output_starts_at_beta_init_and_its_gradient_fades_where_th
     assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid")).variant().endswith("-sigmoid")
     named = meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid", lr_bnnet=0.004)).variant()
     assert named.endswith("-sigmoid-bnnetlr0.004")  # a meta-LR other than App. E's is named too
+
+
+def _first_finetune(tiny_store, cfg):
+    """A seen client of the tiny store fine-tuned under the initial lambda, as a client update's first iteration."""
+    from fedl2p_cli.core.finetune import Strategy, finetune
+    store, mcfg = tiny_store["store"], meta_train.MetaTrainConfig(meta=cfg)
+    ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
+                                  tiny_store["stats"].id, mcfg)
+    c = ctx.part.pool(False)[0]
+    xi, x = ctx.inputs(c)
+    lam = meta_train.initial_lambda(mcfg, len(xi), len(x), len(ctx.theta_g))
+    hyper = fedl2p_alg.hyper_fn(xi, x, len(ctx.theta_g), cfg)
+    data, gen = ctx.part.client_on(c, torch.device("cpu")), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        beta, eta = hyper(lam)
+    ft = finetune(ctx.model, ctx.theta_g, *data.train, Strategy(beta, eta), ctx.stats.client_bn(c), cfg.epochs,
+                  cfg.batch_size, gen, cfg.client_bn)
+    return ctx, lam, hyper, data, ft, beta, eta, gen
+
+
+def test_default_ift_neumann_series_converges_on_a_real_client(tiny_store):
+    """Issue 43's cause: the paper's fixed psi = 0.1 times the top eigenvalue of H_T exceeds 2 on a small-cnn client,
+    so Alg. 2's series diverges (and with Q = 3 flips the sign of the eta~ hypergradient: eta~ ran away). The default
+    meta-gradient's psi keeps psi * lambda_max below 2, lambda_max measured here independently (30 power iterations
+    from a random start)."""
+    from fedl2p_cli.core import hypergrad
+    from fedl2p_cli.core.functional import random_batch
+    cfg = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01)
+    ctx, lam, hyper, data, ft, beta, eta, gen = _first_finetune(tiny_store, cfg)
+    mg = fedl2p_alg.meta_gradient(ctx.model, ft, lam, hyper, data, cfg, torch.Generator().manual_seed(1))
+    theta = {k: v.detach().requires_grad_(True) for k, v in ft.params.items()}
+    (xt, yt), (_, yv), same = data.train, data.val, torch.Generator().manual_seed(1)
+    random_batch(len(yv), cfg.batch_size, same)  # the validation batch meta_gradient drew, then its train batch
+    ti = random_batch(len(yt), cfg.batch_size, same)
+    lt = hypergrad.train_loss(ctx.model, theta, beta, eta, (xt[ti], yt[ti]), cfg.hessian)
+    g = torch.autograd.grad(lt, list(theta.values()), create_graph=True)
+    hvp = lambda u: hypergrad._grad(g, list(theta.values()), grad_outputs=u, retain_graph=True)  # noqa: E731
+    lam_max = hypergrad.top_eigenvalue(hvp, [torch.randn(t.shape, generator=gen) for t in theta.values()], 30)
+    assert cfg.psi * lam_max > 2  # this client's curvature is one where the paper's fixed psi diverges
+    assert 0 < mg.psi * lam_max < 2, (mg.psi, lam_max)

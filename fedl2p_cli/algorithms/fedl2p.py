@@ -14,9 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from ..core.client import ClientData, Timer
-from ..core.finetune import ClientBN, Strategy, finetune, personalized_accuracy
+from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params, random_batch
-from ..core.hypergrad import fomaml_gradient, ift_hypergradient
+from ..core.hypergrad import MetaGrad, fomaml_gradient, ift_hypergradient
 from ..core.settings import IftAt, MetaConfig
 from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
 
@@ -47,6 +47,29 @@ def _finite(lam: Lambda) -> bool:
     return all(torch.isfinite(v).all() for v in lam.values())
 
 
+def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data: ClientData, cfg: MetaConfig,
+                  gen: torch.Generator) -> MetaGrad:
+    """The meta-gradient of one iteration (Alg. 1 line 10) after fine-tuning `ft`, on one validation batch."""
+    (xt, yt), (xv, yv) = data.train, data.val
+    vi = random_batch(len(yv), cfg.batch_size, gen)
+    if cfg.meta_grad == "fomaml":
+        return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
+                               (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
+    last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
+    ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
+    return ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
+                             cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
+                             theta_train=ft.prev_params if last else None,
+                             inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats)
+
+
+def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:
+    """--eta-bound (IFT only): eta~ projected into [base LR / B, base LR x B] (see MetaConfig.eta_bound)."""
+    if cfg.meta_grad != "ift" or not cfg.eta_bound or "eta" not in lam:
+        return lam
+    return lam | {"eta": lam["eta"].clamp(cfg.base_lr / cfg.eta_bound, cfg.base_lr * cfg.eta_bound)}
+
+
 def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x: Tensor, bn0: ClientBN,
                   data: ClientData, cfg: MetaConfig, gen: torch.Generator, timer: Timer | None = None) -> ClientResult:
     timer = timer or Timer()
@@ -63,22 +86,12 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
                 first_val, _ = personalized_accuracy(model, ft.params, xv, yv, Strategy(beta, eta), ft.bn, cfg.batch_size,
                                                      cfg.val_stats)
             first = (beta, eta, ft.train_loss)
-        vi = random_batch(len(yv), cfg.batch_size, gen)
         with timer.section("hypergrad"):
-            if cfg.meta_grad == "ift":
-                last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
-                ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
-                mg = ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
-                                       cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
-                                       theta_train=ft.prev_params if last else None,
-                                       inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats)
-            else:
-                mg = fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                                     (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
+            mg = meta_gradient(model, ft, lam, hyper, data, cfg, gen)
         if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
             raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
-        reports.append(grad_report(mg.grads))
-        lam = sgd_update(lam, mg.grads, cfg.meta_lrs)
+        reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))  # the Neumann step the IFT took
+        lam = bound_eta(sgd_update(lam, mg.grads, cfg.meta_lrs), cfg)
     if not math.isfinite(first_val):
         raise Diverged(f"non-finite validation loss {first_val}")
     report = {k: sum(r[k] for r in reports) / len(reports) for k in reports[0]}

@@ -29,7 +29,10 @@ def meta_train(
 
 
 def show(m: dict) -> None:
-    if m.get("diverged"):
-        render.err_console.print(f"[yellow]warning:[/yellow] training diverged ({m['diverged']}); the best lambda so far was kept")
     render.table(f"meta-training ({m['variant']})", ["metric", "value"],
-                 [[k, v] for k, v in m.items() if k not in ("variant", "diverged")])
+                 [[k, v] for k, v in m.items() if k not in ("variant", "diverged", "kept")])
+    kept = m.get("kept", "the best lambda so far")
+    if m.get("diverged"):
+        render.err_console.print(f"[yellow]warning:[/yellow] training diverged in {m['diverged']}; kept {kept}")
+    elif "kept" in m:
+        render.console.print(f"kept {kept}")

@@ -41,6 +41,10 @@ def run(
     results = pipeline.run(p, force, render.RichProgress,
                            lambda r: render.artifact_line(f"{r.stage} [{r.label}]", r.artifact.id, r.artifact.path, r.reused))
     for r in results:
+        m = r.artifact.metrics
+        if r.stage == "meta-train" and m.get("diverged"):
+            render.err_console.print(f"[yellow]warning:[/yellow] meta-train [{r.label}] diverged in {m['diverged']}; "
+                                     f"kept {m.get('kept', 'the best lambda so far')}")
         if r.stage == "personalize":
             personalize.show(json.loads(r.artifact.file("summary.json").read_text()))
         if r.stage == "analyze":

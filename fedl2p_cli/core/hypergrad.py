@@ -37,6 +37,7 @@ class MetaGrad:
     grads: Lambda
     val_loss: float
     train_loss: float
+    psi: float = 0.0  # the Neumann step size the IFT used (0: FOMAML+, no series)
 
 
 def _leaves(d: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -98,9 +99,11 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     "last step" reading, theta_train = the parameters before the last fine-tuning step, so theta' = theta_star) while
     L_V is taken at theta_star; `inner_grad` (fo only) is that step's gradient, saving its forward-backward.
 
-    psi_power > 0 (not in the paper): estimate H_T's top eigenvalue by that many power iterations from dL_V/dtheta
-    and use psi = min(psi, 1/lambda_max). The series v <- (I - psi H) v diverges once psi * lambda_max > 2; measured on
-    the embedded data lambda_max is 70-145, so the paper's psi = 0.1 multiplies v by up to ~13 per term."""
+    psi_power > 0 (the default; not in the paper): estimate H_T's top eigenvalue by that many power iterations from
+    dL_V/dtheta and use psi = min(psi, 1/lambda_max). The series v <- (I - psi H) v diverges once psi * lambda_max > 2;
+    measured on small-cnn clients lambda_max is 60-560, so the paper's psi = 0.1 multiplies v by up to ~55 per term and,
+    with Q = 3 (odd), the top eigendirection's term 1 + (1-a) + (1-a)^2 + (1-a)^3 (a = psi * lambda_max) is large and
+    negative: the eta~ hypergradient then says "raise every LR" for every tensor, and eta~ runs away at the clip."""
     lam_l, theta_v = _leaves(lam), _leaves(theta_star)
     theta = theta_v if theta_train is None else _leaves(theta_train)
     th, lm = list(theta.values()), list(lam_l.values())
@@ -122,7 +125,7 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
         p = [psi * a for a in p]
     mixed = _grad(g_t, lm, grad_outputs=p)
     grads = {k: d - m for k, d, m in zip(lam_l, direct, mixed)}
-    return MetaGrad(grads, lv.item(), lt.item())
+    return MetaGrad(grads, lv.item(), lt.item(), psi)
 
 
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,

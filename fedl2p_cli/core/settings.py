@@ -21,6 +21,9 @@ BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes 
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 Engine = Literal["local", "flower"]
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
+DEFAULT_PSI_POWER = 5  # power iterations for psi = min(psi, 1/lambda_max): the Neumann series converges (not in the paper)
+DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
+LEGACY_IFT = {"psi_power": 0, "scale_by_psi": False}  # the paper's Alg. 2 literally: the IFT defaults before the fix
 
 
 @dataclass(kw_only=True)
@@ -34,12 +37,20 @@ class MetaConfig:
     base_lr: float = opt(1e-3, "Base fine-tuning LR: initial eta~ and the LR when LRNet is off.", POSITIVE)
     q: int = opt(3, "Q: Neumann-series terms of the inverse-Hessian approximation (Alg. 2).", NON_NEGATIVE)
     psi: float = opt(0.1, "psi: Neumann step size (Alg. 2).", POSITIVE)
-    psi_power: int = opt(0, "0: the paper's fixed psi. N > 0: estimate the top eigenvalue of the training-loss Hessian by "
-                         "N power iterations (N extra Hessian-vector products) and use psi = min(--psi, 1/lambda_max), so "
-                         "the Neumann series converges (not in the paper: measured lambda_max 70-145 here, where psi 0.1 "
-                         "made hypergradient norms reach 1e5-1e6 with 50-90% of entries clipped). Combine with "
-                         "--scale-by-psi: unscaled, p is ~1/psi = lambda_max times H^-1 v.", NON_NEGATIVE)
-    scale_by_psi: bool = opt(False, "Multiply p by psi as Lorraine et al. do (the paper's Alg. 2 does not).")
+    psi_power: int = opt(DEFAULT_PSI_POWER, "N > 0: estimate the top eigenvalue of the training-loss Hessian by N "
+                         "power iterations (N extra Hessian-vector products) and use psi = min(--psi, 1/lambda_max), so "
+                         "the Neumann series converges. 0: the paper's fixed psi, which diverges where psi * lambda_max "
+                         "> 2 (measured lambda_max 60-560 on small-cnn clients: the series then flips the sign of the "
+                         "eta~ hypergradient and eta~ runs away). Variant suffix -psifixed at 0.", NON_NEGATIVE)
+    eta_bound: float = opt(DEFAULT_ETA_BOUND, "IFT only: after each meta-step keep every eta~ within [base LR / B, base "
+                           "LR x B] (0: unbounded, the paper). Why: the converged IFT hypergradient of eta~ under Eq. 9-10 "
+                           "is ~ dL_V/dtheta . dL_T/dtheta per tensor, positive whenever training and validation gradients "
+                           "agree, so eta~ falls at the clip rate every step (measured: x0.73 in 3 rounds on the planted "
+                           "cell) and would turn negative (gradient ascent). Not in the paper. Variant suffix -etab<B> "
+                           "when not the default.", NON_NEGATIVE)
+    scale_by_psi: bool = opt(True, "Multiply p by psi as Lorraine et al. do (then p -> H^-1 v). --no-scale-by-psi: the "
+                             "paper's Alg. 2, whose unscaled p is ~lambda_max times H^-1 v once psi = 1/lambda_max. "
+                             "Variant suffix -unscaled.")
     meta_grad: MetaGrad = opt("ift", "ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F).")
     hessian: Hessian = opt("fo", "fo: Hessian of CE at theta' with the inner gradient held constant (second order, "
                            "~10x an SGD step) | exact: full Hessian of L_T of Eq. 9-10 (third order, ~30-40x).")

@@ -158,7 +158,7 @@ def import_run(store, out: Path) -> tuple:
     settings alone: it depends on the sites)."""
     import tomllib
     from ..artifacts import sha256_file
-    from .common import build_or_reuse, config_dict
+    from .common import build_or_reuse
     files = {n: out / n for n in ("run.toml", "lambda.safetensors", "history.csv")}
     missing = [n for n, p in files.items() if not p.is_file()]
     if missing:
@@ -173,8 +173,7 @@ def import_run(store, out: Path) -> tuple:
     want = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
     if {k: tuple(v.shape) for k, v in lam.items()} != {k: tuple(v.shape) for k, v in want.items()}:
         raise FedL2PError(f"{files['lambda.safetensors']} does not hold the meta-nets of this run config")
-    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine", "gpus_per_client")}
-    config |= {"variant": cfg.variant(), "deployment": {"sites": rc.get("sites"),
+    config = mt.identity(cfg) | {"deployment": {"sites": rc.get("sites"),
                                                          "lambda_sha256": sha256_file(files["lambda.safetensors"])}}
     with open(files["history.csv"]) as f:
         rounds = max(0, sum(1 for _ in f) - 1)

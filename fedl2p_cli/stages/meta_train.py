@@ -16,6 +16,7 @@ from ..core.client import Timer
 from .. import device
 from ..configs import MetaTrainConfig
 from ..core.config import validate
+from ..core.settings import LEGACY_IFT
 from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
@@ -31,6 +32,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
 
 NORM_PREFIX = "input_norm."
+NEW_IFT_ONLY = ("eta_bound",)  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
 
 
 def check(cfg: MetaTrainConfig) -> None:
@@ -96,6 +98,10 @@ class Context:
             top = name.split(".")[0]
             groups.setdefault(f"{top}-{kinds.get(top, '')}".rstrip("-"), []).append(float(e))
         rec |= {f"etagroup_{g}": float(np.mean(v)) for g, v in groups.items()}
+        base = self.cfg.meta.base_lr  # eta~ and eta start at the base LR: these read as growth factors
+        rec["eta_x"] = float(eta.mean()) / base
+        if "eta" in lam:
+            rec["etatilde_x"] = float(lam["eta"].mean()) / base
         return rec
 
 
@@ -206,9 +212,10 @@ class MetaStrategy:
     def aggregate(self, st: LoopState, rnd: int, tasks: list[MetaTask], done: list, timer: Timer) -> dict | None:
         done = [d if isinstance(d, MetaReply) else MetaReply(None, {}) for d in done]  # a site may send anything
         bad = [d.diverged for d in done if d.diverged]
-        if bad:
+        if bad:  # the round is recorded (marked in history.csv's `diverged` column); lambda stays what it was
             st.extra["diverged"] = f"round {rnd + 1}: {bad[0]}"
-            return None
+            return {"round": rnd + 1, "clients": len(done), "sampled": " ".join(str(t.client) for t in tasks),
+                    "diverged": "; ".join(bad)}
         for d in done:  # the clients' own time split, wherever they ran
             for k, v in d.times.items():
                 timer.add(k, float(v))
@@ -234,6 +241,8 @@ class MetaStrategy:
         return rec | {"aggregate_s": timer.t["aggregate"]}
 
     def progress_info(self, rec: dict, st: LoopState) -> dict:
+        if rec.get("diverged"):
+            return {"diverged in round": rec["round"], "kept": kept_round_text(self.cfg, st.extra, rec["round"] - 1)}
         return {"val": rec["val_loss"], "best": st.extra["best_val"]}
 
 
@@ -247,6 +256,19 @@ def kept_lambda(cfg: MetaTrainConfig, st: LoopState) -> Lambda:
     """The lambda the artifact keeps (--keep). Diverged in round 1: the best so far is the initial one (kept, with the
     warning in the metrics)."""
     return group_of(st.tensors, "lam" if cfg.keep == "last" and not st.extra["diverged"] else "best")
+
+
+def kept_round(cfg: MetaTrainConfig, extra: dict, rounds_run: int) -> int:
+    """The round whose lambda the artifact keeps: --keep last (no divergence) keeps the aggregate after the last
+    round run; otherwise the lambda broadcast in `best_round` (0: the initial lambda)."""
+    return rounds_run if cfg.keep == "last" and not extra.get("diverged") else int(extra.get("best_round") or 0)
+
+
+def kept_round_text(cfg: MetaTrainConfig, extra: dict, rounds_run: int) -> str:
+    r = kept_round(cfg, extra, rounds_run)
+    if cfg.keep == "last" and not extra.get("diverged"):
+        return f"round {r}'s aggregate (--keep last)"
+    return "the initial lambda" if r == 0 else f"the lambda broadcast in round {r} (lowest validation loss)"
 
 
 def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> tuple[Lambda, list[dict], dict]:
@@ -290,14 +312,22 @@ def summarize_rounds(history: list[dict], local_mode: bool) -> list[dict]:
              "train_loss": float(np.mean([h["train_loss"] for h in hs]))} for r, hs in sorted(by.items())]
 
 
+def identity(cfg: MetaTrainConfig) -> dict:
+    """The settings an artifact's id hashes (where it runs left out). FOMAML+ has no Neumann series: its id records
+    the IFT-only series options at the values every id held before their defaults changed, so FOMAML+ ids stay."""
+    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine", "gpus_per_client")}
+    if cfg.meta.meta_grad != "ift":
+        config["meta"] = {k: v for k, v in (config["meta"] | LEGACY_IFT).items() if k not in NEW_IFT_ONLY}
+    return config | {"variant": cfg.variant()}
+
+
 def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
         force: bool = False, resume: bool = True, progress: Progress | None = None) -> tuple[Artifact, bool]:
     check(cfg)
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine", "gpus_per_client")}
-    config |= {"variant": cfg.variant()}
+    config = identity(cfg)
 
     def build(draft: Draft) -> None:
         ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
@@ -318,18 +348,21 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})
         write_history(draft.path("history.csv"), history)
-        curve = summarize_rounds(history, cfg.local)
+        curve = summarize_rounds([h for h in history if not h.get("diverged")], cfg.local)
         draft.metrics = {"variant": cfg.variant(), "rounds_run": len(curve),
                          "first_val_loss": curve[0]["val_loss"] if curve else None,
                          "last_val_loss": curve[-1]["val_loss"] if curve else None,
                          "best_val_loss": min(h["val_loss"] for h in curve) if curve else None,
                          "best_round": extra.get("best_round"), "diverged": extra.get("diverged")}
+        if not cfg.local:
+            draft.metrics["kept_round"] = kept_round(cfg, extra, len(curve))
+            draft.metrics["kept"] = kept_round_text(cfg, extra, len(curve))
         if not curve:
             return
         from ..analysis.plots import learning_curves, meta_curves
         meta_curves(curve, draft.path("val_loss.png"))
         if not cfg.local:
-            learning_curves(history, part.domain_names, draft.path("learning.png"))
+            learning_curves(curve, part.domain_names, draft.path("learning.png"))
 
     return build_or_reuse(store, "meta-train", config, parents, build, force)
 
