@@ -21,7 +21,7 @@ BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes 
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 Engine = Literal["local", "flower"]
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
-DEFAULT_PSI_POWER = 5  # power iterations for psi = min(psi, 1/lambda_max): the Neumann series converges (not in the paper)
+DEFAULT_PSI_POWER = 5  # power iterations for psi = min(psi, 0.5/lambda_max): the Neumann series converges (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
 LEGACY_IFT = {"psi_power": 0, "scale_by_psi": False}  # the paper's Alg. 2 literally: the IFT defaults before the fix
 
@@ -38,7 +38,7 @@ class MetaConfig:
     q: int = opt(3, "Q: Neumann-series terms of the inverse-Hessian approximation (Alg. 2).", NON_NEGATIVE)
     psi: float = opt(0.1, "psi: Neumann step size (Alg. 2).", POSITIVE)
     psi_power: int = opt(DEFAULT_PSI_POWER, "N > 0: estimate the top eigenvalue of the training-loss Hessian by N "
-                         "power iterations (N extra Hessian-vector products) and use psi = min(--psi, 1/lambda_max), so "
+                         "power iterations (N extra Hessian-vector products) and use psi = min(--psi, 0.5/lambda_max), so "
                          "the Neumann series converges. 0: the paper's fixed psi, which diverges where psi * lambda_max "
                          "> 2 (measured lambda_max 60-560 on small-cnn clients: the series then flips the sign of the "
                          "eta~ hypergradient and eta~ runs away). Variant suffix -psifixed at 0.", NON_NEGATIVE)
@@ -49,7 +49,7 @@ class MetaConfig:
                            "cell) and would turn negative (gradient ascent). Not in the paper. Variant suffix -etab<B> "
                            "when not the default.", NON_NEGATIVE)
     scale_by_psi: bool = opt(True, "Multiply p by psi as Lorraine et al. do (then p -> H^-1 v). --no-scale-by-psi: the "
-                             "paper's Alg. 2, whose unscaled p is ~lambda_max times H^-1 v once psi = 1/lambda_max. "
+                             "paper's Alg. 2, whose unscaled p is ~lambda_max times H^-1 v once psi ~ 1/lambda_max. "
                              "Variant suffix -unscaled.")
     meta_grad: MetaGrad = opt("ift", "ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F).")
     hessian: Hessian = opt("fo", "fo: Hessian of CE at theta' with the inner gradient held constant (second order, "
