@@ -123,6 +123,7 @@ class Draft:
     parents: dict[str, str]
     tmp: Path
     metrics: dict = field(default_factory=dict)
+    plugins: list[dict] = field(default_factory=list)  # the plugins whose pieces made it (not part of the id)
 
     def path(self, name: str) -> Path:
         return self.tmp / name
@@ -143,6 +144,8 @@ class Draft:
             "metrics": self.metrics,
             "computed_on": describe(),  # where the work ran; not part of the id (see fedl2p_cli/device.py)
         }
+        if self.plugins:  # what must be installed to load it
+            manifest["plugins"] = self.plugins
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
         final = self.store.root / self.stage / self.id
         if final.exists():  # a concurrent or forced run: replace the old one as a whole
@@ -297,6 +300,9 @@ class Store:
             raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads {SCHEMA_VERSION}; re-run `fedl2p {stage}`")
         if verify:
             self.verify(art)
+            if manifest.get("plugins"):
+                from .plugins import check_available
+                check_available(manifest["plugins"], f"artifact {stage}/{aid}")
         return art
 
     @staticmethod

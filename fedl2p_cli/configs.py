@@ -22,6 +22,9 @@ WORKERS_HELP = ("Processes that run a round's clients in parallel, one torch thr
 ENGINE_HELP = ("Where the round's client updates run: local = this process (or --workers processes) | flower = Flower "
                "ClientApps in Flower's simulation runtime (Message API; --workers at a time; needs pip install "
                "'fedl2p[flower]'). The same artifact either way (bit for bit; not part of its id).")
+MODEL_HELP = ("small-cnn | resnet18-cifar | resnet18 (ImageNet layout) | resnet18-speech (1-channel log-mel "
+              "spectrograms) | package.module:factory (any torch nn.Module; its BatchNorm1d/2d layers become mixing BN, "
+              "checked to give the same outputs).<plugin-models>")
 GPUS_HELP = ("With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25 runs four ClientApps per GPU, "
              "on every GPU Ray sees). Not part of the artifact's id.")
 
@@ -33,7 +36,7 @@ class PartitionConfig:
                        "angles 0..180, CAFeMe's RMNIST analogue) | digits | digits-c | cifar10 | cifar10-c | image-folder | "
                        "speechcommands (the official Speech Commands V2 folder, 12 classes, one client per speaker) | "
                        "speech-synth (the same task spoken by synthetic espeak-ng speakers, generated here: not the real "
-                       "dataset).")
+                       "dataset).<plugin-datasets>")
     alpha: float = opt(0.1, "Dirichlet concentration of each client's label mix (> 0; 1000 is ~IID, 0.1 very skewed).",
                        POSITIVE)
     # added after partitions existed: left out of the id at their defaults, so existing partitions keep theirs
@@ -69,6 +72,8 @@ class PartitionConfig:
     # speech datasets: log-mel bins = frames of each one-second clip (the authors' code: 128 x 128 at 10 ms hops)
     spectrogram: int = opt(32, "Speech datasets: log-mel bins and frames per one-second clip (8..256; the authors' code "
                            "uses 128 x 128, 32 keeps the CPU benchmark practical).", between(8, 256), identity_default=True)
+    image_size: int | None = opt(None, "image-folder: resize every image to N x N pixels (default: keep the images' "
+                                 "size; they must all share one).", between(4))
     normalize: Normalize = opt("source", "Normalisation of generated domains (fmnist-c, digits-c, --corruptions): source = the "
                                "source dataset's constants, as the model's pretraining images are normalised, so the "
                                "clean domain is the pretraining distribution and each corruption is its shift alone | "
@@ -98,9 +103,8 @@ WORKERS_PRETRAIN = ("Processes that run a round's clients in parallel, one torch
 class PretrainConfig(FailureOptions):  # clients that fail: see FailureOptions
     """`fedl2p pretrain`: the global model's federated pretraining (or an imported state dict)."""
     algo: str = opt("fedavg", "fedavg | fedbabu (head frozen while training) | perfedavg-hf (Per-FedAvg, Hessian-free "
-                    "MAML steps).")
-    model: str = opt("small-cnn", "small-cnn | resnet18-cifar | resnet18 (ImageNet layout) | resnet18-speech (1-channel "
-                     "log-mel spectrograms).")
+                    "MAML steps).<plugin-pretrain-algos>")
+    model: str = opt("small-cnn", MODEL_HELP)
     rounds: int = opt(30, "Communication rounds.", AT_LEAST_1)
     fraction: float = opt(0.1, "Share r of the seen clients sampled per round.", FRACTION)
     local_epochs: int = opt(1, "Local epochs per round.", AT_LEAST_1)
@@ -221,8 +225,8 @@ class PFLConfig:
     """`fedl2p pfl-train`: another personalised-FL system trained on the seen clients."""
     algo: str = opt("pfedla", "pfedla (per-client hypernetworks aggregate every layer over all clients; CVPR 2022 "
                         "Alg. 1) | heurpfedla (the same, the --k layers with the largest self-weight kept local; Alg. 2) | "
-                        "cafeme (federated modulator gating a MAML-trained base model; SDM 2024).")
-    model: str = opt("small-cnn", "Base model (small-cnn, resnet18-cifar, ...).")
+                        "cafeme (federated modulator gating a MAML-trained base model; SDM 2024).<plugin-systems>")
+    model: str = opt("small-cnn", "Base model: " + MODEL_HELP)
     rounds: int = opt(100, "Communication rounds (pFedLA paper: 600 for 10 clients; CAFeMe: 1000).", AT_LEAST_1)
     fraction: float = opt(1.0, "Share of the seen clients per round (pFedLA: 1.0 with 10 clients; CAFeMe: 5 clients of "
                           "80, 0.0625).", FRACTION)
@@ -255,7 +259,7 @@ class PersonalizeConfig:
                              "on its own validation split; not in the paper, a stronger baseline), and meta-net variants "
                              "by name (fedl2p, l2p, fedl2p-fomaml, fedl2p-bnnet, fedl2p-lrnet-b1, ...; the newest artifact "
                              "of that variant), and the other personalised-FL systems pfedla, heurpfedla, cafeme (the "
-                             "newest `fedl2p pfl-train` artifact on this partition).")
+                             "newest `fedl2p pfl-train` artifact on this partition).<plugin-methods>")
     # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
     pfl_steps: int = opt(50, "CAFeMe: personalisation steps (Alg. 2) of every evaluated client before testing (paper: "
                          "50). pFedLA/HeurpFedLA are evaluated as trained (their Alg. 1 output) and have no model for "

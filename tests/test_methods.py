@@ -27,8 +27,6 @@ def test_the_builtin_methods():
     assert methods.get("fedl2p-tbs").name == "fedl2p" and methods.get("fedl2px") is None and methods.get("ft-bnx") is None
     assert not methods.get("l2p").supports("unseen") and not methods.get("pfedla").supports("unseen")
     assert methods.get("cafeme").supports("unseen") and methods.get("fedl2p-fomaml").supports("unseen")
-    with pytest.raises(ValueError, match="twice"):
-        methods.register(methods.HandMade("ft-bnc", "again"))
 
 
 def test_a_new_method_is_one_registration(tiny_store, tmp_path, monkeypatch):

@@ -4,13 +4,14 @@ the nn.Module passed in is only a reusable workspace, built once per run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from .. import plugins
 from ..core.functional import epochs_of_batches, get_state, mean_loss, random_batch, set_state
 
 State = dict[str, Tensor]
@@ -80,4 +81,24 @@ def perfedavg_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: f
     return get_state(model), mean_loss(losses)
 
 
-ALGORITHMS: dict[str, ClientFn] = {"fedavg": sgd_client, "fedbabu": sgd_client, "perfedavg-hf": perfedavg_client}
+@dataclass(frozen=True)
+class PretrainAlgo:
+    """A pretraining algorithm (`fedl2p pretrain --algo NAME`): one client's local update; the server averages the
+    clients' states by sample count. `freeze_head`: the classifier is not trained (FedBABU)."""
+    client: ClientFn
+    about: str = ""
+    freeze_head: bool = False
+    plugin: Any = None  # the plugins.Plugin that registered it
+
+
+_ALGORITHMS: dict[str, PretrainAlgo] = {}
+
+
+def add(name: str, algo: PretrainAlgo) -> None:
+    """Called by plugins.Registry.add_pretrain_algo (which refuses a name already taken)."""
+    _ALGORITHMS[name] = algo
+
+
+def algorithms() -> dict[str, PretrainAlgo]:
+    plugins.ensure()
+    return _ALGORITHMS

@@ -106,3 +106,21 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
         command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
         return command
     return wrap
+
+
+PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<plugin-pretrain-algos>": "pretrain-algo",
+                "<plugin-systems>": "system", "<plugin-methods>": "method"}
+
+
+def fill_plugin_help(cmd: Any, pieces: dict[str, list[str]]) -> None:
+    """Each option's `<plugin-KIND>` mark in its help becomes the plugins' pieces of that kind ({kind: ["name (plugin)",
+    ...]}), or nothing: a plugin's model, dataset or method is listed where the built-in ones are."""
+    for param in getattr(cmd, "params", []):
+        text = getattr(param, "help", None)
+        for mark, kind in PLUGIN_KINDS.items():
+            if text and mark in text:
+                text = text.replace(mark, f" From plugins: {', '.join(pieces[kind])}." if pieces.get(kind) else "")
+        if text is not None:
+            param.help = text
+    for sub in getattr(cmd, "commands", {}).values():
+        fill_plugin_help(sub, pieces)

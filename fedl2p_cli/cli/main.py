@@ -27,8 +27,14 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _global(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _global(ctx: typer.Context,
+            version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                          help="Print fedl2p's version and exit."),
+            plugin: Optional[list[str]] = typer.Option(None, "--plugin", metavar="MODULE",
+                                                       help="Load a plugin module (repeatable): its register(registry) adds "
+                                                       "models, datasets, methods, pFL systems or pretraining algorithms. "
+                                                       "Installed plugins (entry point group fedl2p.plugins) and "
+                                                       "FEDL2P_PLUGINS's load without it. See docs/guide/extending.md."),
             threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
                                         help="Torch CPU threads per process. Default 1: torch's default (every core) slows "
                                         "small models down a lot when another process is busy, and the small CNN is no "
@@ -52,9 +58,13 @@ def _global(version: bool = typer.Option(False, "--version", callback=_version, 
 
     from .. import device as dev
     from ..artifacts import LOCK_WAIT
+    from .. import plugins
+    from .generate import fill_plugin_help
     torch.set_num_threads(threads)
     LOCK_WAIT.timeout = lock_timeout
     dev.use(device or "auto", deterministic, explicit=device is not None)
+    plugins.load(plugin or [])
+    fill_plugin_help(ctx.find_root().command, plugins.pieces())
 # the stages in pipeline order, one line each in `fedl2p --help`, each help ending with an example
 COMMANDS = [
     ("partition", partition.partition, "1. Split a dataset into clients -> partition.h5.",

@@ -16,8 +16,11 @@ HEADER = ("# CLI reference\n\nGenerated from the command line itself by `python 
 
 
 def _root():
+    from .generate import fill_plugin_help
     from .main import app
-    return typer.main.get_command(app)
+    root = typer.main.get_command(app)
+    fill_plugin_help(root, {})  # the reference lists fedl2p's own pieces, whatever plugins this environment has
+    return root
 
 
 def _default(p) -> str:

@@ -36,6 +36,7 @@ class Dataset:
     domain_names: list[str] | None = None
     groups: torch.Tensor | None = None  # int64 [N]: naturally partitioned sources (a speaker per clip), one client each
     group_names: list[str] | None = None
+    note: str | None = None  # what loading did that the user should hear of (image-folder: kept or resized)
 
     def __len__(self) -> int:
         return int(self.labels.numel())
@@ -179,8 +180,9 @@ def load_cifar10_c(data_dir: Path | None, corruptions: list[str], severity: int)
 IMG_EXT = {".jpg", ".jpeg", ".png", ".bmp"}
 
 
-def load_image_folder(data_dir: Path | None, size: int = 64) -> Dataset:
-    """`ROOT/<domain>/<class>/<image>`; classes are the union of class folders, resized to `size`."""
+def load_image_folder(data_dir: Path | None, size: int | None = None) -> Dataset:
+    """`ROOT/<domain>/<class>/<image>`; classes are the union of class folders. Images keep their size (all must share
+    one) unless `size` is given: then each is resized to size x size."""
     if data_dir is None or not Path(data_dir).is_dir():
         raise DataError(f"image-folder needs --data-dir with ROOT/<domain>/<class>/<image> (got {data_dir})")
     from PIL import Image
@@ -189,7 +191,7 @@ def load_image_folder(data_dir: Path | None, size: int = 64) -> Dataset:
     classes = sorted({c.name for d in domains for c in (root / d).iterdir() if c.is_dir()})
     if not domains or not classes:
         raise DataError(f"no <domain>/<class>/ folders under {root}")
-    xs, ys, ds = [], [], []
+    xs, ys, ds, sizes = [], [], [], set()
     for di, d in enumerate(domains):
         for ci, c in enumerate(classes):
             folder = root / d / c
@@ -197,37 +199,24 @@ def load_image_folder(data_dir: Path | None, size: int = 64) -> Dataset:
                 continue
             for f in sorted(folder.iterdir()):
                 if f.suffix.lower() in IMG_EXT:
-                    img = Image.open(f).convert("RGB").resize((size, size))
-                    xs.append(np.asarray(img).transpose(2, 0, 1))
+                    img = Image.open(f).convert("RGB")
+                    sizes.add(img.size)
+                    xs.append(np.asarray(img if size is None else img.resize((size, size))).transpose(2, 0, 1))
                     ys.append(ci)
                     ds.append(di)
     if not xs:
         raise DataError(f"no images under {root}")
+    if size is None and len(sizes) > 1:
+        a, b = sorted(sizes)[:2]
+        raise DataError(f"image-folder: the images have {len(sizes)} sizes (e.g. {a[0]}x{a[1]} and {b[0]}x{b[1]}); pass "
+                        "--image-size N to resize every image to N x N")
     x = torch.from_numpy(np.stack(xs))
     mean, std = channel_stats(x)
-    return Dataset("image-folder", x, torch.tensor(ys), classes, mean, std, torch.tensor(ds), domains)
+    (w, h), = sizes if size is None else [(size, size)]
+    note = (f"kept {len(xs)} images at their size, {w}x{h}" if size is None else
+            f"resized {len(xs)} images ({len(sizes)} size{'s' if len(sizes) > 1 else ''}) to {size}x{size} (--image-size)")
+    return Dataset("image-folder", x, torch.tensor(ys), classes, mean, std, torch.tensor(ds), domains, note=note)
 
 
 def env_data_dir() -> Path | None:
     return Path(os.environ[ENV_DATA]) if ENV_DATA in os.environ else None
-
-
-DATASETS = ("fmnist", "fmnist-c", "fmnist-r", "digits", "digits-c", "cifar10", "cifar10-c", "image-folder")
-
-
-def load(name: str, data_dir: Path | None = None, download: bool = False, corruptions: list[str] | None = None,
-         severity: int = 3) -> Dataset:
-    """The clean source for `name` (the `-c` variants of fmnist/digits corrupt it later, in partition)."""
-    data_dir = data_dir or env_data_dir()
-    if name in ("fmnist", "fmnist-c", "fmnist-r"):
-        return load_fmnist(data_dir, download)
-    if name in ("digits", "digits-c"):
-        return load_digits_dataset()
-    if name == "cifar10":
-        return load_cifar10(data_dir, download)
-    if name == "cifar10-c":
-        return load_cifar10_c(data_dir, corruptions or CIFAR10C_TYPES[:10], severity)
-    if name == "image-folder":
-        return load_image_folder(data_dir)
-    raise DataError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
-

@@ -30,10 +30,12 @@ def _init(build: Callable[..., Any], args: tuple, update: Callable) -> None:
     _CONTEXT, _UPDATE = build(*args), update
 
 
-def on_device(spec: tuple[str, bool], build: Callable[..., Any], *args: Any) -> Any:
-    """`build(*args)` after choosing the parent's device: how a worker process or ClientApp makes the same choice."""
-    from .. import device
+def on_device(spec: tuple[str, bool], plugin_modules: list[str], build: Callable[..., Any], *args: Any) -> Any:
+    """`build(*args)` after choosing the parent's device and loading the parent's plugins: how a worker process or
+    ClientApp makes the same choice and knows the same models, datasets and methods."""
+    from .. import device, plugins
     device.use(*spec)
+    plugins.load(plugin_modules, "the parent process's plugins")
     return build(*args)
 
 
@@ -126,11 +128,11 @@ def open_pool(engine: str, workers: int, build: Callable[..., Any], args: tuple,
     (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time, each given
     `gpus_per_client` of a GPU). Every process computes on this process's device (`fedl2p --device`). A client
     that fails or gives no reply within `timeout` seconds comes back as `rounds.Failed`."""
-    from .. import device
+    from .. import device, plugins
     spec = device.spec()
     if engine == "flower" and gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
         spec = ("cuda", spec[1])
-    args = (spec, build, *args)
+    args = (spec, plugins.active(), build, *args)
     if engine == "flower":
         from .flower import FlowerPool
         return FlowerPool(workers, on_device, args, update, nodes, gpus_per_client, timeout)

@@ -1,9 +1,10 @@
 """The personalisation methods, one registered object each (`registry.py`): what `fedl2p personalize`, `analyze`,
-the pipeline and the benchmarks ask about a method. Importing this package registers the built-in ones."""
+the pipeline and the benchmarks ask about a method. The built-in ones (`builtin.py`) and a plugin's are registered by
+the plugin loader (fedl2p_cli/plugins.py) before the first question is answered."""
 
-from .registry import (HandMade, Learned, Method, System, Tuned, baselines, get, handmade, label, learned_of, names, register,
+from . import registry
+from .registry import (HandMade, Learned, Method, System, Tuned, baselines, get, handmade, label, learned_of, names,
                        systems)
-from .builtin import BUILTIN  # registers FT BN C/G/I, ft-tuned, FedL2P and L2P, pFedLA, HeurpFedLA, CAFeMe
 
-__all__ = ["BUILTIN", "HandMade", "Learned", "Method", "System", "Tuned", "baselines", "get", "handmade", "label", "learned_of", "names",
-           "register", "systems"]
+__all__ = ["HandMade", "Learned", "Method", "System", "Tuned", "baselines", "get", "handmade", "label", "learned_of",
+           "names", "registry", "systems"]

@@ -1,22 +1,25 @@
 """The built-in methods: the paper's hand-made baselines (Sec. 4), ft-tuned (ours, a stronger baseline), FedL2P and
-L2P (the paper's method and its local ablation), and the other personalised-FL systems (pFedLA, HeurpFedLA, CAFeMe)."""
+L2P (the paper's method and its local ablation), and the other personalised-FL systems (pFedLA, HeurpFedLA, CAFeMe).
+Registered by fedl2p_cli/builtin.py, through the same plugin registry as a user's methods."""
 
 from __future__ import annotations
 
 from ..core.selection import candidates
-from .registry import HandMade, Learned, System, Tuned, register
+from .registry import HandMade, Learned, System, Tuned
 
 SYSTEMS = "fedl2p_cli.stages.systems"  # the systems' training modules, imported when used
 
-BUILTIN = (
-    register(HandMade("ft-bnc", "FT (BN C)", beta=1.0)),    # the client's own statistics
-    register(HandMade("ft-bng", "FT (BN G)", beta=0.0)),    # the pretrained (global) statistics
-    register(HandMade("ft-bni", "FT (BN I)", beta=None)),   # each batch's statistics, also at test time
-    register(Tuned("ft-tuned", "FT tuned (val)", candidates=candidates)),
-    register(Learned("fedl2p", "FedL2P", family="fedl2p")),
-    register(Learned("l2p", "L2P", family="l2p", pools=("seen",))),  # a lambda per client it trained: none for others
+METHODS = (
+    HandMade("ft-bnc", "FT (BN C)", beta=1.0),    # the client's own statistics
+    HandMade("ft-bng", "FT (BN G)", beta=0.0),    # the pretrained (global) statistics
+    HandMade("ft-bni", "FT (BN I)", beta=None),   # each batch's statistics, also at test time
+    Tuned("ft-tuned", "FT tuned (val)", candidates=candidates),
+    Learned("fedl2p", "FedL2P", family="fedl2p"),
+    Learned("l2p", "L2P", family="l2p", pools=("seen",)),  # a lambda per client it trained: none for others
+)
+SYSTEMS_BUILTIN = (
     # per-client aggregation weights: a model for the clients it trained only
-    register(System("pfedla", "pFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla")),
-    register(System("heurpfedla", "HeurpFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla")),
-    register(System("cafeme", "CAFeMe", trainer=f"{SYSTEMS}.cafeme")),  # a modulator that personalises any client
+    System("pfedla", "pFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla"),
+    System("heurpfedla", "HeurpFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla"),
+    System("cafeme", "CAFeMe", trainer=f"{SYSTEMS}.cafeme"),  # a modulator that personalises any client
 )

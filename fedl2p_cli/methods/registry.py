@@ -1,12 +1,14 @@
 """One object per personalisation method: its name in --methods, its table label, how it is trained (or that it is
 hand-made), how it personalises a client, and which pools it has a model for. Adding a method is one module that
-builds such an object plus one `register` call; `personalize`, `analyze`, the pipeline and the benchmarks read it
+builds such an object plus one `registry.add_method` call in a plugin's `register(registry)` (fedl2p_cli/plugins.py); `personalize`, `analyze`, the pipeline and the benchmarks read it
 from here, never by comparing names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, ClassVar
+
+from .. import plugins
 
 POOLS = ("seen", "unseen")
 
@@ -60,35 +62,39 @@ class System(Method):
 _REGISTRY: dict[str, Method] = {}
 
 
-def register(method: Method) -> Method:
-    if method.name in _REGISTRY:
-        raise ValueError(f"method '{method.name}' is registered twice")
+def add(method: Method) -> None:
+    """Called by plugins.Registry.add_method / add_system (which refuse a name already taken): a plugin's
+    `register(registry)` is how a method is added, so that every process that loads the plugin has it."""
     _REGISTRY[method.name] = method
-    return method
+
+
+def _methods() -> dict[str, Method]:
+    plugins.ensure()
+    return _REGISTRY
 
 
 def names(kind: type = Method) -> tuple[str, ...]:
-    return tuple(m.name for m in _REGISTRY.values() if isinstance(m, kind))
+    return tuple(m.name for m in _methods().values() if isinstance(m, kind))
 
 
 def get(name: str) -> Method | None:
     """The method a name (or a learned variant's name) stands for; None if none."""
-    return _REGISTRY.get(name) or learned_of(name)
+    return _methods().get(name) or learned_of(name)
 
 
 def learned_of(variant: str) -> Learned | None:
     """The learned method a meta-train variant belongs to (the longest family that matches)."""
-    hits = [m for m in _REGISTRY.values() if isinstance(m, Learned) and m.matches(variant.removesuffix("-tbs"))]
+    hits = [m for m in _methods().values() if isinstance(m, Learned) and m.matches(variant.removesuffix("-tbs"))]
     return max(hits, key=lambda m: len(m.family), default=None)
 
 
 def baselines() -> tuple[str, ...]:
-    return tuple(m.name for m in _REGISTRY.values() if isinstance(m, HandMade) and m.baseline)
+    return tuple(m.name for m in _methods().values() if isinstance(m, HandMade) and m.baseline)
 
 
 def handmade() -> tuple[str, ...]:
     """Methods that need no trained artifact (hand-made strategies and their validation-tuned pick)."""
-    return tuple(m.name for m in _REGISTRY.values() if m.trained_by is None)
+    return tuple(m.name for m in _methods().values() if m.trained_by is None)
 
 
 def systems() -> tuple[str, ...]:

@@ -1,88 +1,131 @@
-"""Named model factories. Every BatchNorm is a `MixBN`, so all BN strategies share one code path."""
+"""Models by name: the registered ones (built-ins and plugins' `add_model`) or any `package.module:factory`. Every
+BatchNorm1d/2d of a model becomes a `MixBN` (models/bn_swap.py), so all BN strategies share one code path."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ..core.bn import MixBN, index_bn_layers
+from .. import plugins
+from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
 from ..errors import FedL2PError
+from .bn_swap import check_swap, plain_bn, replace_bn, require_bn
 
-
-def small_cnn(in_channels: int, num_classes: int, width: int = 16, act: type[nn.Module] = nn.ReLU,
-              pool: type[nn.Module] = nn.MaxPool2d) -> nn.Module:
-    """Three conv-BN-act blocks and a linear head: the CPU model of the embedded benchmark."""
-    w = [width, 2 * width, 4 * width]
-
-    def block(cin: int, cout: int) -> list[nn.Module]:
-        return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), MixBN(cout), act()]
-
-    return nn.Sequential(
-        *block(in_channels, w[0]), pool(2),
-        *block(w[0], w[1]), pool(2),
-        *block(w[1], w[2]), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(w[2], num_classes),
-    )
-
-
-def tiny_smooth(in_channels: int, num_classes: int) -> nn.Module:
-    """A smooth (Softplus, AvgPool) model small enough for float64 finite differences and dense Hessians."""
-    return nn.Sequential(
-        nn.Conv2d(in_channels, 3, 3, padding=1, bias=True), MixBN(3), nn.Softplus(), nn.AvgPool2d(2),
-        nn.Conv2d(3, 4, 3, padding=1, bias=False), MixBN(4), nn.Softplus(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(4, num_classes),
-    )
-
-
-def resnet18(in_channels: int, num_classes: int, cifar: bool) -> nn.Module:
-    from torchvision.models import resnet18 as tv_resnet18
-    m = tv_resnet18(num_classes=num_classes, norm_layer=MixBN)
-    if cifar:  # App. D: 3x3 stride-1 first conv, no max-pool
-        m.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
-        m.maxpool = nn.Identity()
-    elif in_channels != 3:
-        m.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-    return m
+HEAD_ATTR = "_fedl2p_head"  # a declared classifier's module name, kept on the built model
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    factory: Callable[[int, int], nn.Module]
-    about: str
+    factory: Callable[..., nn.Module]
+    about: str = ""
+    head: str | None = None      # the classifier's module name; None: the last nn.Linear
+    plugin: Any = None           # the plugins.Plugin that registered it
 
 
-MODELS: dict[str, ModelSpec] = {
-    "small-cnn": ModelSpec(small_cnn, "3 conv-BN-ReLU blocks (16/32/64 ch) + linear; CPU-friendly"),
-    "resnet18-cifar": ModelSpec(lambda c, k: resnet18(c, k, cifar=True), "ResNet-18, 3x3 stem, no max-pool (paper, CIFAR)"),
-    "resnet18": ModelSpec(lambda c, k: resnet18(c, k, cifar=False), "ResNet-18, ImageNet layout (for --init torchvision weights)"),
-    "resnet18-speech": ModelSpec(lambda c, k: resnet18(c, k, cifar=False),
-                                 "ResNet-18 for 1-channel log-mel spectrograms, ImageNet stem (paper, Speech Commands; "
-                                 "for --spectrogram 128)"),
-    "tiny-smooth": ModelSpec(tiny_smooth, "tiny Softplus/AvgPool model for float64 gradient checks"),
-}
+_MODELS: dict[str, ModelSpec] = {}
 
 
-def head_prefix(model: nn.Module) -> str:
-    """Parameter-name prefix of the classifier (the last Linear layer): what FedBABU freezes."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if not names:
-        raise FedL2PError("the model has no linear classifier")
-    return names[-1] + "."
+def add(name: str, spec: ModelSpec) -> None:
+    """Called by plugins.Registry.add_model (which refuses a name already taken)."""
+    _MODELS[name] = spec
+
+
+def models() -> dict[str, ModelSpec]:
+    plugins.ensure()
+    return _MODELS
+
+
+def names() -> tuple[str, ...]:
+    return tuple(models())
 
 
 def spec(name: str) -> ModelSpec:
-    if name not in MODELS:
-        raise FedL2PError(f"unknown model '{name}'; choose one of: {', '.join(MODELS)}")
-    return MODELS[name]
+    if name in models():
+        return _MODELS[name]
+    if ":" in name:
+        return ModelSpec(_import_factory(name), name)
+    raise FedL2PError(f"unknown model '{name}' (--model); choose one of: {', '.join(_MODELS)}, or package.module:factory")
 
 
-def build(name: str, in_channels: int, num_classes: int, seed: int = 0) -> nn.Module:
+def _import_factory(ref: str) -> Callable[..., nn.Module]:
+    module, _, attr = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except Exception as e:  # noqa: BLE001 - ImportError, AttributeError, or the module's own error
+        raise FedL2PError(f"--model {ref}: cannot load it ({e.__class__.__name__}: {e})") from None
+    if not callable(fn):
+        raise FedL2PError(f"--model {ref}: '{attr}' is not callable")
+    return fn
+
+
+def _call(factory: Callable[..., nn.Module], in_channels: int, num_classes: int) -> nn.Module:
+    """`factory` with `in_channels=` and `num_classes=` where it takes them (a **kwargs factory, such as torchvision's,
+    gets num_classes)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kw = {"in_channels": in_channels} if "in_channels" in params else {}
+    kw |= {"num_classes": num_classes} if "num_classes" in params or var_kw else {}
+    return factory(**kw)
+
+
+def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
+          input_shape: tuple[int, ...] | None = None) -> nn.Module:
+    """The model `name` for this many input channels and classes, initialised from `seed`, its BN layers mixing BN.
+    With `input_shape` ([C, H, W] of one input), a model with its own BatchNorm layers is checked on it: the swap keeps
+    its eval outputs, and it outputs one score per class."""
+    s = spec(name)
     torch.manual_seed(seed)
-    return use_double_backward_convs(index_bn_layers(spec(name).factory(in_channels, num_classes)))
+    model = _call(s.factory, in_channels, num_classes)
+    if not isinstance(model, nn.Module):
+        raise FedL2PError(f"model '{name}': its factory returned {type(model).__name__}, not a torch nn.Module")
+    require_bn(model, name)
+    if plain_bn(model):
+        if input_shape is not None:
+            example = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
+            check_swap(model, example, name)
+            _check_classes(model, example, num_classes, name)
+        replace_bn(model)
+    if s.head is not None:
+        _declared_head(model, s.head, name)
+        setattr(model, HEAD_ATTR, s.head)
+    return use_double_backward_convs(index_bn_layers(model))
+
+
+def _check_classes(model: nn.Module, example: torch.Tensor, num_classes: int, name: str) -> None:
+    with torch.no_grad():
+        out = model.eval()(example)
+    model.train()
+    if tuple(out.shape) != (len(example), num_classes):
+        raise FedL2PError(f"model '{name}' outputs shape {tuple(out.shape)} for {len(example)} inputs; the partition has "
+                          f"{num_classes} classes (does its factory take num_classes?)")
+
+
+def _declared_head(model: nn.Module, head: str, name: str) -> None:
+    try:
+        model.get_submodule(head)
+    except AttributeError:
+        raise FedL2PError(f"model '{name}' declares head '{head}', which is not one of its modules") from None
+
+
+def head_prefix(model: nn.Module) -> str:
+    """Parameter-name prefix of the classifier (declared at registration, else the last Linear layer): what FedBABU
+    freezes and --reset-head replaces."""
+    declared = getattr(model, HEAD_ATTR, None)
+    if declared:
+        return declared + "."
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not names:
+        raise FedL2PError("the model has no nn.Linear classifier; declare its head: registry.add_model(..., head='name')")
+    return names[-1] + "."
 
 
 def param_names(model: nn.Module) -> list[str]:
@@ -91,5 +134,3 @@ def param_names(model: nn.Module) -> list[str]:
 
 def get_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-

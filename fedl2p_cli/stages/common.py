@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import dataclasses
 from typing import Any, Callable, Protocol
 
@@ -52,6 +53,26 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING else f.default
 
 
+# config keys that name registered pieces, and the kinds of piece they name
+PIECES = {"dataset": ("dataset",), "model": ("model",), "algo": ("pretrain-algo", "system"), "methods": ("method",)}
+
+
+def plugin_records(store: Store, config: dict, parents: dict[str, str]) -> list[dict]:
+    """The plugins an artifact is made with: those owning a piece its config names, and its parents'."""
+    from .. import plugins
+    names: dict[str, list[str]] = {}
+    for key, kinds in PIECES.items():
+        values = config.get(key)
+        for kind in kinds:
+            names.setdefault(kind, []).extend(v for v in (values if isinstance(values, list) else [values]) if isinstance(v, str))
+    out = {r["module"]: r for r in plugins.used(names)}
+    for key, aid in parents.items():
+        path = store.root / key.split(":")[0] / aid / "manifest.json"
+        if path.is_file():
+            out |= {r["module"]: r for r in json.loads(path.read_text()).get("plugins", [])}
+    return list(out.values())
+
+
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],
                    build: Callable[[Draft], None], force: bool = False) -> tuple[Artifact, bool]:
     """Return the artifact for these inputs, building it (atomically) only if it does not exist."""
@@ -62,6 +83,7 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
         if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
             return store.load(stage, aid), True
         draft = store.draft(stage, config, parents)
+        draft.plugins = plugin_records(store, config, parents)
         try:
             build(draft)
             return draft.publish(), False

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .. import device
+from .. import device, plugins
 from ..algorithms.fedl2p import MetaConfig, client_update
 from ..core.client import ClientData
 from ..core.finetune import ClientBN
@@ -64,7 +64,7 @@ def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites
     c = art.config
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
             "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
-            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id}
+            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.active()}
     return {"meta-train": json.dumps(dataclasses.asdict(cfg)), "model": json.dumps(spec),
             "model-file": str((out / "model.safetensors").resolve()), "sites": sites, "out": str(out.resolve())}
 
@@ -82,6 +82,7 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
     """One site's meta-train client update, from its own data and statistics, on the site's own device (`where`:
     the SuperNode's node-config `device`, else its FEDL2P_DEVICE, else auto). The reply goes back from the CPU."""
     torch.set_num_threads(1)
+    plugins.load(spec.get("plugins", []), "the run config's plugins")  # a site knows the server's models
     dev = device.resolve(where)
     c, data = load_site(folder)
     model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,23 +12,19 @@ from ..artifacts import Artifact, Draft, Store
 from ..configs import PartitionConfig
 from ..core.config import validate
 from ..data import corruptions as corr
-from ..data import datasets, speech, synth_speech
+from ..data import datasets, sources, speech
 from ..data.partition import ClientSplit, choose_unseen, dirichlet_partition, label_entropy, shards_partition, split_client
 from ..errors import FedL2PError
 from ..io import partition_h5
 from .common import build_or_reuse, config_dict
 
-GENERATED = {"fmnist-c": "fmnist", "digits-c": "digits", "fmnist-r": "fmnist"}
-SPEECH = ("speechcommands", "speech-synth")  # naturally partitioned: one client per speaker
-
-
 def default_domains(dataset: str) -> list[str]:
-    return corr.ROTATION_DOMAINS if dataset == "fmnist-r" else corr.DEFAULT_DOMAINS
+    return list(sources.get(dataset).domains or corr.DEFAULT_DOMAINS)
 
 
 def generates(cfg: PartitionConfig) -> bool:
     """Whether this partition's domains are corruptions generated here (their pixels made at partition time)."""
-    return cfg.dataset in GENERATED or (cfg.corruptions is not None and cfg.dataset in ("fmnist", "digits", "cifar10"))
+    return sources.get(cfg.dataset).generates(cfg.corruptions)
 
 
 def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
@@ -145,17 +139,20 @@ def summary(p: partition_h5.Partition) -> dict:
 def check(cfg: PartitionConfig) -> None:
     """Reject bad input before anything is read or written."""
     validate(cfg)
-    if cfg.dataset not in datasets.DATASETS + SPEECH:
-        raise FedL2PError(f"unknown dataset '{cfg.dataset}'; choose one of: {', '.join(datasets.DATASETS + SPEECH)}")
-    if cfg.dataset in SPEECH:
+    src = sources.get(cfg.dataset)
+    for opt in sources.OPTIONS:
+        if getattr(cfg, opt) is not None and opt not in src.options:
+            raise FedL2PError(f"--{opt.replace('_', '-')} does not apply to --dataset {cfg.dataset}")
+    if src.speakers:
         check_speech(cfg)
         return
-    if cfg.dataset in GENERATED or (cfg.corruptions and cfg.dataset != "cifar10-c"):
+    if src.domains is not None or (cfg.corruptions and not src.corruption_files):
         corr.check(cfg.corruptions or default_domains(cfg.dataset), cfg.severity)
-    elif cfg.dataset == "cifar10-c":
-        bad = [c for c in cfg.corruptions or [] if c not in datasets.CIFAR10C_TYPES]
+    elif src.corruption_files:
+        bad = [c for c in cfg.corruptions or [] if c not in src.corruption_files]
         if bad:
-            raise FedL2PError(f"unknown CIFAR-10-C corruption '{bad[0]}'; choose from: {', '.join(datasets.CIFAR10C_TYPES)}")
+            raise FedL2PError(f"unknown {cfg.dataset} corruption '{bad[0]}' (--corruptions); choose from: "
+                              f"{', '.join(src.corruption_files)}")
 
 
 def check_speech(cfg: PartitionConfig) -> None:
@@ -173,17 +170,8 @@ def check_speech(cfg: PartitionConfig) -> None:
 
 
 def load_source(cfg: PartitionConfig) -> datasets.Dataset:
-    """The dataset a partition is drawn from (speech: the chosen speakers' features, synthesised first if asked)."""
-    data_dir = Path(cfg.data_dir) if cfg.data_dir else None
-    if cfg.dataset not in SPEECH:
-        return datasets.load(GENERATED.get(cfg.dataset, cfg.dataset), data_dir, cfg.download, cfg.corruptions, cfg.severity)
-    seen, unseen = cfg.speakers()
-    if cfg.dataset == "speechcommands":
-        data_dir = data_dir or datasets.env_data_dir()
-        return speech.load_speech_commands(data_dir, seen, unseen, cfg.spectrogram, cfg.seed)
-    with tempfile.TemporaryDirectory(prefix="fedl2p-speech-") as tmp:  # a quarter more speakers than chosen per pool
-        synth_speech.generate(Path(tmp), math.ceil(1.25 * seen), math.ceil(1.25 * unseen), cfg.seed)
-        return speech.load_speech_commands(Path(tmp), seen, unseen, cfg.spectrogram, cfg.seed, name="speech-synth")
+    """The dataset a partition is drawn from, as its registered source loads it (--data-dir, else FEDL2P_DATA)."""
+    return sources.load(cfg, Path(cfg.data_dir) if cfg.data_dir else datasets.env_data_dir())
 
 
 def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False) -> tuple[Artifact, bool]:
@@ -191,14 +179,15 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
     excluded = None
     if cfg.exclude:
         ex_art, ex = load(store, cfg.exclude)
-        if GENERATED.get(ex.dataset, ex.dataset) != GENERATED.get(cfg.dataset, cfg.dataset):
+        if _base(ex.dataset) != _base(cfg.dataset):
             raise FedL2PError(f"--exclude {ex_art.id} partitions '{ex.dataset}', not the same source images as '{cfg.dataset}'")
         cfg.exclude, excluded = ex_art.id, ex.source_index.numpy()
 
     def build(draft: Draft) -> None:
-        part = build_partition(cfg, load_source(cfg), excluded)
+        ds = load_source(cfg)
+        part = build_partition(cfg, ds, excluded)
         partition_h5.write(draft.path("partition.h5"), part)
-        draft.metrics = summary(part)
+        draft.metrics = summary(part) | ({"source": ds.note} if ds.note else {})
         if plot:
             from ..analysis.plots import label_mix_heatmap
             label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
@@ -206,7 +195,16 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
     # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
     # built before the option existed, keep their ids with --normalize partition)
     quiet = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
+    # --image-size came later: the size a source resized to before it (image-folder: 64) keeps those artifacts' ids,
+    # and any other choice (keeping the images' size included) is a new one
+    if cfg.image_size == sources.get(cfg.dataset).resized_before:
+        quiet += ("image_size",)
     return build_or_reuse(store, "partition", config_dict(cfg, exclude=("data_dir", "download", *quiet)), {}, build, force)
+
+
+def _base(dataset: str) -> str:
+    """The source whose images a dataset holds (fmnist-c: fmnist); an unregistered one is its own."""
+    return sources.get(dataset).base() if dataset in sources.names() else dataset
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, partition_h5.Partition]:

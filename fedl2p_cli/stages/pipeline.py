@@ -89,13 +89,19 @@ def _tables(value: Any, section: str, name: str) -> list[dict]:
 
 def load(path: Path, store_override: Path | None = None) -> Pipeline:
     data = pipeline_files.resolve(path)  # its `extends` chain applied
-    unknown = [k for k in data if k not in ORDER and k not in ("store", "name", "description", "device")]
+    unknown = [k for k in data if k not in ORDER and k not in ("store", "name", "description", "device", "plugins")]
     if unknown:
         raise FedL2PError(f"pipeline {path}: unknown section '{unknown[0]}'; sections are: {', '.join(ORDER)}")
     for need in ("partition", "pretrain"):
         if need not in data:
             raise FedL2PError(f"pipeline {path} has no [{need}] section")
     root = store_override or Path(data.get("store", "artifacts"))
+    if "plugins" in data:  # modules whose register(registry) adds the models, datasets and methods its sections name
+        mods = data["plugins"]
+        if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+            raise FedL2PError(f"pipeline {path}: plugins must be a list of module names, got {mods!r}")
+        from .. import plugins
+        plugins.load(mods, f"pipeline {path}")
     if "device" in data:  # where this pipeline computes, unless --device / FEDL2P_DEVICE say otherwise
         if not isinstance(data["device"], str):
             raise FedL2PError(f"pipeline {path}: device must be a string such as \"cuda\", got {data['device']!r}")

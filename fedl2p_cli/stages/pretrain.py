@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import device
-from ..algorithms.local import ALGORITHMS, LocalConfig
+from ..algorithms.local import LocalConfig, algorithms
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
@@ -29,8 +29,8 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 def check(cfg: PretrainConfig) -> None:
     validate(cfg)
-    if cfg.init is None and cfg.algo not in ALGORITHMS:
-        raise FedL2PError(f"unknown algorithm '{cfg.algo}'; choose one of: {', '.join(ALGORITHMS)}")
+    if cfg.init is None and cfg.algo not in algorithms():
+        raise FedL2PError(f"unknown algorithm '{cfg.algo}' (--algo); choose one of: {', '.join(algorithms())}")
     registry.spec(cfg.model)
     from .meta_train import check_gpus
     check_gpus(cfg.engine, cfg.gpus_per_client)
@@ -99,8 +99,9 @@ class PretrainStrategy:
         self.tests = device.move({"seen": pool_tensors(part, self.seen, "test"),
                                   "unseen": pool_tensors(part, unseen, "test") if unseen else None}, self.dev)
         self.state_cache = device.RoundCache()
+        self.algo = algorithms()[cfg.algo]
         self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size, head=registry.head_prefix(model),
-                                 freeze_head=cfg.algo == "fedbabu", pf_alpha=cfg.pf_alpha)
+                                 freeze_head=self.algo.freeze_head, pf_alpha=cfg.pf_alpha)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, device.to_host(get_state(self.model)))
@@ -115,7 +116,7 @@ class PretrainStrategy:
     def client(self, task: LocalTask) -> LocalResult:
         """One client's local update on this process's device; the new state comes back on the CPU."""
         x, y = self.part.client_on(task.client, self.dev).train
-        new, loss = ALGORITHMS[self.cfg.algo](self.model, self.state_cache.get(task.state, self.dev), x, y, task.lr,
+        new, loss = self.algo.client(self.model, self.state_cache.get(task.state, self.dev), x, y, task.lr,
                                               self.local, generator(self.cfg.seed, task.round, task.client))
         return LocalResult(device.to_host(new), len(y), loss)
 
@@ -135,7 +136,12 @@ class PretrainStrategy:
 
 
 def make_strategy(cfg: PretrainConfig, part: Partition) -> PretrainStrategy:
-    return PretrainStrategy(cfg, part, registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed))
+    return PretrainStrategy(cfg, part, build_model(cfg, part))
+
+
+def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
+    """The model for this partition (a model with its own BatchNorm layers checked on the partition's input shape)."""
+    return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]))
 
 
 def worker_strategy(root: str, partition_id: str, cfg: PretrainConfig) -> PretrainStrategy:
@@ -179,7 +185,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
 
     def build(draft: Draft) -> None:
         if cfg.init:
-            model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+            model = build_model(cfg, part)
             state, history = import_init(cfg, model), []
         else:
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))

@@ -1,0 +1,28 @@
+"""fedl2p's own models, datasets, methods, pFL systems and pretraining algorithms, registered through the same plugin
+registry (fedl2p_cli/plugins.py) as a user's: this module is the first plugin every process loads."""
+
+from __future__ import annotations
+
+
+def register(registry) -> None:
+    from .algorithms import local
+    from .data.builtin_sources import SOURCES
+    from .methods.builtin import METHODS, SYSTEMS_BUILTIN
+    from .models import zoo
+
+    registry.add_model("small-cnn", zoo.small_cnn, "3 conv-BN-ReLU blocks (16/32/64 ch) + linear; CPU-friendly")
+    registry.add_model("resnet18-cifar", zoo.resnet18_cifar, "ResNet-18, 3x3 stem, no max-pool (paper, CIFAR)")
+    registry.add_model("resnet18", zoo.resnet18_imagenet, "ResNet-18, ImageNet layout (for --init torchvision weights)")
+    registry.add_model("resnet18-speech", zoo.resnet18_imagenet, "ResNet-18 for 1-channel log-mel spectrograms, ImageNet "
+                       "stem (paper, Speech Commands; for --spectrogram 128)")
+    registry.add_model("tiny-smooth", zoo.tiny_smooth, "tiny Softplus/AvgPool model for float64 gradient checks")
+    for source in SOURCES:
+        registry.add_dataset(source)
+    for method in METHODS:
+        registry.add_method(method)
+    for system in SYSTEMS_BUILTIN:
+        registry.add_system(system)
+    registry.add_pretrain_algo("fedavg", local.sgd_client, "FedAvg: local SGD, sample-weighted mean")
+    registry.add_pretrain_algo("fedbabu", local.sgd_client, "FedBABU: the classifier frozen while training",
+                               freeze_head=True)
+    registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps")

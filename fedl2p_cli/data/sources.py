@@ -1,0 +1,86 @@
+"""Datasets by name: each a registered `Source` (the built-ins in data/builtin_sources.py, a plugin's through
+`registry.add_dataset`). The partition stage asks the source, never the dataset's name, what it can do: how to load
+it, whether --corruptions generates domains from it, which CIFAR-10-C-like files its domains are, whether its clients
+are natural groups (a speaker each), which partition options apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .. import plugins
+from ..errors import DataError, FedL2PError
+
+if TYPE_CHECKING:
+    from ..configs import PartitionConfig
+    from .datasets import Dataset
+
+OPTIONS = ("image_size",)  # partition options a source takes only when it says so (`Source.options`)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A dataset: `load(cfg, data_dir)` returns a `datasets.Dataset` (uint8 images [N, C, H, W], labels, class names,
+    normalisation constants, optional domains or groups); `data_dir` is --data-dir (or FEDL2P_DATA; None if neither).
+    The rest describes it: `channels`, `classes` (None: whatever the loader returns; else checked), `mean`/`std`
+    (None: the loader's), and how a partition may use it."""
+    name: str
+    load: Callable[["PartitionConfig", Path | None], "Dataset"]
+    about: str = ""
+    channels: int | None = None
+    classes: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    domains: tuple[str, ...] | None = None   # generated corruption domains it always has (fmnist-c), default names
+    corruptible: bool = False                # --corruptions generates domains from its images (fmnist, cifar10)
+    corruption_files: tuple[str, ...] = ()   # --corruptions names its own domain files instead (cifar10-c)
+    images_of: str | None = None             # the source whose images it holds (fmnist-c: fmnist), for --exclude
+    speakers: bool = False                   # clients are the dataset's speakers, one each (Speech Commands)
+    options: tuple[str, ...] = ()            # which of OPTIONS it takes (image-folder: image_size)
+    resized_before: int | None = None        # the --image-size its artifacts made before the option had (their ids)
+
+    def generates(self, corruptions: list[str] | None) -> bool:
+        """Whether a partition's domains are corruptions generated from these images."""
+        return self.domains is not None or (corruptions is not None and self.corruptible)
+
+    def base(self) -> str:
+        return self.images_of or self.name
+
+
+_SOURCES: dict[str, Source] = {}
+
+
+def add(source: Source, plugin: Any = None) -> None:
+    """Called by plugins.Registry.add_dataset (which refuses a name already taken)."""
+    if not callable(source.load):
+        raise plugins.PluginError(f"dataset '{source.name}': its load is not callable")
+    _SOURCES[source.name] = source
+
+
+def sources() -> dict[str, Source]:
+    plugins.ensure()
+    return _SOURCES
+
+
+def names() -> tuple[str, ...]:
+    return tuple(sources())
+
+
+def get(name: str) -> Source:
+    if name not in sources():
+        raise FedL2PError(f"unknown dataset '{name}' (--dataset); choose one of: {', '.join(_SOURCES)}")
+    return _SOURCES[name]
+
+
+def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":
+    """The source's dataset, checked against what the source declares."""
+    src = get(cfg.dataset)
+    ds = src.load(cfg, data_dir)
+    if src.mean is not None:
+        ds.mean, ds.std = src.mean, src.std
+    if src.channels is not None and ds.images.shape[1] != src.channels:
+        raise DataError(f"dataset '{src.name}' loaded {ds.images.shape[1]}-channel images; it declares {src.channels}")
+    if src.classes is not None and len(ds.classes) != src.classes:
+        raise DataError(f"dataset '{src.name}' loaded {len(ds.classes)} classes; it declares {src.classes}")
+    return ds
