@@ -22,6 +22,8 @@ def partition(
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
     art, reused = stage.run(cfg, options.store(store), force, plot)
     show(art.metrics)
+    if art.metrics.get("source"):  # what loading did (image-folder: kept the images' size, or resized them)
+        render.console.print(f"{cfg.dataset}: {art.metrics['source']}", highlight=False)
     render.artifact_line("partition", art.id, art.path, reused)
 
 
