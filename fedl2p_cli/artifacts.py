@@ -46,7 +46,7 @@ class LockWait:
 
 
 LOCK_WAIT = LockWait()
-STAGES = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze")
+STAGES = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze", "report")
 ENV_STORE = "FEDL2P_STORE"
 
 
@@ -124,6 +124,7 @@ class Draft:
     tmp: Path
     metrics: dict = field(default_factory=dict)
     plugins: list[dict] = field(default_factory=list)  # the plugins whose pieces made it (not part of the id)
+    build_s: float | None = None  # how long the build took (not part of the id; resumed builds: the last part only)
 
     def path(self, name: str) -> Path:
         return self.tmp / name
@@ -146,6 +147,8 @@ class Draft:
         }
         if self.plugins:  # what must be installed to load it
             manifest["plugins"] = self.plugins
+        if self.build_s is not None:
+            manifest["build_s"] = round(self.build_s, 3)
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
         final = self.store.root / self.stage / self.id
         if final.exists():  # a concurrent or forced run: replace the old one as a whole

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import USER_ERRORS
-from . import analyze, artifacts, flower, meta_train, partition, personalize, pfl, pretrain, render, stats
+from . import analyze, artifacts, flower, meta_train, partition, personalize, pfl, pretrain, render, report, stats
 from .run import run
 
 app = typer.Typer(
@@ -85,6 +85,8 @@ for _name, _fn, _short, _example in COMMANDS:
 app.add_typer(analyze.app, name="analyze", short_help="6. Analyse the results (clusters of the learned strategies).")
 app.command("run", short_help="Run a pipeline file: every stage in order, reusing existing artifacts.",
             epilog="Example: fedl2p run quickstart")(run)
+app.command("report", short_help="Write one HTML page of pipelines or artifacts (lineage, results, plots).",
+            epilog="Example: fedl2p report pipelines/quickstart.toml pipelines/quickstart-planted.toml -o report.html")(report.report)
 app.add_typer(artifacts.app, name="artifacts", short_help="See what the store holds and where it came from.")
 app.add_typer(flower.app, name="flower", short_help="Deploy meta-training across real sites with Flower.")
 

@@ -1,4 +1,7 @@
-"""Terminal output: progress bars, tables, one-line errors."""
+"""Terminal output: progress bars, tables, one-line errors.
+
+On a terminal, tables are rich boxes. Anywhere else (a pipe, a log file, CI) they are Markdown tables and lines are
+never wrapped: rich would fold them into 80-column boxes that a log keeps unreadable."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console()
+console = Console(soft_wrap=True)  # a long line (an artifact path) stays one line; rich boxes still fit the terminal
 err_console = Console(stderr=True, soft_wrap=True)
 
 
@@ -38,13 +41,27 @@ class RichProgress:
             self._p = None
 
 
+def cell(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def markdown_table(title: str, columns: list[str], rows: list[list[Any]]) -> str:
+    """A titled GitHub-style Markdown table: full width, one line per row, whatever reads the log."""
+    esc = lambda v: cell(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = [f"{title}", "", "| " + " | ".join(esc(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(esc(v) for v in r) + " |" for r in rows]) + "\n"
+
+
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    if not console.is_terminal:
+        print(markdown_table(title, columns, rows), flush=True)  # plain print: no markup, no wrapping
+        return
     t = Table(title=title, title_justify="left")
     for c in columns:
         # fold, never cut: a narrow or non-terminal console (80 columns) truncated "72.10 ± 0.22" to "72.10 ±"
         t.add_column(c, justify="left" if c == columns[0] else "right", overflow="fold")
     for r in rows:
-        t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
+        t.add_row(*[cell(v) for v in r])
     console.print(t)
 
 

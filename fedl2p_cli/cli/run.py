@@ -22,6 +22,8 @@ def run(
     list_: bool = typer.Option(False, "--list", help="List the shipped pipelines, one line each, and exit."),
     show: bool = typer.Option(False, "--show", help="Print the pipeline as one self-contained file (its extends "
                               "resolved) instead of running it: `fedl2p run --show quickstart > my.toml`."),
+    report: bool = typer.Option(False, "--report", help="At the end, also write the one-page HTML report of this "
+                                "pipeline (`fedl2p report FILE`)."),
 ) -> None:
     """Run partition -> pretrain -> stats -> meta-train -> personalize -> analyze, reusing existing artifacts."""
     if list_:
@@ -54,3 +56,9 @@ def run(
              " ".join(p.name for p in sorted(r.artifact.path.glob("*.png")))] for r in results]
     render.table("artifacts", ["stage", "what", "id", "", "plots"], rows)
     render.console.print(f"plots and tables live under {p.store.root}/<stage>/<id>/")
+    if report:
+        from .report import write
+        art, reused = write([str(path)], store)
+        render.artifact_line("report", art.id, art.file("report.html"), reused)
+    else:
+        render.console.print(f"one HTML page of it all: fedl2p report {path}" + (f" --store {store}" if store else ""))

@@ -5,9 +5,34 @@ from __future__ import annotations
 import copy
 import json
 import dataclasses
-from typing import Any, Callable, Protocol
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Protocol
 
 from ..artifacts import Artifact, Draft, Store, artifact_id
+from ..errors import ArtifactError
+
+_REUSE_ONLY: ContextVar[bool] = ContextVar("reuse_only", default=False)
+
+
+class Missing(ArtifactError):
+    """An artifact asked for under `reuse_only` does not exist (its stage and id name it)."""
+
+    def __init__(self, stage: str, aid: str):
+        super().__init__(f"no {stage} artifact {aid} yet")
+        self.stage, self.id = stage, aid
+
+
+@contextmanager
+def reuse_only() -> Iterator[None]:
+    """Within it, every stage returns the artifact its inputs name and builds none (raises Missing instead): how
+    `fedl2p report` finds a pipeline's artifacts without running anything."""
+    token = _REUSE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _REUSE_ONLY.reset(token)
 
 
 class Progress(Protocol):
@@ -77,15 +102,19 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
                    build: Callable[[Draft], None], force: bool = False) -> tuple[Artifact, bool]:
     """Return the artifact for these inputs, building it (atomically) only if it does not exist."""
     aid = artifact_id(stage, config, parents)
-    if store.exists(stage, aid) and not force:
+    if store.exists(stage, aid) and not (force and not _REUSE_ONLY.get()):
         return store.load(stage, aid), True
+    if _REUSE_ONLY.get():
+        raise Missing(stage, aid)
     with store.building(stage, aid):
         if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
             return store.load(stage, aid), True
         draft = store.draft(stage, config, parents)
         draft.plugins = plugin_records(store, config, parents)
         try:
+            t0 = time.perf_counter()
             build(draft)
+            draft.build_s = time.perf_counter() - t0
             return draft.publish(), False
         except BaseException:
             draft.discard()

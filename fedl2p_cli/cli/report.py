@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import FedL2PError
+from . import options, render
+
+stage = options.Lazy("fedl2p_cli.stages.report")
+
+
+def report(
+    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) and/or artifact ids (each with its lineage); "
+                                        "several are shown side by side in one page.", show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also copy the page to this file (the artifact keeps "
+                                       "its own copy in the store)."),
+    force: bool = options.FORCE,
+    store: Optional[Path] = options.STORE,
+) -> None:
+    """One self-contained HTML page of pipelines or artifacts: lineage, configs, results, β/η, ARI, plots, timings."""
+    art, reused = write(sources, store, force)
+    if out is not None:
+        try:
+            shutil.copyfile(art.file("report.html"), out)
+        except OSError as e:
+            raise FedL2PError(f"--out {out}: cannot write ({e.strerror})") from None
+        render.console.print(f"report copied to {out}")
+    render.artifact_line("report", art.id, art.file("report.html"), reused)
+
+
+def write(sources: list[str], store: Optional[Path], force: bool = False):
+    """The report artifact of `sources` (pipeline files or artifact ids) in `store` (default: the first pipeline's)."""
+    sections, root = [], None
+    for src in sources:
+        if src.endswith(".toml") or Path(src).is_file():
+            section, st = stage.from_pipeline(Path(src), store)
+            root = root or st
+        else:
+            section = None
+        sections.append(section or src)
+    root = root or options.store(store)
+    sections = [s if not isinstance(s, str) else stage.from_artifact(root, s) for s in sections]
+    return stage.run(sections, root, force)
