@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,tensorboard,mlflow]'  # the trackers' extras: their tests skip without them
 	touch $(STAMP)
 
 data: $(STAMP)  # Fashion-MNIST (Debian's dataset-fashion-mnist, as `fedl2p` itself installs it when missing) and espeak-ng
@@ -24,6 +24,7 @@ data: $(STAMP)  # Fashion-MNIST (Debian's dataset-fashion-mnist, as `fedl2p` its
 quickstart: $(STAMP) data  # feature shift over 7 domains, then the small planted-signal cell (the same pretrained model)
 	$(BIN)/fedl2p run quickstart
 	$(BIN)/fedl2p run quickstart-planted
+	$(BIN)/fedl2p report pipelines/quickstart.toml pipelines/quickstart-planted.toml  # both parts on one HTML page
 
 test: $(STAMP)
 	@bash scripts/get-espeak.sh >/dev/null 2>&1 || echo "(espeak-ng missing: the synthetic-speech tests are skipped)"

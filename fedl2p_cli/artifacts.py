@@ -125,6 +125,7 @@ class Draft:
     metrics: dict = field(default_factory=dict)
     plugins: list[dict] = field(default_factory=list)  # the plugins whose pieces made it (not part of the id)
     build_s: float | None = None  # how long the build took (not part of the id; resumed builds: the last part only)
+    tracking: dict | None = None  # the experiment-tracker run that logged the build (--track; not part of the id)
 
     def path(self, name: str) -> Path:
         return self.tmp / name
@@ -149,6 +150,8 @@ class Draft:
             manifest["plugins"] = self.plugins
         if self.build_s is not None:
             manifest["build_s"] = round(self.build_s, 3)
+        if self.tracking is not None:
+            manifest["tracking"] = self.tracking
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
         final = self.store.root / self.stage / self.id
         if final.exists():  # a concurrent or forced run: replace the old one as a whole

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from .. import tracking
 from ..errors import USER_ERRORS
 from . import analyze, artifacts, flower, meta_train, partition, personalize, pfl, pretrain, render, report, stats
 from .run import run
@@ -53,7 +54,15 @@ def _global(ctx: typer.Context,
                                                          show_default="no limit",
                                                          help="Seconds to wait while another fedl2p process builds the same "
                                                          "artifact (two pipelines sharing a partition, a script run twice); "
-                                                         "then its artifact is reused. 0 refuses at once.")) -> None:
+                                                         "then its artifact is reused. 0 refuses at once."),
+            track: Optional[str] = typer.Option(None, "--track", envvar="FEDL2P_TRACK", show_default="off",
+                                                help="Log every round of pretrain, meta-train and pfl-train and each "
+                                                "artifact's metrics to tensorboard or mlflow (extras [tensorboard], "
+                                                "[mlflow]). Not part of any artifact's id; the manifest names the run."),
+            track_uri: Optional[str] = typer.Option(None, "--track-uri", envvar="FEDL2P_TRACK_URI",
+                                                    show_default="./runs or ./mlruns",
+                                                    help="Where --track logs: a local folder (the default: nothing is "
+                                                    "sent anywhere) or an MLflow server URI.")) -> None:
     import torch
 
     from .. import device as dev
@@ -65,6 +74,7 @@ def _global(ctx: typer.Context,
     dev.use(device or "auto", deterministic, explicit=device is not None)
     plugins.load(plugin or [])
     fill_plugin_help(ctx.find_root().command, plugins.pieces())
+    tracking.use(track, track_uri)
 # the stages in pipeline order, one line each in `fedl2p --help`, each help ending with an example
 COMMANDS = [
     ("partition", partition.partition, "1. Split a dataset into clients -> partition.h5.",

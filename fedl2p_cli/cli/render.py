@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -67,4 +68,5 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 def artifact_line(stage: str, aid: str, path: Any, reused: bool) -> None:
     verb = "reused" if reused else "wrote"
-    console.print(f"[green]{verb}[/green] {stage} artifact [bold]{aid}[/bold] -> {path}")
+    # escaped: "pretrain [seen]" is not markup (rich ate the label in brackets)
+    console.print(f"[green]{verb}[/green] {escape(stage)} artifact [bold]{aid}[/bold] -> {escape(str(path))}")

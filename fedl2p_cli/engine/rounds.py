@@ -9,8 +9,10 @@ never touches the checkpoint file or the terminal.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from ..core.client import Timer
 from ..core.settings import RoundPolicy
@@ -23,6 +25,20 @@ class Task(Protocol):
 
 
 Executor = Callable[[list[Task]], list[Any]]
+# Called after every recorded round with (the strategy's label, the round's record, as history.csv will hold it):
+# per-round consumers (an experiment tracker) hook into the one loop instead of into each stage.
+RoundObserver = Callable[[str, dict], None]
+_OBSERVERS: ContextVar[tuple[RoundObserver, ...]] = ContextVar("round_observers", default=())
+
+
+@contextmanager
+def observing(observer: RoundObserver) -> Iterator[None]:
+    """Within it, every round that run_rounds records is also handed to `observer`."""
+    token = _OBSERVERS.set(_OBSERVERS.get() + (observer,))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -106,6 +122,8 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
             with timer.section("io"):
                 ckpt.save(st)
         rec["io_s"] = timer.t.get("io", 0.0)  # known only after the save: in memory, not in the checkpoint
+        for observe in _OBSERVERS.get():
+            observe(strategy.label, rec)
         progress.advance(1, **strategy.progress_info(rec, st) | ({"failed": len(failures)} if failures else {}))
     progress.stop()
     return st

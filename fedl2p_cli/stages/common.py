@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator, Protocol
 
+from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
 from ..errors import ArtifactError
 
@@ -113,7 +114,8 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
         draft.plugins = plugin_records(store, config, parents)
         try:
             t0 = time.perf_counter()
-            build(draft)
+            with tracking.tracked(stage, draft):  # --track: the rounds and metrics to TensorBoard / MLflow
+                build(draft)
             draft.build_s = time.perf_counter() - t0
             return draft.publish(), False
         except BaseException:
