@@ -277,6 +277,7 @@ def bench_workers() -> dict:
     import csv
     import importlib.util
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train, pretrain, stats
     out = {}
     with tempfile.TemporaryDirectory() as d:
@@ -289,10 +290,9 @@ def bench_workers() -> dict:
             runs.append(("Flower simulation, 2 ClientApps", 2, 1, "flower"))
         for label, workers, threads, engine in runs:
             torch.set_num_threads(threads)
-            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, workers=workers, seed=len(out), engine=engine,
-                                             meta=MetaConfig(epochs=5, base_lr=0.01))
+            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, seed=len(out), meta=MetaConfig(epochs=5, base_lr=0.01))
             t = time.perf_counter()
-            art, _ = meta_train.run(cfg, store, pre.id, st.id)
+            art, _ = meta_train.run(cfg, store, pre.id, st.id, runtime=Runtime(workers=workers, engine=engine))
             total = time.perf_counter() - t
             rows = list(csv.DictReader(open(art.file("history.csv"))))
             rounds_s = sum(float(r["round_s"]) for r in rows)

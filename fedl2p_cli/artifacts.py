@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from . import __version__
 from .errors import ArtifactError
+from .runtime import Runtime
 
 SCHEMA_VERSION = 1
 ENV_LOCK_TIMEOUT = "FEDL2P_LOCK_TIMEOUT"
@@ -126,12 +127,12 @@ class Draft:
     plugins: list[dict] = field(default_factory=list)  # the plugins whose pieces made it (not part of the id)
     build_s: float | None = None  # how long the build took (not part of the id; resumed builds: the last part only)
     tracking: dict | None = None  # the experiment-tracker run that logged the build (--track; not part of the id)
+    computed_on: dict | None = None  # where the work ran (Runtime.describe); None: this process's CPU
 
     def path(self, name: str) -> Path:
         return self.tmp / name
 
     def publish(self) -> Artifact:
-        from .device import describe  # imports torch: only when an artifact is written
         files = {p.name: sha256_file(p) for p in sorted(self.tmp.iterdir()) if p.is_file()}
         manifest = {
             "id": self.id,
@@ -144,7 +145,7 @@ class Draft:
             "parents": self.parents,
             "files": files,
             "metrics": self.metrics,
-            "computed_on": describe(),  # where the work ran; not part of the id (see fedl2p_cli/device.py)
+            "computed_on": self.computed_on or Runtime().describe(),  # where the work ran; not part of the id
         }
         if self.plugins:  # what must be installed to load it
             manifest["plugins"] = self.plugins

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
-from .core.settings import DEFAULT_ETA_BOUND, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode, Engine, EvalStats, FailureOptions, MetaConfig
+from .core.settings import DEFAULT_ETA_BOUND, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode, EvalStats, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -16,17 +16,9 @@ PFLOrder = Literal["first", "second"]
 PFLOuter = Literal["adam", "sgd"]
 SCHEMES = get_args(Scheme)
 DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
-WORKERS_HELP = ("Processes that run a round's clients in parallel, one torch thread each (spawned once per run; each "
-                "loads the data once). The artifact is the same as with 1 (bit for bit; not part of its id). Use up to "
-                "the number of cores; see docs/guide/threads-devices.md.")
-ENGINE_HELP = ("Where the round's client updates run: local = this process (or --workers processes) | flower = Flower "
-               "ClientApps in Flower's simulation runtime (Message API; --workers at a time; needs pip install "
-               "'fedl2p[flower]'). The same artifact either way (bit for bit; not part of its id).")
 MODEL_HELP = ("small-cnn | resnet18-cifar | resnet18 (ImageNet layout) | resnet18-speech (1-channel log-mel "
               "spectrograms) | package.module:factory (any torch nn.Module; its BatchNorm1d/2d layers become mixing BN, "
               "checked to give the same outputs).<plugin-models>")
-GPUS_HELP = ("With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25 runs four ClientApps per GPU, "
-             "on every GPU Ray sees). Not part of the artifact's id.")
 
 
 @dataclass(kw_only=True)
@@ -95,12 +87,8 @@ class PartitionConfig:
         return self.clients - unseen, unseen
 
 
-WORKERS_PRETRAIN = ("Processes that run a round's clients in parallel, one torch thread each; the artifact is the same "
-                    "as with 1 (bit for bit; not part of its id).")
-
-
 @dataclass(kw_only=True)
-class PretrainConfig(FailureOptions):  # clients that fail: see FailureOptions
+class PretrainConfig:
     """`fedl2p pretrain`: the global model's federated pretraining (or an imported state dict)."""
     algo: str = opt("fedavg", "fedavg | fedbabu (head frozen while training) | perfedavg-hf (Per-FedAvg, Hessian-free "
                     "MAML steps).<plugin-pretrain-algos>")
@@ -117,9 +105,6 @@ class PretrainConfig(FailureOptions):  # clients that fail: see FailureOptions
     init: str | None = opt(None, "Import a state dict (safetensors or torch.save) instead of training.", path=True)
     init_sha256: str | None = opt(None, cli=False)  # the imported file's hash, filled in by the stage
     reset_head: bool = opt(False, "With --init: start a new classifier when the class count differs.")
-    workers: int = opt(1, WORKERS_PRETRAIN, AT_LEAST_1)     # not part of the identity
-    engine: Engine = opt("local", ENGINE_HELP)               # not part of the identity
-    gpus_per_client: float = opt(0.0, GPUS_HELP, UNIT)       # not part of the identity
 
 
 @dataclass(kw_only=True)
@@ -134,7 +119,7 @@ Keep = Literal["best", "last"]
 MetaOpt = Literal["fedavg", "fedadam"]
 NETS, INPUT_NORMS, KEEPS, META_OPTS = (get_args(t) for t in (Nets, InputNorm, Keep, MetaOpt))
 @dataclass(kw_only=True)
-class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
+class MetaTrainConfig:
     """`fedl2p meta-train`'s options (and a [[meta-train]] table's keys): the federation around the client update
     (MetaConfig), whose fields are options of the same command."""
     rounds: int = opt(30, "Communication rounds (paper: up to 500).", AT_LEAST_1)
@@ -153,9 +138,6 @@ class MetaTrainConfig(FailureOptions):  # clients that fail: see FailureOptions
                      "with few clients per round and domains of unequal difficulty, 'best' mostly picks the round that "
                      "sampled easy clients).")
     seed: int = opt(0, "Seed (meta-net init, sampling, batches).", NON_NEGATIVE)
-    workers: int = opt(1, WORKERS_HELP, AT_LEAST_1)           # not part of the identity
-    engine: Engine = opt("local", ENGINE_HELP)                 # not part of the identity
-    gpus_per_client: float = opt(0.0, GPUS_HELP, UNIT)          # not part of the identity
     # untrusted replies (not in the paper); left out of the artifact id at their defaults (added later)
     norm_bound: float = opt(0.0, "Not in the paper: drop a client whose lambda moved more than this many times the "
                             "round's median move (0: no bound). Replies with other tensors, shapes or dtypes, non-finite "

@@ -1,19 +1,17 @@
-"""The one place that decides where tensors live (as `fedl2p --threads` decides threads).
+"""Devices: naming one (`parse`, `resolve`) and moving values to it (`move`, `to_host`, `RoundCache`).
 
-`fedl2p --device auto|cpu|cuda|cuda:N` (or FEDL2P_DEVICE, or `device = ...` at the top of a pipeline file) calls
-`use()` once per process; stages read `current()` when they build a run's context; worker processes and Flower
-ClientApps receive the same setting through `engine.workers.open_pool`. `core/` never calls this module: its
-functions follow their inputs' device.
+Which device a run computes on is part of its `Runtime` (fedl2p_cli/runtime.py): `fedl2p --device auto|cpu|cuda|cuda:N`
+(or FEDL2P_DEVICE, or `device = ...` at the top of a pipeline file) decides it once per command, and stages, worker
+processes and Flower ClientApps receive it with the runtime. `core/` never calls this module: its functions follow
+their inputs' device.
 
-The device is not part of an artifact's id (like --workers and --engine, it says where the work ran, not what it
-is); the manifest records it (`describe()`). A GPU run agrees with a CPU run to float32 rounding, not bit for bit;
-`--deterministic` makes GPU runs repeat bit for bit.
+The device is not part of an artifact's id (it says where the work ran, not what it is); the manifest records it. A
+GPU run agrees with a CPU run to float32 rounding, not bit for bit; `--deterministic` makes GPU runs repeat bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import torch
@@ -22,10 +20,6 @@ from .errors import FedL2PError
 
 ENV = "FEDL2P_DEVICE"
 CHOICES = "auto | cpu | cuda | cuda:N"
-
-_current = torch.device("cpu")   # library default: the CPU (every result bit-identical to earlier versions)
-_deterministic = False
-_explicit = False   # chosen by the user (--device, FEDL2P_DEVICE), so a pipeline file's `device` key does not override it
 
 
 def parse(spec: str) -> torch.device | None:
@@ -55,48 +49,6 @@ def resolve(spec: str) -> torch.device:
     if index >= torch.cuda.device_count():
         raise FedL2PError(f"--device {spec.strip().lower()}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)
-
-
-def use(spec: str | torch.device = "auto", deterministic: bool = False, explicit: bool = True) -> torch.device:
-    """Set this process's device and determinism. `deterministic`: cuDNN's deterministic kernels and
-    torch.use_deterministic_algorithms, so a GPU run repeats bit for bit (CPU runs always do)."""
-    global _current, _deterministic, _explicit
-    _current = resolve(spec) if isinstance(spec, str) else spec
-    _deterministic, _explicit = deterministic, explicit
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's reproducible workspace
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True)
-    if _current.type == "cuda":
-        torch.cuda.set_device(_current)
-    return _current
-
-
-def current() -> torch.device:
-    return _current
-
-
-def default_to(spec: str) -> None:
-    """A pipeline file's `device`: used unless the user chose one on the command line or in FEDL2P_DEVICE."""
-    if not _explicit:
-        use(spec, _deterministic, explicit=False)
-    else:
-        parse(spec)  # overridden, but a misspelt key is still refused
-
-
-def spec() -> tuple[str, bool]:
-    """What a worker process or ClientApp needs to make the same choice (`use(*spec())`)."""
-    return str(_current), _deterministic
-
-
-def describe() -> dict:
-    """For the manifest: where an artifact was computed."""
-    d = {"device": str(_current), "torch": torch.__version__, "deterministic": _deterministic}
-    if _current.type == "cuda":
-        d |= {"name": torch.cuda.get_device_name(_current), "cuda": torch.version.cuda,
-              "cudnn": torch.backends.cudnn.version()}
-    return d
 
 
 def move(obj: Any, dev: torch.device | str, non_blocking: bool = False) -> Any:

@@ -14,6 +14,7 @@ from fedl2p_cli.artifacts import Store
 from fedl2p_cli.core.finetune import ClientBN
 from fedl2p_cli.core.hypergrad import ift_hypergradient
 from fedl2p_cli.io import weights
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
@@ -27,16 +28,15 @@ CPU_GPU = dict(rtol=1e-3, atol=1e-4)
 
 @pytest.fixture
 def on_cuda():
-    device.use("cuda")
-    yield torch.device("cuda", 0)
-    device.use("cpu", explicit=False)
+    yield Runtime.create("cuda").apply(threads=torch.get_num_threads())
     torch.use_deterministic_algorithms(False)
 
 
 def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
     store = Store(tmp_path)
     part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
-    pres = {a: pretrain.run(pretrain.PretrainConfig(algo=a, **TINY_PRETRAIN), store, part.id, plot=False)[0]
+    rt = on_cuda
+    pres = {a: pretrain.run(pretrain.PretrainConfig(algo=a, **TINY_PRETRAIN), store, part.id, plot=False, runtime=rt)[0]
             for a in ("fedavg", "fedbabu", "perfedavg-hf")}
     pre = pres["fedavg"]
     assert pre.id == tiny_store["pretrain"].id and pre.manifest["computed_on"]["device"] == "cuda:0"
@@ -44,22 +44,23 @@ def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
     gpu_model = weights.load(pre.file("model.safetensors"))
     for k, v in cpu_model.items():
         torch.testing.assert_close(gpu_model[k], v, rtol=1e-2, atol=1e-3)  # 3 rounds of SGD drift a little further
-    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id)
-    metas = [meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store, pre.id, st.id)[0]
+    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id, runtime=rt)
+    metas = [meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store, pre.id, st.id, runtime=rt)[0]
              for m in (TINY_META, replace(TINY_META, hessian="exact"), replace(TINY_META, meta_grad="fomaml"),
                        replace(TINY_META, ift_at="last-step"))]
     metas.append(meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, local=True, meta=TINY_META), store,
-                                pre.id, st.id)[0])
+                                pre.id, st.id, runtime=rt)[0])
     assert all(m.metrics["diverged"] is None for m in metas)
     for algo in ("pfedla", "heurpfedla", "cafeme"):
         pfl.run(pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02, eval_every=1),
-                store, part.id)
+                store, part.id, runtime=rt)
     for unseen in (False, True):
         for eval_stats in ("running", "test-batch"):
             cfg = personalize.PersonalizeConfig(unseen=unseen, methods=["ft-bnc", "ft-bng", "ft-bni", "ft-tuned", "pfedla",
                                                                         "cafeme"], epochs=1, batch_size=16, base_lr=0.01,
                                                 seeds=[0], pfl_steps=3, eval_stats=eval_stats)
-            art, _ = personalize.run(cfg, store, pre.id, st.id, [metas[0].id] if unseen else [m.id for m in metas])
+            art, _ = personalize.run(cfg, store, pre.id, st.id, [metas[0].id] if unseen else [m.id for m in metas],
+                                     runtime=rt)
             _, r = personalize.load(store, art.id)
             assert np.isfinite(r.acc_after[[i for i, m in enumerate(r.methods) if m != "pfedla"]]).all()
 
@@ -107,10 +108,9 @@ def test_one_client_update_agrees_on_cpu_and_cuda_and_repeats_when_deterministic
         torch.testing.assert_close(gpu.lam[k], cpu.lam[k], **CPU_GPU)
     assert abs(gpu.val_loss - cpu.val_loss) < 1e-3
     try:
-        device.use("cuda", deterministic=True)
+        Runtime.create("cuda", deterministic=True).apply(threads=torch.get_num_threads())
         a = _one_update(model, theta, lam, inputs, bn, part.client_on(c, cuda), cuda)
         b = _one_update(model, theta, lam, inputs, bn, part.client_on(c, cuda), cuda)
         assert all(torch.equal(a.lam[k], b.lam[k]) for k in lam) and a.val_loss == b.val_loss
     finally:
-        device.use("cpu", explicit=False)
         torch.use_deterministic_algorithms(False)

@@ -18,6 +18,7 @@ from fedl2p_cli.core.modulate import gate_sites, init_modulator
 from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.models.registry import build, get_params
+from fedl2p_cli.runtime import Runtime
 
 
 def cpu_tensors(obj) -> list[torch.Tensor]:
@@ -145,7 +146,7 @@ def test_the_device_option_is_decided_in_one_place():
     if not torch.cuda.is_available():
         with pytest.raises(FedL2PError, match="no CUDA device"):
             device.resolve("cuda")
-    assert device.current() == torch.device("cpu")  # the library's default: results as before
+    assert Runtime().torch_device == torch.device("cpu")  # the library's default: results as before
 
 
 def test_move_returns_cpu_tensors_themselves_and_walks_containers():
@@ -162,20 +163,58 @@ def test_manifest_records_where_an_artifact_was_computed(tiny_store):
 
 
 def test_gpus_per_client_is_refused_where_it_means_nothing():
-    from fedl2p_cli.stages.meta_train import check_gpus
+    from fedl2p_cli.stages.meta_train import check_runtime
     with pytest.raises(FedL2PError, match="--gpus-per-client"):
-        check_gpus("local", 0.5)
-    check_gpus("flower", 0.0)  # on the CPU, Flower needs no GPU share
+        check_runtime(Runtime(engine="local", gpus_per_client=0.5))
+    check_runtime(Runtime(engine="flower"))  # on the CPU, Flower needs no GPU share
+
+
+class _Root:
+    """What a command's Typer context answers: the global options as parsed (--device, --deterministic, --threads)."""
+
+    def __init__(self, **params):
+        self.params = params
+
+    def find_root(self):
+        return self
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="shows the key applying by its refusal of cuda on a CPU machine")
 def test_a_pipeline_files_device_applies_unless_the_user_chose_one():
+    from fedl2p_cli.cli.options import runtime
+    threads = torch.get_num_threads()
     try:
-        device.use("cpu", explicit=True)  # --device cpu or FEDL2P_DEVICE=cpu
-        device.default_to("cuda")
-        assert device.current() == torch.device("cpu")
-        device.use("cpu", explicit=False)  # no --device given
-        with pytest.raises(FedL2PError, match="no CUDA device"):
-            device.default_to("cuda")
+        # --device cpu (or FEDL2P_DEVICE=cpu) wins over the file's device
+        assert runtime(_Root(device="cpu", threads=threads), device="cuda").device == "cpu"
+        with pytest.raises(FedL2PError, match="no CUDA device"):  # no --device given: the file's applies
+            runtime(_Root(device=None, threads=threads), device="cuda")
     finally:
-        device.use("cpu", explicit=False)
+        torch.set_num_threads(threads)
+
+
+def test_worker_processes_receive_the_runtime_whole():
+    """What a worker process or ClientApp is sent is a plain dict (no pickle), from which it rebuilds the same
+    Runtime, applies it and builds its context with it."""
+    import json
+
+    from fedl2p_cli.engine.workers import on_runtime
+    rt = Runtime(workers=2, engine="local", min_answers=0.5, round_retries=2, plugins=("my_plugin",))
+    sent = json.loads(json.dumps(rt.to_dict()))  # JSON-safe, as a Flower message or a run config carries it
+    threads = torch.get_num_threads()
+    try:
+        args, got = on_runtime(sent, lambda *a: (a[:-1], a[-1]), "store", "id")
+    finally:
+        torch.set_num_threads(threads)
+    assert args == ("store", "id") and got == rt and got.policy() == rt.policy()
+
+
+def test_runtime_options_never_enter_an_artifact_id():
+    """Declared once, as Runtime fields: no stage config holds one, so no id can include one."""
+    import dataclasses
+
+    from fedl2p_cli import configs
+    from fedl2p_cli.core.config import flat_fields
+    runtime_names = {f.name for f in dataclasses.fields(Runtime)}
+    for cls in (configs.PartitionConfig, configs.PretrainConfig, configs.StatsConfig, configs.MetaTrainConfig,
+                configs.PFLConfig, configs.PersonalizeConfig, configs.BetaGridConfig, configs.DecomposeConfig):
+        assert not runtime_names & {f.name for f in flat_fields(cls)}, cls.__name__

@@ -12,6 +12,7 @@ from fedl2p_cli.core.client import Timer
 from fedl2p_cli.engine.loop import LoopState, sample_clients
 from fedl2p_cli.engine.rounds import Failed, RoundPolicy, run_rounds
 from fedl2p_cli.engine.workers import ClientPool
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import NoProgress
@@ -96,15 +97,16 @@ def _dies_for_client_2(ctx, task):
 def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     """Real worker processes: client 2's dies mid-round; with --min-answers 0.5 the round aggregates the others
     (the same lambda as a round without client 2) and history names client 2."""
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META, min_answers=0.5, workers=2)
+    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META)
+    rt = Runtime(min_answers=0.5, workers=2)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
-    ctx = meta_train.make_context(*ids, cfg)
+    ctx = meta_train.make_context(*ids, cfg, rt)
     lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
     seen = ctx.part.pool(False)
     assert 2 in seen
-    with ClientPool(2, meta_train.make_context, (*ids, cfg), _dies_for_client_2, ctx) as pool:
+    with ClientPool(2, meta_train.make_context, (*ids, cfg, rt), _dies_for_client_2, ctx) as pool:
         strategy = meta_train.MetaStrategy(ctx, lam0)
-        st = run_rounds(strategy, 1, None, NoProgress(), pool.map, cfg.policy())
+        st = run_rounds(strategy, 1, None, NoProgress(), pool.map, rt.policy())
     rec = st.history[0]
     assert "client 2: its worker process died" in rec["failed"]
     failed = {int(part.split(":")[0].split()[1]) for part in rec["failed"].split("; ")}

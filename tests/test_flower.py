@@ -15,6 +15,7 @@ from fedl2p_cli.algorithms.fedl2p import ClientResult
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.engine import wire
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages.meta_train import MetaReply, MetaTask
 
@@ -71,9 +72,9 @@ def test_missing_extra_is_one_clear_line(monkeypatch):
 
 def test_unknown_engine_is_refused(tiny_store):
     from fedl2p_cli.stages import meta_train
-    cfg = meta_train.MetaTrainConfig(rounds=1, engine="spark", meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig(rounds=1, meta=TINY_META)
     with pytest.raises(USER_ERRORS, match="--engine"):
-        meta_train.check(cfg)
+        meta_train.check(cfg, Runtime(engine="spark"))
 
 
 @needs_flower
@@ -88,8 +89,9 @@ def test_flower_meta_train_matches_the_in_process_engine(tiny_store, tmp_path):
         for engine in ("local", "flower"):
             root = tmp_path / engine
             shutil.copytree(tiny_store["store"].root, root)
-            cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=31, meta=TINY_META, engine=engine, workers=2)
-            arts[engine] = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id)[0]
+            cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=31, meta=TINY_META)
+            arts[engine] = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id,
+                                          runtime=Runtime(engine=engine, workers=2))[0]
     finally:
         torch.set_num_threads(threads)
     a, b = arts["local"], arts["flower"]
@@ -110,8 +112,8 @@ def test_flower_pretraining_matches_the_in_process_engine(tiny_store, tmp_path):
         store = Store(tmp_path / engine)
         store.root.mkdir(parents=True)
         shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
-        cfg = pretrain.PretrainConfig(**TINY_PRETRAIN, engine=engine)
-        arts.append(pretrain.run(cfg, store, tiny_store["partition"].id, plot=False)[0])
+        cfg = pretrain.PretrainConfig(**TINY_PRETRAIN)
+        arts.append(pretrain.run(cfg, store, tiny_store["partition"].id, plot=False, runtime=Runtime(engine=engine))[0])
     assert arts[0].id == arts[1].id
     wa, wb = (weights.load(a.file("model.safetensors")) for a in arts)
     for k in wa:
@@ -242,12 +244,11 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     for c in sites:
         flower_app.export_site(part.client(c), c, tmp_path / f"site{c}")
     cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=1.0 if fault else 0.5, seed=31, keep="last", meta=TINY_META,
-                                     norm_bound=3.0 if fault else 0.0,  # last: it moved
-                                     round_timeout=60.0 if fault == "killed" else 0.0,
-                                     min_answers=0.6 if fault == "killed" else 1.0)
+                                     norm_bound=3.0 if fault else 0.0)  # last: it moved
+    rt = Runtime(round_timeout=60.0 if fault == "killed" else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
     out = tmp_path / "out"
     (tmp_path / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg,
-                                                                           len(sites), out)))
+                                                                           len(sites), out, rt)))
     link, *nodes = _free_ports(len(sites) + 1)
     home = tmp_path / "flwr_home"
     home.mkdir()
@@ -345,7 +346,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     torch.set_num_threads(1)
     try:
         ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
-                                      tiny_store["stats"].id, cfg)
+                                      tiny_store["stats"].id, cfg, Runtime())
         lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
         strategy = meta_train.MetaStrategy(ctx, lam0)
         strategy.seen = list(sites[:2])  # a misbehaving site's replies were dropped: lambda is the two others'

@@ -12,6 +12,7 @@ import torch
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store, artifact_id
 from fedl2p_cli.engine.loop import Checkpoint, LoopState
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.errors import ArtifactError
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train
@@ -155,11 +156,11 @@ def test_two_workers_write_the_same_artifact_as_one(tiny_store, tmp_path):
     for workers in (1, 2):
         root = tmp_path / f"w{workers}"
         shutil.copytree(tiny_store["store"].root, root)
-        cfg.workers = workers
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            art, _ = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id)
+            art, _ = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id,
+                                    runtime=Runtime(workers=workers))
         finally:
             torch.set_num_threads(threads)
         roots.append(art)
@@ -183,8 +184,8 @@ def test_pretraining_with_two_workers_writes_the_same_model(tiny_store, tmp_path
             store.root.mkdir(parents=True, exist_ok=True)
             import shutil
             shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
-            cfg = pretrain.PretrainConfig(**TINY_PRETRAIN, workers=workers)
-            arts.append(pretrain.run(cfg, store, tiny_store["partition"].id, plot=False)[0])
+            cfg = pretrain.PretrainConfig(**TINY_PRETRAIN)
+            arts.append(pretrain.run(cfg, store, tiny_store["partition"].id, plot=False, runtime=Runtime(workers=workers))[0])
     finally:
         torch.set_num_threads(threads)
     assert arts[0].id == arts[1].id == tiny_store["pretrain"].id

@@ -33,6 +33,7 @@ from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, inference_pol
 from fedl2p_cli.core.metanets import init_lambda
 from fedl2p_cli.core.settings import DEFAULT_META_LR
 from fedl2p_cli.engine.loop import generator
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.io import partition_h5, stats_h5, weights
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
@@ -188,7 +189,7 @@ def test_a_flower_site_computes_its_statistics_from_its_own_training_split(one_c
     spec = {"model": "small-cnn", "in_channels": data.train[0].shape[1], "num_classes": 10, "seed": 0}
     cfg = dataclasses.asdict(meta_train.MetaTrainConfig(rounds=1, meta=TINY_META))
     state = {k: v for k, v in model.state_dict().items()}
-    reply = flower_app.site_update(str(folder), spec, state, lam, 0, cfg, "cpu")
+    reply = flower_app.site_update(str(folder), spec, state, lam, 0, cfg, Runtime())
     assert reply.diverged is None and reply.result is not None and len(seen) == 1 and torch.equal(seen[0], data.train[0])
 
 

@@ -55,7 +55,7 @@ class Strategy:
         return {}
 
 
-def train(cfg, part, ckpt, progress, draft):
+def train(cfg, part, ckpt, progress, draft, runtime):
     strategy = Strategy(cfg, part)
     st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
     weights.save(draft.path("model.safetensors"), st.tensors, {"algo": cfg.algo})

@@ -8,6 +8,7 @@ import typer
 
 from ..configs import BetaGridConfig, ClustersConfig, DecomposeConfig
 from . import options, render
+from ..runtime import Runtime
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.analyze")
@@ -37,6 +38,7 @@ def clusters(
 @config_command(BetaGridConfig)
 def beta_grid(
     cfg: BetaGridConfig,
+    rt: Runtime,
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id (its partition and pretrained model); "
                                         "default: the newest."),
     force: bool = options.FORCE,
@@ -45,7 +47,7 @@ def beta_grid(
     """Does the data ask for a per-domain beta, before any training? Fine-tunes every seen client under each beta
     vector of a grid and compares one vector for all clients, one per domain and one per client, each chosen on
     validation and scored on test -> summary.md/json, scores.json."""
-    art, reused = grid_stage.run(cfg, options.store(store), stats, force, render.RichProgress())
+    art, reused = grid_stage.run(cfg, options.store(store), stats, force, render.RichProgress(), runtime=rt)
     s = json.loads(art.file("summary.json").read_text())
     render.table(f"test accuracy (%) by how beta is chosen, LR {cfg.lr:g}, seeds {cfg.seeds}",
                  ["choice", "chosen on validation", "Δ vs shared", "chosen on test (bound)"],
@@ -58,6 +60,7 @@ def beta_grid(
 @config_command(DecomposeConfig)
 def decompose(
     cfg: DecomposeConfig,
+    rt: Runtime,
     personalize: Optional[str] = options.PERSONALIZE,
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
@@ -65,7 +68,7 @@ def decompose(
     """Which half of a learned strategy helps: re-runs the personalisation's learned method on the same clients, seeds
     and batches with beta fixed, with eta at the base LR, with its LRs scaled and with one BN layer's beta set
     (--layer-betas), overall and per domain -> summary.md/json."""
-    art, reused = decompose_stage.run(cfg, options.store(store), personalize, force, render.RichProgress())
+    art, reused = decompose_stage.run(cfg, options.store(store), personalize, force, render.RichProgress(), runtime=rt)
     s = json.loads(art.file("summary.json").read_text())
     doms, cells = decompose_stage.domain_cells(s)  # one column per domain where there are several
     render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned", *doms],

@@ -11,6 +11,7 @@ import typer
 from ..errors import FedL2PError
 from ..configs import MetaTrainConfig
 from . import options, render
+from ..runtime import Runtime
 from .generate import config_command
 
 app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `fedl2p flower app DIR` writes the Flower "
@@ -63,14 +64,17 @@ def export_site(
     render.console.print(f"site of client {client}: {path}")
 
 
-# a deployment has no central statistics (--input-norm) and runs federated rounds on its sites' own devices
-NOT_DEPLOYED = ("local", "input_norm", "workers", "engine", "gpus_per_client")
+# a deployment has no central statistics (--input-norm); its sites compute on their own devices, so of the runtime
+# options only the failure policy applies
+NOT_DEPLOYED = ("local", "input_norm")
+DEPLOYED_RUNTIME = ("round_timeout", "min_answers", "round_retries")
 
 
 @app.command("run-config")
-@config_command(MetaTrainConfig, skip=NOT_DEPLOYED)
+@config_command(MetaTrainConfig, skip=NOT_DEPLOYED, runtime=DEPLOYED_RUNTIME)
 def run_config(
     cfg: MetaTrainConfig,
+    rt: Runtime,
     out: Path = typer.Option(..., help="Folder for run.toml, the model copy the ServerApp sends, and the run's results."),
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
@@ -78,8 +82,8 @@ def run_config(
 ) -> None:
     """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes
     OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
-    meta_stage.check(cfg)
-    rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out)
+    meta_stage.check(cfg, rt)
+    rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out, rt)
     text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items())  # JSON strings and ints are valid TOML
     (out / "run.toml").write_text(text)
     render.console.print(f"run config: {out / 'run.toml'}")

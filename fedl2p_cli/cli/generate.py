@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from ..core.config import choices, flat_fields, flat_types, from_flat, option_name
+from ..runtime import Runtime
 from . import options
 
 
@@ -89,20 +90,32 @@ def build(cls: type, values: dict) -> Any:
     return from_flat(cls, {k: _parse(fields[k], hints[k], v) for k, v in values.items() if k in fields})
 
 
-def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
-    """Decorate `body(cfg, **rest)`: the command's options are `cls`'s fields (or `only` those, less `skip`), then
-    body's own parameters after `cfg` (artifact ids, --force, --store: what is not part of the config)."""
+CONTEXT = "typer_context"  # the parameter through which a command reads the global options (--device, ...)
+
+
+def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (),
+                   runtime: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorate `body(cfg, **rest)` or `body(cfg, rt, **rest)`: the command's options are `cls`'s fields (or `only`
+    those, less `skip`), then the `runtime` options (fields of Runtime: where and how it runs, never part of an id),
+    then body's own parameters (artifact ids, --force, --store). `rt`, when body takes it, is the command's Runtime:
+    the global options (`fedl2p --device ...`) with this command's runtime options."""
     def wrap(body: Callable) -> Callable:
         own = list(inspect.signature(body).parameters.values())[1:]
+        wants_rt = bool(own) and own[0].name == "rt"
+        own = own[1:] if wants_rt else own
         generated = parameters(cls, only, skip)
         names = {p.name for p in generated}
+        run_opts = parameters(Runtime, only=runtime) if runtime else []
         hints = typing.get_type_hints(body)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation)) for p in own]
 
         def command(**kw: Any) -> Any:
-            return body(build(cls, {k: kw.pop(k) for k in list(kw) if k in names}), **kw)
+            cfg = build(cls, {k: kw.pop(k) for k in list(kw) if k in names})
+            ctx, run_kw = kw.pop(CONTEXT), {k: kw.pop(k) for k in runtime}
+            return body(cfg, options.runtime(ctx, **run_kw), **kw) if wants_rt else body(cfg, **kw)
 
-        command.__signature__ = inspect.Signature(generated + own)  # what Typer reads
+        ctx = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)  # Typer fills it in
+        command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # what Typer reads
         command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
         return command
     return wrap

@@ -63,18 +63,16 @@ def _global(ctx: typer.Context,
                                                     show_default="./runs or ./mlruns",
                                                     help="Where --track logs: a local folder (the default: nothing is "
                                                     "sent anywhere) or an MLflow server URI.")) -> None:
-    import torch
-
-    from .. import device as dev
+    """--device, --deterministic and --threads become each command's Runtime (cli/options.py `runtime`)."""
     from ..artifacts import LOCK_WAIT
     from .. import plugins
     from .generate import fill_plugin_help
-    torch.set_num_threads(threads)
     LOCK_WAIT.timeout = lock_timeout
-    dev.use(device or "auto", deterministic, explicit=device is not None)
     plugins.load(plugin or [])
     fill_plugin_help(ctx.find_root().command, plugins.pieces())
     tracking.use(track, track_uri)
+
+
 # the stages in pipeline order, one line each in `fedl2p --help`, each help ending with an example
 COMMANDS = [
     ("partition", partition.partition, "1. Split a dataset into clients -> partition.h5.",

@@ -7,14 +7,16 @@ import typer
 
 from ..configs import MetaTrainConfig
 from . import options, render
+from ..runtime import Runtime, round_options
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.meta_train")
 
 
-@config_command(MetaTrainConfig)
+@config_command(MetaTrainConfig, runtime=round_options())
 def meta_train(
     cfg: MetaTrainConfig,
+    rt: Runtime,
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
@@ -23,7 +25,8 @@ def meta_train(
 ) -> None:
     """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png,
     learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""
-    art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress())
+    art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress(),
+                            runtime=rt)
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)
 

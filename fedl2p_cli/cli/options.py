@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from ..artifacts import Store
 from ..errors import FedL2PError
+from ..runtime import Runtime
 
 STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", help="Artifact store folder (default: ./artifacts).")
 FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one with the same inputs exists.")
@@ -51,6 +52,18 @@ def domain_values(value: Optional[str], cast: type, option: str) -> dict:
         except ValueError:
             raise FedL2PError(f"{option} takes domain=value pairs separated by commas, got '{item}'") from None
     return out
+
+
+def runtime(ctx: typer.Context, device: str | None = None, **options: Any) -> Runtime:
+    """This command's Runtime, built once and applied to this process: the global options (`fedl2p --device
+    --deterministic --threads`; `device`, a pipeline file's, applies when --device was not given) and the command's
+    own runtime options (--workers, --engine, --gpus-per-client, the failure policy)."""
+    from ..core.config import validate
+    g = ctx.find_root().params
+    rt = Runtime.create(g.get("device") or device or "auto", deterministic=bool(g.get("deterministic")),
+                        threads=int(g.get("threads") or 1), **options)
+    validate(rt)  # a bad value: one line naming the option
+    return rt.apply()
 
 
 class Lazy:

@@ -8,6 +8,7 @@ import typer
 
 from ..configs import PersonalizeConfig
 from . import options, render
+from ..runtime import Runtime
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.personalize")
@@ -16,6 +17,7 @@ stage = options.Lazy("fedl2p_cli.stages.personalize")
 @config_command(PersonalizeConfig)
 def personalize(
     cfg: PersonalizeConfig,
+    rt: Runtime,
     meta: Optional[List[str]] = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
     pfl: Optional[List[str]] = typer.Option(None, "--pfl", help="A pfl-train artifact id (pFedLA, HeurpFedLA, CAFeMe) to "
                                             "compare as well (repeatable)."),
@@ -25,7 +27,8 @@ def personalize(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
-    art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl)
+    art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl,
+                            runtime=rt)
     show(json.loads(art.file("summary.json").read_text()))
     render.artifact_line("personalize", art.id, art.path, reused)
 

@@ -7,6 +7,7 @@ import typer
 
 from ..configs import PFLConfig
 from . import options, render
+from ..runtime import Runtime
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.pfl")
@@ -15,6 +16,7 @@ stage = options.Lazy("fedl2p_cli.stages.pfl")
 @config_command(PFLConfig)
 def pfl_train(
     cfg: PFLConfig,
+    rt: Runtime,
     partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
@@ -22,6 +24,6 @@ def pfl_train(
 ) -> None:
     """Train pFedLA, HeurpFedLA or CAFeMe on the seen clients -> a pfl artifact that `fedl2p personalize --methods`
     evaluates beside FT and FedL2P (pFedLA has no model for unseen clients: N/A there)."""
-    art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
+    art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress(), runtime=rt)
     render.table(f"pfl-train ({cfg.algo})", ["metric", "value"], [[k_, v] for k_, v in art.metrics.items()])
     render.artifact_line("pfl", art.id, art.path, reused)

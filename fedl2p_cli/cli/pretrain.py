@@ -7,21 +7,23 @@ import typer
 
 from ..configs import PretrainConfig
 from . import options, render
+from ..runtime import Runtime, round_options
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.pretrain")
 
 
-@config_command(PretrainConfig)
+@config_command(PretrainConfig, runtime=round_options())
 def pretrain(
     cfg: PretrainConfig,
+    rt: Runtime,
     partition: Optional[str] = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Pretrain the global model federatedly on the seen clients -> model.safetensors, history.csv, curves.png."""
-    art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress())
+    art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress(), runtime=rt)
     if art.metrics:
         render.table("global model", ["metric", "value"], [[k, v] for k, v in art.metrics.items()])
     render.artifact_line("pretrain", art.id, art.path, reused)

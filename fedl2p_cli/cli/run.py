@@ -15,6 +15,7 @@ pipeline = options.Lazy("fedl2p_cli.stages.pipeline")
 
 
 def run(
+    ctx: typer.Context,
     file: Annotated[Optional[str], typer.Argument(help="Pipeline TOML file, or the name of a shipped pipeline (--list).",
                                                   show_default=False)] = None,
     force: Optional[str] = typer.Option(None, "--force", help="Re-run this stage and every later one even if their artifacts exist."),
@@ -39,9 +40,11 @@ def run(
         sys.stdout.write(files.show(path))
         return
     p = pipeline.load(path, store)
+    rt = options.runtime(ctx, device=p.device)
     render.console.print(f"[bold]pipeline {p.name}[/bold] (store {p.store.root})")
     results = pipeline.run(p, force, render.RichProgress,
-                           lambda r: render.artifact_line(f"{r.stage} [{r.label}]", r.artifact.id, r.artifact.path, r.reused))
+                           lambda r: render.artifact_line(f"{r.stage} [{r.label}]", r.artifact.id, r.artifact.path, r.reused),
+                           runtime=rt)
     for r in results:
         m = r.artifact.metrics
         if r.stage == "meta-train" and m.get("diverged"):

@@ -7,6 +7,7 @@ import typer
 
 from ..configs import StatsConfig
 from . import options, render
+from ..runtime import Runtime
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.stats")
@@ -15,13 +16,14 @@ stage = options.Lazy("fedl2p_cli.stages.stats")
 @config_command(StatsConfig)
 def stats(
     cfg: StatsConfig,
+    rt: Runtime,
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest."),
     partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the model's own."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
-    art, reused = stage.run(cfg, options.store(store), partition, pretrain, force, render.RichProgress())
+    art, reused = stage.run(cfg, options.store(store), partition, pretrain, force, render.RichProgress(), runtime=rt)
     show(art.metrics)
     render.artifact_line("stats", art.id, art.path, reused)
 

@@ -139,8 +139,8 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
 
 
 def flat_fields(cls: type) -> list[dataclasses.Field]:
-    """A config's fields with each nested config's fields in its place, inherited fields (a shared part such as
-    FailureOptions) last: the options of one command or section, in --help order."""
+    """A config's fields with each nested config's fields in its place, inherited fields (a shared base
+    config's) last: the options of one command or section, in --help order."""
     return [f for f, _ in _flat(cls)]
 
 

@@ -1,6 +1,5 @@
 """The settings that the maths and the engine read, as typed, documented config dataclasses without torch: choices
-as `Literal`s, and MetaConfig (the client update's options) and FailureOptions (what a round does when clients
-fail). The stage configs (fedl2p_cli/configs.py) nest them; the command line and pipeline files are generated
+as `Literal`s, and MetaConfig (the client update's options) and RoundPolicy (what a round does when clients fail). The stage configs (fedl2p_cli/configs.py) nest them; the command line and pipeline files are generated
 from all of them, so `fedl2p --help` never imports torch."""
 
 from __future__ import annotations
@@ -113,22 +112,3 @@ class RoundPolicy:
 
     def needed(self, sampled: int) -> int:
         return max(1, math.ceil(self.min_answers * sampled - 1e-9))
-
-
-@dataclass(kw_only=True)
-class FailureOptions:
-    """A stage config's part that says what its rounds do when clients fail (`policy()`): a round waits
-    round_timeout seconds (0: no limit), aggregates what arrived when at least min_answers of the sampled clients
-    answered, else samples the round afresh up to round_retries times, then stops. Left out of artifact ids at their
-    defaults (added after artifacts existed)."""
-    round_timeout: float = opt(0.0, "Seconds a round waits for its clients' replies (0: no limit). A client that gives "
-                               "none, fails or whose worker process dies is named in history.csv's `failed` column; "
-                               "--min-answers decides whether the round goes on.", NON_NEGATIVE, identity_default=True)
-    min_answers: float = opt(1.0, "Share of a round's sampled clients that must answer for it to aggregate what arrived "
-                             "(1: all of them, as the papers assume). Too few: the round is sampled afresh, up to "
-                             "--round-retries times, then the run stops with one line.", FRACTION, identity_default=True)
-    round_retries: int = opt(0, "Fresh samples of a round whose clients answered too few (see --min-answers).",
-                             NON_NEGATIVE, identity_default=True)
-
-    def policy(self) -> RoundPolicy:
-        return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)

@@ -14,9 +14,12 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .rounds import Failed
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
 
 _BROKEN = object()  # a task the executor lost when a worker died (not necessarily this task's worker)
 _CONTEXT: Any = None
@@ -30,13 +33,16 @@ def _init(build: Callable[..., Any], args: tuple, update: Callable) -> None:
     _CONTEXT, _UPDATE = build(*args), update
 
 
-def on_device(spec: tuple[str, bool], plugin_modules: list[str], build: Callable[..., Any], *args: Any) -> Any:
-    """`build(*args)` after choosing the parent's device and loading the parent's plugins: how a worker process or
-    ClientApp makes the same choice and knows the same models, datasets and methods."""
-    from .. import device, plugins
-    device.use(*spec)
-    plugins.load(plugin_modules, "the parent process's plugins")
-    return build(*args)
+def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> Any:
+    """`build(*args, runtime)` after applying the parent's runtime (received whole, as a dict): how a worker process
+    or ClientApp makes the same choices (device, determinism, one torch thread)."""
+    from .. import plugins
+    from ..device import resolve
+    from ..runtime import Runtime
+    rt = Runtime.from_dict(runtime)
+    rt = rt.replace(device=str(resolve(rt.device))).apply(threads=1)
+    plugins.load(list(rt.plugins), "the parent process's plugins")
+    return build(*args, rt)
 
 
 def _run(task: Any) -> Any:
@@ -122,18 +128,19 @@ class ClientPool:
         self.close()
 
 
-def open_pool(engine: str, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-              nodes: int, gpus_per_client: float = 0.0, timeout: float | None = None):
-    """The executor of a round's client updates: `local` (this process, or `workers` processes) or `flower`
-    (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time, each given
-    `gpus_per_client` of a GPU). Every process computes on this process's device (`fedl2p --device`). A client
-    that fails or gives no reply within `timeout` seconds comes back as `rounds.Failed`."""
-    from .. import device, plugins
-    spec = device.spec()
-    if engine == "flower" and gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
-        spec = ("cuda", spec[1])
-    args = (spec, plugins.active(), build, *args)
-    if engine == "flower":
+def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
+              nodes: int):
+    """The executor of a round's client updates, as `runtime` says: `local` (this process, or `workers` processes)
+    or `flower` (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time, each
+    given `gpus_per_client` of a GPU). Every process computes on the runtime's device; each builds its context as
+    `build(*args, runtime)`. A client that fails or gives no reply within the round timeout comes back as
+    `rounds.Failed`."""
+    from .. import plugins
+    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *plugins.active()))))
+    if runtime.engine == "flower" and runtime.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
+        sent = sent.replace(device="cuda")
+    args = (sent.to_dict(), build, *args)
+    if runtime.engine == "flower":
         from .flower import FlowerPool
-        return FlowerPool(workers, on_device, args, update, nodes, gpus_per_client, timeout)
-    return ClientPool(workers, on_device, args, update, local_context, timeout)
+        return FlowerPool(runtime.workers, on_runtime, args, update, nodes, runtime.gpus_per_client, runtime.timeout())
+    return ClientPool(runtime.workers, on_runtime, args, update, local_context, runtime.timeout())

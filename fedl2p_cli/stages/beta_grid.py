@@ -20,6 +20,7 @@ from ..core.config import validate
 from ..core.finetune import Strategy, finetune, personalized_accuracy
 from ..engine.loop import generator
 from ..errors import FedL2PError
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
@@ -56,8 +57,9 @@ def scores(cfg: BetaGridConfig, model, theta: dict, table, part, clients: list[i
 
 
 def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: bool = False,
-        progress: Progress | None = None) -> tuple[Artifact, bool]:
+        progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     validate(cfg)
+    runtime = runtime or Runtime()
     if not cfg.levels or not cfg.seeds:
         raise FedL2PError("--levels and --seeds need at least one value each")
     stats_art, table = stats_stage.load(store, stats_ref)
@@ -71,7 +73,7 @@ def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: 
 
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, parents["pretrain"])
-        dev = device.current()
+        dev = runtime.torch_device
         model.to(dev).eval()
         theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
         sc = scores(cfg, model, theta, table, part, clients, grid, progress or NoProgress())
@@ -88,4 +90,4 @@ def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: 
                          "per_domain_gain": float(np.mean(c["per domain"]["gain"])),
                          "per_domain_gain_sd": float(np.std(c["per domain"]["gain"]))}
 
-    return build_or_reuse(store, "analyze", {"analysis": "beta-grid", **config_dict(cfg)}, parents, build, force)
+    return build_or_reuse(store, "analyze", {"analysis": "beta-grid", **config_dict(cfg)}, parents, build, force, runtime)

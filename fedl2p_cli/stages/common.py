@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Protocol
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
 from ..errors import ArtifactError
+from ..runtime import Runtime
 
 _REUSE_ONLY: ContextVar[bool] = ContextVar("reuse_only", default=False)
 
@@ -56,7 +57,8 @@ class NoProgress:
 
 
 def config_dict(cfg: Any, exclude: tuple[str, ...] = ()) -> dict:
-    """The identity-relevant part of a config dataclass (locations and cosmetics excluded). A field marked
+    """The identity-relevant part of a config dataclass (locations and cosmetics excluded; where the work runs is
+    never in a config: it is the Runtime, fedl2p_cli/runtime.py). A field marked
     `identity_default` (an option added after artifacts existed) is left out while it holds its default, so
     artifacts built before the option existed keep their ids."""
     d = _identity(cfg)
@@ -100,8 +102,10 @@ def plugin_records(store: Store, config: dict, parents: dict[str, str]) -> list[
 
 
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],
-                   build: Callable[[Draft], None], force: bool = False) -> tuple[Artifact, bool]:
-    """Return the artifact for these inputs, building it (atomically) only if it does not exist."""
+                   build: Callable[[Draft], None], force: bool = False, runtime: Runtime | None = None
+                   ) -> tuple[Artifact, bool]:
+    """Return the artifact for these inputs, building it (atomically) only if it does not exist. `runtime`: where it
+    is built, which its manifest records (never its id)."""
     aid = artifact_id(stage, config, parents)
     if store.exists(stage, aid) and not (force and not _REUSE_ONLY.get()):
         return store.load(stage, aid), True
@@ -112,6 +116,7 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
             return store.load(stage, aid), True
         draft = store.draft(stage, config, parents)
         draft.plugins = plugin_records(store, config, parents)
+        draft.computed_on = (runtime or Runtime()).describe()
         try:
             t0 = time.perf_counter()
             with tracking.tracked(stage, draft):  # --track: the rounds and metrics to TensorBoard / MLflow

@@ -19,6 +19,7 @@ from ..core.config import validate
 from ..core.finetune import Strategy, finetune, personalized_accuracy
 from ..engine.loop import generator
 from ..errors import FedL2PError
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import pretrain as pretrain_stage
@@ -84,8 +85,9 @@ def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, b
 
 
 def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
-        progress: Progress | None = None) -> tuple[Artifact, bool]:
+        progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     validate(cfg)
+    runtime = runtime or Runtime()
     art, r = personalize_stage.load(store, personalize_ref)
     learned = [m for m in r.methods if isinstance(methods.get(m), methods.Learned) and not np.isnan(r.eta[m]).all()]
     if not learned or (cfg.method is not None and cfg.method not in learned):
@@ -100,7 +102,7 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         _, model, state = pretrain_stage.load(store, art.parents["pretrain"])
         _, table = stats_stage.load(store, art.parents["stats"])
         _, part = partition_stage.load(store, art.parents["partition"])
-        dev = device.current()
+        dev = runtime.torch_device
         model.to(dev).eval()
         theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
         pc = art.config
@@ -130,4 +132,4 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         draft.metrics = {n: v["mean"] for n, v in s["combinations"].items()}
 
     return build_or_reuse(store, "analyze", {"analysis": "decompose", **config_dict(cfg) | {"method": method, "beta": b_fixed}},
-                          parents, build, force)
+                          parents, build, force, runtime)

@@ -33,6 +33,7 @@ from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
 from ..models import registry
+from ..runtime import Runtime
 from . import meta_train as mt
 from .common import NoProgress
 from .pretrain import write_history
@@ -50,9 +51,11 @@ def export_site(data: ClientData, client: int, folder: Path) -> Path:
     return path
 
 
-def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites: int, out: Path) -> dict:
-    """The app's run config for `flwr run --run-config`: the meta-train settings, the model's shape, and a copy of
-    the pretrained weights the ServerApp sends to every site (written to `out`/model.safetensors)."""
+def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites: int, out: Path,
+               runtime: Runtime = Runtime()) -> dict:
+    """The app's run config for `flwr run --run-config`: the meta-train settings, the runtime (its failure policy; each
+    site receives it whole and computes on its own device), the model's shape, and a copy of the pretrained weights
+    the ServerApp sends to every site (written to `out`/model.safetensors)."""
     from ..core.bn import bn_layers
     from ..core.stats import stat_layers
     from . import pretrain as pretrain_stage
@@ -65,7 +68,8 @@ def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
             "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
             "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.active()}
-    return {"meta-train": json.dumps(dataclasses.asdict(cfg)), "model": json.dumps(spec),
+    return {"meta-train": json.dumps(dataclasses.asdict(cfg)), "runtime": json.dumps(runtime.to_dict()),
+            "model": json.dumps(spec),
             "model-file": str((out / "model.safetensors").resolve()), "sites": sites, "out": str(out.resolve())}
 
 
@@ -78,12 +82,12 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     return int(meta["client"]), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
 
 
-def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, where: str = "auto"):
-    """One site's meta-train client update, from its own data and statistics, on the site's own device (`where`:
-    the SuperNode's node-config `device`, else its FEDL2P_DEVICE, else auto). The reply goes back from the CPU."""
-    torch.set_num_threads(1)
+def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, runtime: Runtime):
+    """One site's meta-train client update, from its own data and statistics, on the runtime's device (the site's own:
+    `site_runtime`). The reply goes back from the CPU."""
+    runtime.apply(threads=1)
+    dev = runtime.torch_device
     plugins.load(spec.get("plugins", []), "the run config's plugins")  # a site knows the server's models
-    dev = device.resolve(where)
     c, data = load_site(folder)
     model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])
     set_state(model, theta)
@@ -120,6 +124,13 @@ def misbehave(done: "mt.MetaReply", lam: dict, fault: str) -> "mt.MetaReply":
     return replace(done, result=replace(r, lam=new))
 
 
+def site_runtime(sent: dict, node_config) -> Runtime:
+    """The runtime the server sent, on the site's own device: the SuperNode's node-config `device`, else its
+    FEDL2P_DEVICE, else auto."""
+    where = str(node_config.get("device", os.environ.get(device.ENV, "auto")))
+    return Runtime.from_dict(sent).replace(device=str(device.resolve(where)))
+
+
 def _client_app():
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
@@ -132,9 +143,9 @@ def _client_app():
 
     @app.train()
     def train(msg, context):
-        spec, theta, lam, rnd, cfg_dict = unrecord(msg.content)
-        where = str(context.node_config.get("device", os.environ.get(device.ENV, "auto")))
-        done = site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict, where)
+        spec, theta, lam, rnd, cfg_dict, sent = unrecord(msg.content)
+        done = site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict,
+                           site_runtime(sent, context.node_config))
         if "fault" in context.node_config:
             done = misbehave(done, lam, str(context.node_config["fault"]))
         return Message(records(done), reply_to=msg)
@@ -222,7 +233,10 @@ def _server_app():
     @app.main()
     def main(grid, context):
         rc = context.run_config
-        cfg = mt.config_from_dict(json.loads(str(rc["meta-train"])))
+        settings = json.loads(str(rc["meta-train"]))
+        cfg = mt.config_from_dict(settings)
+        # a run config written before the runtime had its own entry carried the failure policy in its settings
+        runtime = Runtime.from_dict(json.loads(str(rc["runtime"])) if "runtime" in rc else settings)
         spec = json.loads(str(rc["model"]))
         theta = weights.load(Path(str(rc["model-file"])))
         out = Path(str(rc["out"]))
@@ -234,13 +248,13 @@ def _server_app():
         cfg_dict = dataclasses.asdict(cfg)
 
         def execute(tasks: list[mt.MetaTask]) -> list:
-            return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict] for t in tasks],
-                            [node_of[t.client] for t in tasks], cfg.round_timeout or None)
+            return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
+                            [node_of[t.client] for t in tasks], runtime.timeout())
 
         ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
         out.mkdir(parents=True, exist_ok=True)
         st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, ckpt, ServerLog(out / "server.log"), execute,
-                        cfg.policy())
+                        runtime.policy())
         weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
         write_history(out / "history.csv", st.history)
 

@@ -13,7 +13,9 @@ from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_updat
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
+from ..core.settings import RoundPolicy
 from .. import device
+from ..runtime import Runtime
 from ..configs import MetaTrainConfig
 from ..core.config import validate
 from ..core.settings import LEGACY_IFT
@@ -35,17 +37,18 @@ NORM_PREFIX = "input_norm."
 NEW_IFT_ONLY = ("eta_bound",)  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
 
 
-def check(cfg: MetaTrainConfig) -> None:
+def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
-    if cfg.local and cfg.engine != "local":
+    if cfg.local and runtime.engine != "local":
         raise FedL2PError("--engine flower runs federated rounds; --local (L2P) has none, use --engine local")
-    check_gpus(cfg.engine, cfg.gpus_per_client)
+    check_runtime(runtime)
 
 
-def check_gpus(engine: str, gpus_per_client: float) -> None:
-    """--gpus-per-client goes with --engine flower on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs
-    from a ClientApp that was given none)."""
-    on_gpu = device.current().type == "cuda"
+def check_runtime(runtime: Runtime) -> None:
+    """The runtime options of a stage with rounds, valid and consistent: --gpus-per-client goes with --engine flower
+    on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
+    validate(runtime)
+    engine, gpus_per_client, on_gpu = runtime.engine, runtime.gpus_per_client, runtime.on_gpu
     if gpus_per_client > 0 and not (engine == "flower" and on_gpu):
         raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
     if engine == "flower" and on_gpu and gpus_per_client == 0:
@@ -120,15 +123,15 @@ def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float | Non
 
 
 def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig,
-                 table: StatsTable | None = None) -> Context:
-    """Everything a client update reads, from the store (also each worker's initializer; `table`: the statistics
-    the caller already loaded)."""
+                 runtime: Runtime, table: StatsTable | None = None) -> Context:
+    """Everything a client update reads, from the store, on the runtime's device (also each worker's initializer;
+    `table`: the statistics the caller already loaded)."""
     store = Store(root)
     _, part = partition_stage.load(store, partition_id)
     _, model, state = pretrain_stage.load(store, pretrain_id)
     if table is None:
         _, table = stats_stage.load(store, stats_id)
-    dev = device.current()
+    dev = runtime.torch_device
     model.to(dev)
     theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
     norm = None
@@ -246,9 +249,9 @@ class MetaStrategy:
         return {"val": rec["val_loss"], "best": st.extra["best_val"]}
 
 
-def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool
+def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool, policy: RoundPolicy
               ) -> tuple[Lambda, list[dict], dict]:
-    st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map, ctx.cfg.policy())
+    st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map, policy)
     return kept_lambda(ctx.cfg, st), st.history, st.extra
 
 
@@ -315,15 +318,17 @@ def summarize_rounds(history: list[dict], local_mode: bool) -> list[dict]:
 def identity(cfg: MetaTrainConfig) -> dict:
     """The settings an artifact's id hashes (where it runs left out). FOMAML+ has no Neumann series: its id records
     the IFT-only series options at the values every id held before their defaults changed, so FOMAML+ ids stay."""
-    config = {k: v for k, v in config_dict(cfg).items() if k not in ("workers", "engine", "gpus_per_client")}
+    config = config_dict(cfg)
     if cfg.meta.meta_grad != "ift":
         config["meta"] = {k: v for k, v in (config["meta"] | LEGACY_IFT).items() if k not in NEW_IFT_ONLY}
     return config | {"variant": cfg.variant()}
 
 
 def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
-        force: bool = False, resume: bool = True, progress: Progress | None = None) -> tuple[Artifact, bool]:
-    check(cfg)
+        force: bool = False, resume: bool = True, progress: Progress | None = None, runtime: Runtime | None = None
+        ) -> tuple[Artifact, bool]:
+    runtime = runtime or Runtime()
+    check(cfg, runtime)
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
@@ -331,7 +336,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
 
     def build(draft: Draft) -> None:
         ids = (str(store.root), pre_art.id, parents["partition"], stats_art.id)
-        ctx = make_context(*ids, cfg, table)
+        ctx = make_context(*ids, cfg, runtime, table)
         part, norm = ctx.part, ctx.norm
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
@@ -342,9 +347,8 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if cfg.local:
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
-            with open_pool(cfg.engine, cfg.workers, make_context, (*ids, cfg), client_task, ctx,
-                           len(part.pool(False)), cfg.gpus_per_client, cfg.round_timeout or None) as pool:
-                lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool)
+            with open_pool(runtime, make_context, (*ids, cfg), client_task, ctx, len(part.pool(False))) as pool:
+                lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool, runtime.policy())
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})
         write_history(draft.path("history.csv"), history)
@@ -364,7 +368,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if not cfg.local:
             learning_curves(curve, part.domain_names, draft.path("learning.png"))
 
-    return build_or_reuse(store, "meta-train", config, parents, build, force)
+    return build_or_reuse(store, "meta-train", config, parents, build, force, runtime)
 
 
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
@@ -373,8 +377,10 @@ def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> 
 
 
 def config_from_dict(d: dict) -> MetaTrainConfig:
-    """The inverse of dataclasses.asdict (how a deployment's run config carries the settings)."""
-    return MetaTrainConfig(**{k: v for k, v in d.items() if k != "meta"}, meta=MetaConfig(**d["meta"]))
+    """The inverse of dataclasses.asdict (how a deployment's run config carries the settings); runtime keys (a run
+    config written when they were settings) are left to `Runtime.from_dict`."""
+    known = set(MetaTrainConfig.__dataclass_fields__) - {"meta"}
+    return MetaTrainConfig(**{k: v for k, v in d.items() if k in known}, meta=MetaConfig(**d["meta"]))
 
 
 def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:

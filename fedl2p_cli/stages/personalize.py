@@ -23,6 +23,7 @@ from ..engine.loop import generator, group_of
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
+from ..runtime import Runtime
 from . import meta_train as meta_stage
 from . import partition as partition_stage
 from . import pfl as pfl_stage
@@ -156,8 +157,8 @@ def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn
 
 
 def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table: StatsTable, metas: list[MetaMethod],
-                  clients: list[int], progress: Progress, pfls: list[pfl_stage.Trained] = ()) -> results_h5.Results:
-    dev = device.current()
+                  clients: list[int], progress: Progress, pfls: list[pfl_stage.Trained] = (),
+                  dev: torch.device = torch.device("cpu")) -> results_h5.Results:
     _, model, state = pretrain_stage.load(store, pre_id)
     model.to(dev).eval()
     theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
@@ -298,8 +299,9 @@ def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:
 
 def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
         meta_refs: list[str] | None = None, force: bool = False, progress: Progress | None = None,
-        pfl_refs: list[str] | None = None) -> tuple[Artifact, bool]:
+        pfl_refs: list[str] | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     check(cfg)
+    runtime = runtime or Runtime()
     if pretrain_ref is None and stats_ref is not None:  # the statistics name their model
         pretrain_ref = store.load("stats", stats_ref, verify=False).parents["pretrain"]
     pre_art = store.load("pretrain", pretrain_ref)
@@ -315,7 +317,8 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         raise FedL2PError(f"the {'unseen' if cfg.unseen else 'seen'} pool of partition {parents['partition']} is empty")
 
     def build(draft: Draft) -> None:
-        r = evaluate_pool(cfg, store, pre_art.id, part, table, metas, clients, progress or NoProgress(), pfls)
+        r = evaluate_pool(cfg, store, pre_art.id, part, table, metas, clients, progress or NoProgress(), pfls,
+                          runtime.torch_device)
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
@@ -323,7 +326,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         plots(r, table, draft)
         draft.metrics = {"pool": s["pool"], "global_acc": s["global_acc"]} | {m: v["mean"] for m, v in s["methods"].items()}
 
-    return build_or_reuse(store, "personalize", config_dict(cfg), parents, build, force)
+    return build_or_reuse(store, "personalize", config_dict(cfg), parents, build, force, runtime)
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:

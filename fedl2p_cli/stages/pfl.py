@@ -1,5 +1,6 @@
 """`fedl2p pfl-train`: the other personalised-FL systems, trained on a partition's seen clients. Each registered
-system (fedl2p_cli/methods: `System.trainer`) has its own module under stages/systems/:
+system (fedl2p_cli/methods: `System.trainer`) has its own module under stages/systems/ (`train(cfg, part, ckpt,
+progress, draft, runtime)`, `load`, `accuracy`, `SETTINGS`):
 pfedla / heurpfedla (Ma et al., CVPR 2022): the server's per-client models and hypernetworks -> server.safetensors.
 cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.safetensors.
 `fedl2p personalize --methods pfedla,heurpfedla,cafeme` evaluates them beside FT and FedL2P on the same clients.
@@ -20,6 +21,7 @@ from ..core.config import validate
 from ..engine.loop import Checkpoint
 from ..errors import FedL2PError
 from ..models import registry
+from ..runtime import Runtime
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
@@ -45,8 +47,9 @@ def identity(cfg: PFLConfig) -> dict:
 
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
-        progress: Progress | None = None) -> tuple[Artifact, bool]:
+        progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     check(cfg)
+    runtime = runtime or Runtime()
     part_art, part = partition_stage.load(store, partition_ref)
     conf = identity(cfg) | {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
@@ -54,11 +57,12 @@ def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: b
         ckpt = Checkpoint(store.workdir("pfl", draft.id))
         if not resume:
             ckpt.clear()
-        history, draft.metrics = trainer(cfg.algo).train(cfg, part, ckpt, progress or NoProgress(), draft)
+        history, draft.metrics = trainer(cfg.algo).train(cfg, part, ckpt, progress or NoProgress(), draft,
+                                                          runtime)
         write_history(draft.path("history.csv"), history)
         draft.metrics |= {k: v for k, v in history[-1].items() if k in ("val_acc", "train_loss", "held_out_loss")}
 
-    return build_or_reuse(store, "pfl", conf, {"partition": part_art.id}, build, force)
+    return build_or_reuse(store, "pfl", conf, {"partition": part_art.id}, build, force, runtime)
 
 
 @dataclass

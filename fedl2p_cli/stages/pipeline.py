@@ -10,6 +10,7 @@ from .. import methods
 from ..artifacts import Artifact, Store
 from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
 from ..errors import DataError, FedL2PError
+from ..runtime import Runtime, round_options
 from . import analyze, meta_train, partition, personalize, pfl, pipeline_files, pretrain, stats
 from .common import Progress
 
@@ -30,6 +31,7 @@ class Pipeline:
     sections: dict[str, Any]
     store: Store
     results: list[StepResult] = field(default_factory=list)
+    device: str | None = None  # the file's `device`: where it computes unless --device / FEDL2P_DEVICE say otherwise
 
 
 def _make(cls: type, section: str, values: dict, name: str) -> Any:
@@ -46,6 +48,18 @@ def _make(cls: type, section: str, values: dict, name: str) -> Any:
     return cfg
 
 
+def _runtime(base: Runtime, values: dict, section: str, name: str) -> tuple[dict, Runtime]:
+    """A section of a stage with rounds: its settings, and `base` with the section's runtime keys (workers, engine,
+    the failure policy: never part of an artifact's id)."""
+    own = {k: values[k] for k in round_options() if k in values}
+    try:
+        rt = base.replace(**own)
+        validate(rt, key_name)
+    except (TypeError, ConfigError) as e:
+        raise FedL2PError(f"pipeline {name}: [{section}] {e}") from None
+    return {k: v for k, v in values.items() if k not in own}, rt
+
+
 def _table(value: Any, section: str, name: str) -> dict:
     if not isinstance(value, dict):
         raise FedL2PError(f"pipeline {name}: [{section}] must be a table of settings, got {value!r}")
@@ -56,7 +70,7 @@ def check_sections(p: Pipeline) -> None:
     """Every section's config built and validated before the first stage runs: a typo in [personalize] must not
     cost a pretraining run, and a refused pipeline writes nothing."""
     s, name = p.sections, p.name
-    pre = dict(_table(s["pretrain"], "pretrain", name))
+    pre, _ = _runtime(Runtime(), dict(_table(s["pretrain"], "pretrain", name)), "pretrain", name)
     own = pre.pop("partition", None)
     if own is not None:
         _make(partition.PartitionConfig, "pretrain.partition", _table(own, "pretrain.partition", name), name)
@@ -67,7 +81,7 @@ def check_sections(p: Pipeline) -> None:
     _make(pretrain.PretrainConfig, "pretrain", pre, name)
     _make(stats.StatsConfig, "stats", _table(s.get("stats", {}), "stats", name), name)
     for m in _tables(s.get("meta-train", []), "meta-train", name):
-        _meta_cfg(m, name)
+        _meta_cfg(_runtime(Runtime(), m, "meta-train", name)[0], name)
     for t in _tables(s.get("pfl", []), "pfl", name):
         pfl.check(_make(pfl.PFLConfig, "pfl", t, name))
     if "personalize" in s:
@@ -106,8 +120,8 @@ def load(path: Path, store_override: Path | None = None) -> Pipeline:
         if not isinstance(data["device"], str):
             raise FedL2PError(f"pipeline {path}: device must be a string such as \"cuda\", got {data['device']!r}")
         from .. import device
-        device.default_to(data["device"])
-    return Pipeline(data.get("name", path.stem), data, Store(root))
+        device.parse(data["device"])  # a misspelt key is refused even where --device overrides it
+    return Pipeline(data.get("name", path.stem), data, Store(root), device=data.get("device"))
 
 
 def _meta_cfg(values: dict, name: str) -> meta_train.MetaTrainConfig:
@@ -115,7 +129,9 @@ def _meta_cfg(values: dict, name: str) -> meta_train.MetaTrainConfig:
 
 
 def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
-        on_step: Callable[[StepResult], None] = lambda r: None) -> list[StepResult]:
+        on_step: Callable[[StepResult], None] = lambda r: None, runtime: Runtime | None = None) -> list[StepResult]:
+    """The stages in order, each on `runtime` (a section's runtime keys added for its stage)."""
+    base = runtime or Runtime()
     if force_from is not None and force_from not in ORDER:
         raise FedL2PError(f"--force takes a stage name: {', '.join(ORDER)}")
     forced = set(ORDER[ORDER.index(force_from):]) if force_from else set()
@@ -133,7 +149,7 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         on_step(r)
         return art
 
-    pre_sec = dict(s["pretrain"])
+    pre_sec, pre_rt = _runtime(base, dict(s["pretrain"]), "pretrain", name)
     own = pre_sec.pop("partition", None)  # [pretrain.partition]: the model is pretrained on other clients
     pre_part = None
     if own is not None:
@@ -145,18 +161,21 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
     part = step("partition", "partition", lambda f: partition.run(_make(partition.PartitionConfig, "partition", part_sec, name),
                                                                   p.store, f, plot=True))
     pre = step("pretrain", "pretrain", lambda f: pretrain.run(_make(pretrain.PretrainConfig, "pretrain", pre_sec, name),
-                                                               p.store, (pre_part or part).id, f, True, progress()))
+                                                               p.store, (pre_part or part).id, f, True, progress(),
+                                                               runtime=pre_rt))
     st = step("stats", "stats", lambda f: stats.run(_make(stats.StatsConfig, "stats", s.get("stats", {}), name), p.store,
-                                                     part.id, pre.id, f, progress()))
+                                                     part.id, pre.id, f, progress(), runtime=base))
     meta_ids = []
     for m in _tables(s.get("meta-train", []), "meta-train", name):
+        m, rt = _runtime(base, m, "meta-train", name)
         cfg = _meta_cfg(m, name)
-        art = step("meta-train", cfg.variant(), lambda f, cfg=cfg: meta_train.run(cfg, p.store, pre.id, st.id, f, True, progress()))
+        art = step("meta-train", cfg.variant(), lambda f, cfg=cfg, rt=rt: meta_train.run(cfg, p.store, pre.id, st.id, f, True,
+                                                                                         progress(), runtime=rt))
         meta_ids.append(art.id)
     pfl_ids = []
     for t in _tables(s.get("pfl", []), "pfl", name):  # the other personalised-FL systems, on the same clients
         cfg = _make(pfl.PFLConfig, "pfl", t, name)
-        art = step("pfl", cfg.algo, lambda f, cfg=cfg: pfl.run(cfg, p.store, part.id, f, True, progress()))
+        art = step("pfl", cfg.algo, lambda f, cfg=cfg: pfl.run(cfg, p.store, part.id, f, True, progress(), runtime=base))
         pfl_ids.append(art.id)
     if "personalize" not in s:
         return p.results
@@ -173,7 +192,7 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
                     name)
         ids = [i for i in meta_ids if methods.learned_of(p.store.load("meta-train", i, verify=False).metrics["variant"]).supports(pool)]
         last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress(),
-                                                                                      pfl_ids))
+                                                                                      pfl_ids, runtime=base))
         if "analyze" in s and pool == s["analyze"].get("pool", pools[-1]):
             acfg = {k: v for k, v in s["analyze"].items() if k != "pool"}
             step("analyze", f"clusters ({pool})", lambda f, last=last, acfg=acfg: analyze.run(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import device
+from ..runtime import Runtime
 from ..algorithms.local import LocalConfig, algorithms
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
@@ -27,13 +28,13 @@ from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
-def check(cfg: PretrainConfig) -> None:
+def check(cfg: PretrainConfig, runtime: Runtime) -> None:
     validate(cfg)
     if cfg.init is None and cfg.algo not in algorithms():
         raise FedL2PError(f"unknown algorithm '{cfg.algo}' (--algo); choose one of: {', '.join(algorithms())}")
     registry.spec(cfg.model)
-    from .meta_train import check_gpus
-    check_gpus(cfg.engine, cfg.gpus_per_client)
+    from .meta_train import check_runtime
+    check_runtime(runtime)
 
 
 def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +90,8 @@ class LocalResult:
 class PretrainStrategy:
     """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule."""
 
-    def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module):
-        self.dev = device.current()
+    def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module, dev: torch.device):
+        self.dev = dev
         self.cfg, self.part, self.model = cfg, part, model.to(self.dev)
         self.label = f"pretrain {cfg.algo}"
         self.seen, unseen = part.pool(False), part.pool(True)
@@ -135,8 +136,8 @@ class PretrainStrategy:
         return {"loss": rec["train_loss"], "acc": rec.get("seen_acc")}
 
 
-def make_strategy(cfg: PretrainConfig, part: Partition) -> PretrainStrategy:
-    return PretrainStrategy(cfg, part, build_model(cfg, part))
+def make_strategy(cfg: PretrainConfig, part: Partition, runtime: Runtime) -> PretrainStrategy:
+    return PretrainStrategy(cfg, part, build_model(cfg, part), runtime.torch_device)
 
 
 def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
@@ -144,9 +145,9 @@ def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
     return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]))
 
 
-def worker_strategy(root: str, partition_id: str, cfg: PretrainConfig) -> PretrainStrategy:
+def worker_strategy(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainStrategy:
     """A worker's own strategy (model, client data), built once from the store in its initializer."""
-    return make_strategy(cfg, partition_stage.load(Store(root), partition_id)[1])
+    return make_strategy(cfg, partition_stage.load(Store(root), partition_id)[1], runtime)
 
 
 def client_task(strategy: PretrainStrategy, task: LocalTask) -> LocalResult:
@@ -154,13 +155,13 @@ def client_task(strategy: PretrainStrategy, task: LocalTask) -> LocalResult:
 
 
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress,
-          where: tuple[str, str] | None = None) -> tuple[dict, list[dict]]:
+          where: tuple[str, str] | None = None, runtime: Runtime = Runtime()) -> tuple[dict, list[dict]]:
     """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
-    strategy = make_strategy(cfg, part)
-    workers, engine = (cfg.workers, cfg.engine) if where else (1, "local")
-    with open_pool(engine, workers, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy,
-                   len(strategy.seen), cfg.gpus_per_client, cfg.round_timeout or None) as pool:
-        st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, cfg.policy())
+    strategy = make_strategy(cfg, part, runtime)
+    executor = runtime if where else runtime.replace(workers=1, engine="local")
+    with open_pool(executor, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy,
+                   len(strategy.seen)) as pool:
+        st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, runtime.policy())
     return st.tensors, st.history
 
 
@@ -173,14 +174,14 @@ def write_history(path: Path, history: list[dict]) -> None:
 
 
 def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
-        progress: Progress | None = None, plot: bool = True) -> tuple[Artifact, bool]:
-    check(cfg)
+        progress: Progress | None = None, plot: bool = True, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+    runtime = runtime or Runtime()
+    check(cfg, runtime)
     if cfg.init:
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
     part_art, part = partition_stage.load(store, partition_ref)
     parents = {"partition": part_art.id}
-    runtime = ("workers", "engine", "gpus_per_client")  # where it runs, not what it computes
-    conf = config_dict(cfg, exclude=(*runtime, "init") if cfg.init else runtime)
+    conf = config_dict(cfg, exclude=("init",) if cfg.init else ())
     conf |= {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
     def build(draft: Draft) -> None:
@@ -191,7 +192,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
             if not resume:
                 ckpt.clear()
-            state, history = train(cfg, part, ckpt, progress or NoProgress(), (str(store.root), part_art.id))
+            state, history = train(cfg, part, ckpt, progress or NoProgress(), (str(store.root), part_art.id), runtime)
         weights.save(draft.path("model.safetensors"), state, {"model": cfg.model})
         if history:
             write_history(draft.path("history.csv"), history)
@@ -201,7 +202,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
                 from ..analysis.plots import pretrain_curves
                 pretrain_curves(history, cfg.algo, draft.path("curves.png"))
 
-    return build_or_reuse(store, "pretrain", conf, parents, build, force)
+    return build_or_reuse(store, "pretrain", conf, parents, build, force, runtime)
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict]:

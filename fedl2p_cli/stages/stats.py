@@ -17,6 +17,7 @@ from ..models.registry import param_names
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from .. import device
+from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
@@ -46,8 +47,9 @@ def summary(t: stats_h5.StatsTable, domain_names: list[str]) -> dict:
 
 
 def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretrain_ref: str | None = None,
-        force: bool = False, progress: Progress | None = None) -> tuple[Artifact, bool]:
+        force: bool = False, progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     validate(cfg)
+    runtime = runtime or Runtime()
     pre_art = store.load("pretrain", pretrain_ref)
     part_id = partition_ref or pre_art.parents["partition"]
     part_art = store.load("partition", part_id)
@@ -59,7 +61,7 @@ def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretra
         _, model, _ = pretrain_stage.load(store, pre_art.id)
         check_fit(model, part)
         clients = list(range(part.num_clients))
-        cols = compute(model.to(device.current()), part, clients, cfg.batch_size, progress or NoProgress())
+        cols = compute(model.to(runtime.torch_device), part, clients, cfg.batch_size, progress or NoProgress())
         model.cpu()
         bns = [m for _, m in bn_layers(model)]
         table = stats_h5.StatsTable(
@@ -69,7 +71,7 @@ def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretra
         stats_h5.write(draft.path("stats.h5"), table)
         draft.metrics = summary(table, part.domain_names)
 
-    return build_or_reuse(store, "stats", config_dict(cfg, exclude=("batch_size",)), parents, build, force)
+    return build_or_reuse(store, "stats", config_dict(cfg, exclude=("batch_size",)), parents, build, force, runtime)
 
 
 def check_fit(model: torch.nn.Module, part) -> None:

@@ -19,6 +19,7 @@ from ...errors import FedL2PError
 from ...io import weights
 from ...io.partition_h5 import Partition
 from ...models import registry
+from ...runtime import Runtime
 
 SETTINGS = {"cafeme": ("steps", "outer_lr", "order", "outer")}
 
@@ -42,14 +43,14 @@ class CAFeMeStrategy:
     """CAFeMe (Alg. 1): each sampled client personalises omega and takes one outer step; the server averages.
     The state is omega plus every client's Adam moments (keys adam<c>.)."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition):
+    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device = torch.device("cpu")):
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
         self.sites = gate_sites(self.model, part.in_channels)
         self.ccfg = cafeme_config(cfg, part.num_classes)
         self.seen = part.pool(False)
-        self.dev = device.current()
+        self.dev = dev
         self.model.to(self.dev)
         self.omega_cache = device.RoundCache()
         if any(len(part.client(c).val[1]) < 2 for c in self.seen):
@@ -105,8 +106,9 @@ def omega_of(tensors: dict) -> dict:
 
 
 
-def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft) -> tuple[list[dict], dict]:
-    strategy = CAFeMeStrategy(cfg, part)
+def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft, runtime: Runtime = Runtime()
+          ) -> tuple[list[dict], dict]:
+    strategy = CAFeMeStrategy(cfg, part, runtime.torch_device)
     st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
     omega = omega_of(st.tensors)
     weights.save(draft.path("omega.safetensors"), omega, {"algo": cfg.algo, "model": cfg.model})

@@ -20,6 +20,7 @@ from ...engine.rounds import in_process, run_rounds
 from ...io import weights
 from ...io.partition_h5 import Partition
 from ...models import registry
+from ...runtime import Runtime
 
 SETTINGS = {"pfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden"),
             "heurpfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden", "k")}
@@ -42,11 +43,11 @@ class PFedLAStrategy:
     """pFedLA / HeurpFedLA (Alg. 1-2): every sampled client trains its layer-wise mix; the server then updates the
     clients' hypernetworks and stored models (the state is the server: stacked models and hypernetworks)."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition):
+    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device = torch.device("cpu")):
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-        self.dev = device.current()
+        self.dev = dev
         self.seen = part.pool(False)
         names = [n for n, _ in self.model.named_parameters()]
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
@@ -105,8 +106,9 @@ def restore_server(server: pfedla.Server, tensors: dict[str, torch.Tensor]) -> N
 
 
 
-def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft) -> tuple[list[dict], dict]:
-    strategy = PFedLAStrategy(cfg, part)
+def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft, runtime: Runtime = Runtime()
+          ) -> tuple[list[dict], dict]:
+    strategy = PFedLAStrategy(cfg, part, runtime.torch_device)
     st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
     restore_server(strategy.server, st.tensors)  # st.tensors is the server state, flat
     weights.save(draft.path("server.safetensors"), st.tensors,

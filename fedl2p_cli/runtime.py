@@ -1,0 +1,120 @@
+"""Where and how work runs, as one value: the `Runtime`. Never what it computes, so no field of it enters an
+artifact's id.
+
+The command line builds it once per command (`fedl2p --device/--deterministic/--threads`, a pipeline file's `device`,
+and the command's own runtime options: `--workers`, `--engine`, `--gpus-per-client` and the failure policy) and
+passes it to the stage, which hands it to its executor. A worker process or a Flower ClientApp receives it whole as
+a plain dict (`to_dict`; no pickle) and applies it (`apply`) before building anything. `core/` never sees it: its
+functions follow their inputs' device. The artifact's manifest records it (`describe`: `computed_on`).
+
+Torch-free at import, so `fedl2p --help` stays fast; the torch parts are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, UNIT, opt
+from .core.settings import Engine, RoundPolicy
+
+ROUNDS = "rounds"  # `scope` of the options that the commands running federated rounds (pretrain, meta-train) take
+
+_SAME = " The artifact is the same either way (bit for bit; a runtime option, never part of its id)."
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    device: str = opt("cpu", "Where tensors live: a resolved torch device name (cpu, cuda:0).", cli=False)
+    deterministic: bool = opt(False, "cuDNN's deterministic kernels and torch.use_deterministic_algorithms.", cli=False)
+    threads: int = opt(1, "Torch CPU threads of this process (worker processes and ClientApps: one each).", AT_LEAST_1,
+                       cli=False)
+    workers: int = opt(1, "Processes that run a round's clients in parallel, one torch thread each (spawned once per "
+                       "run; each loads the data once). Use up to the number of cores; see "
+                       "docs/guide/threads-devices.md." + _SAME, AT_LEAST_1, scope=ROUNDS)
+    engine: Engine = opt("local", "Where the round's client updates run: local = this process (or --workers processes) "
+                         "| flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers at a time; "
+                         "needs pip install 'fedl2p[flower]')." + _SAME, scope=ROUNDS)
+    gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25 runs "
+                                 "four ClientApps per GPU, on every GPU Ray sees). Not part of the artifact's id.", UNIT,
+                                 scope=ROUNDS)
+    # the failure policy: what a round does when clients fail (RoundPolicy)
+    round_timeout: float = opt(0.0, "Seconds a round waits for its clients' replies (0: no limit). A client that gives "
+                               "none, fails or whose worker process dies is named in history.csv's `failed` column; "
+                               "--min-answers decides whether the round goes on.", NON_NEGATIVE, scope=ROUNDS)
+    min_answers: float = opt(1.0, "Share of a round's sampled clients that must answer for it to aggregate what arrived "
+                             "(1: all of them, as the papers assume). Too few: the round is sampled afresh, up to "
+                             "--round-retries times, then the run stops with one line.", FRACTION, scope=ROUNDS)
+    round_retries: int = opt(0, "Fresh samples of a round whose clients answered too few (see --min-answers).",
+                             NON_NEGATIVE, scope=ROUNDS)
+    plugins: tuple[str, ...] = opt((), "The plugin modules a worker process or Flower site loads before it builds "
+                                   "anything.", cli=False)
+
+    @classmethod
+    def create(cls, device: str = "auto", **fields: Any) -> "Runtime":
+        """A runtime on the device `device` names (auto: the first CUDA GPU when one is present, else the CPU);
+        a device that does not exist here is refused with one line."""
+        from .device import resolve
+        return cls(device=str(resolve(device)), **fields)
+
+    @property
+    def torch_device(self):
+        import torch
+        return torch.device(self.device)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def policy(self) -> RoundPolicy:
+        return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)
+
+    def timeout(self) -> float | None:
+        return self.round_timeout or None
+
+    def replace(self, **changes: Any) -> "Runtime":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """What a worker process, a ClientApp or a deployment's run config receives: JSON-safe values only."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Runtime":
+        """The inverse of `to_dict`; keys it does not know are ignored (a run config written by another version)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if "plugins" in kw:
+            kw["plugins"] = tuple(kw["plugins"])
+        return cls(**kw)
+
+    def apply(self, threads: int | None = None) -> "Runtime":
+        """Make this process compute as the runtime says: torch's threads, determinism, the current CUDA device.
+        Called once per process: by the command line, and by each worker process or ClientApp (`threads=1`)."""
+        import torch
+        torch.set_num_threads(threads or self.threads)
+        if self.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's reproducible workspace
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+            torch.use_deterministic_algorithms(True)
+        if self.on_gpu:
+            torch.cuda.set_device(self.torch_device)
+        return self
+
+    def describe(self) -> dict:
+        """For the manifest (`computed_on`): where an artifact was computed."""
+        import torch
+        d = {"device": self.device, "torch": torch.__version__, "deterministic": self.deterministic}
+        if self.on_gpu:
+            dev = self.torch_device
+            d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,
+                  "cudnn": torch.backends.cudnn.version()}
+        return d
+
+
+def round_options() -> tuple[str, ...]:
+    """The runtime options of the commands (and pipeline sections) that run federated rounds."""
+    return tuple(f.name for f in dataclasses.fields(Runtime) if f.metadata.get("scope") == ROUNDS)
