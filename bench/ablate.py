@@ -38,7 +38,6 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
     torch.set_num_threads(1)
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import pipeline
-    from fedl2p_cli import methods
     from fedl2p_cli.stages import personalize as pers_stage
     secs = accuracy.sections(cell)
     secs["meta-train"] = [accuracy.sections(cell)["meta-train"][0] | variant]  # the paper-default variant's settings
@@ -53,7 +52,7 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
     art = [r.artifact for r in res if r.stage == "personalize"][-1]
     _, r = pers_stage.load(store, art.id)
     s = json.loads(art.file("summary.json").read_text())
-    meta = [m for m in s["methods"] if isinstance(methods.get(m), methods.Learned)][0]
+    meta = pers_stage.learned_rows(art, r)[0]
     i, b = r.methods.index(meta), r.methods.index(s["best_baseline"])
     diff = np.nanmean(r.acc_after[i] - r.acc_after[b], axis=1)  # per seed, paired on clients
     beta = r.beta[meta]  # [clients, layers]

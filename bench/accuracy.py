@@ -241,17 +241,19 @@ SWEEP = (0.0, 0.25, 0.5, 0.75, 1.0)
 SWEEP_LRS = (BASE_LR, BASE_LR / 10)  # at the base LR, beta = 0 (no batch statistics in training) is unstable
 
 
-def cell_inputs(ids: dict[str, str]):
-    """(pretrained model in eval mode, its parameters, statistics table, partition) from the artifact ids by stage."""
+def cell_harness(ids: dict[str, str]):
+    """The personalisation harness (stages/harness.py, on the CPU) of a cell's artifacts, by stage: e epochs, batch 32."""
+    import torch
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import partition as partition_stage
     from fedl2p_cli.stages import pretrain as pretrain_stage
     from fedl2p_cli.stages import stats as stats_stage
+    from fedl2p_cli.stages.harness import Harness
     store = Store(STORE)
     _, model, state = pretrain_stage.load(store, ids["pretrain"])
     _, table = stats_stage.load(store, ids["stats"])
     _, part = partition_stage.load(store, ids["partition"])
-    return model.eval(), {n: state[n] for n, _ in model.named_parameters()}, table, part
+    return Harness(model, state, part, table, torch.device("cpu"), EPOCHS, 32)
 
 
 def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[float]]]:
@@ -259,20 +261,18 @@ def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[f
     client with one fixed beta for all BN layers (PreciseBN statistics, the personalisation's batches)."""
     import torch
     from fedl2p_cli.artifacts import Store
-    from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
-    from fedl2p_cli.engine.loop import generator
+    from fedl2p_cli.core.finetune import Strategy
     torch.set_num_threads(1)
-    model, theta, table, part = cell_inputs(Store(STORE).load("personalize", personalize_id).parents)
-    n_bn = table.xi.shape[1]
+    h = cell_harness(Store(STORE).load("personalize", personalize_id).parents)
+    part = h.part
     acc: dict[str, list[list[float]]] = {}
     for c in part.pool(False):
-        data = part.client(c)
+        client = h.client(c)
         row = []
         for lr in SWEEP_LRS:
             for b in SWEEP:
-                s = Strategy(torch.full((n_bn,), b), torch.full((len(theta),), lr))
-                ft = finetune(model, theta, *data.train, s, table.client_bn(c), EPOCHS, 32, generator(seed, c, 7))
-                row.append(personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 32)[1])
+                s = Strategy(torch.full((h.n_bn,), b), torch.full((h.n_params,), lr))
+                row.append(h.finetune(client, s, seed).evaluate("test")[1])
         acc.setdefault(part.domain_names[part.domain[c]], []).append(row)
     n = len(SWEEP)
     return {d: {f"{lr:g}": [float(v) for v in np.mean(rows, axis=0)[i * n:(i + 1) * n]] for i, lr in enumerate(SWEEP_LRS)}
@@ -349,8 +349,8 @@ def report(done: list[list[dict]]) -> str:
         lrn = []
         for m in learned:
             if m not in ms or np.isnan(ms[m]["mean"]):
-                no_model = not registry.get(m).supports("unseen")  # nothing for clients they never trained
-                lrn.append("N/A" if r["pool"] == "unseen" and no_model else "–")
+                # on the unseen pool a learned row without a value has no model for those clients (L2P)
+                lrn.append("N/A" if r["pool"] == "unseen" and m in ms else "–")
                 continue
             v = ms[m]
             pers = f" [{100 * v['pers_sd']:.2f}]" if "pers_sd" in v else ""

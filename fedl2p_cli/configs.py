@@ -148,9 +148,13 @@ class MetaTrainConfig:
                                  "cut at each end). The last two are not in the paper: they bound what a few hostile "
                                  "sites can do.", option="--aggregate", identity_default=True)
 
+    def family(self) -> str:
+        """The learned method (methods.Learned.family) its artifact belongs to: L2P with --local, else FedL2P."""
+        return "l2p" if self.local else "fedl2p"
+
     def variant(self) -> str:
-        """The method's name in result tables."""
-        name = "l2p" if self.local else "fedl2p"
+        """The variant's name in result tables: its family and a word per option that differs from its default."""
+        name = self.family()
         if self.meta.meta_grad == "fomaml":
             name += "-fomaml"
         elif self.meta.hessian == "exact":

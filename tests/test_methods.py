@@ -22,11 +22,16 @@ def test_the_builtin_methods():
     assert methods.handmade() == ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned")
     assert methods.systems() == ("pfedla", "heurpfedla", "cafeme")
     assert [methods.label(m) for m in methods.handmade()] == ["FT (BN C)", "FT (BN G)", "FT (BN I)", "FT tuned (val)"]
-    # a meta-train variant belongs to its family; L2P and pFedLA have nothing for clients they never trained
-    assert methods.get("fedl2p-fomaml-std-last-gain1").name == "fedl2p" and methods.get("l2p-fomaml").name == "l2p"
-    assert methods.get("fedl2p-tbs").name == "fedl2p" and methods.get("fedl2px") is None and methods.get("ft-bnx") is None
+    # a meta-train variant belongs to the family its options say (not to a prefix of its printed name); L2P and
+    # pFedLA have nothing for clients they never trained
+    from fedl2p_cli.configs import MetaConfig, MetaTrainConfig
+    fo = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", init_gain=1.0), input_norm="standardize", keep="last")
+    assert fo.variant() == "fedl2p-fomaml-std-last-gain1" and methods.learned(fo.family()) is methods.get("fedl2p")
+    local = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml"), local=True)
+    assert local.variant() == "l2p-fomaml" and methods.learned(local.family()) is methods.get("l2p")
+    assert methods.get("fedl2p-fomaml") is None and methods.get("fedl2p-tbs") is None and methods.get("ft-bnx") is None
     assert not methods.get("l2p").supports("unseen") and not methods.get("pfedla").supports("unseen")
-    assert methods.get("cafeme").supports("unseen") and methods.get("fedl2p-fomaml").supports("unseen")
+    assert methods.get("cafeme").supports("unseen") and methods.get("fedl2p").supports("unseen")
 
 
 def test_a_new_method_is_one_registration(tiny_store, tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedl2p_cli import methods
 from fedl2p_cli.core.bn import MixBN, BNPolicy
 from fedl2p_cli.core.finetune import ClientBN, Strategy, eval_policy, finetune, personalized_accuracy
 from fedl2p_cli.core.functional import forward
@@ -72,10 +73,13 @@ def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     lam["bnnet.2.bias"].fill_(-1.0)  # clamped to beta = 0
     lam["lrnet.2.weight"].zero_()
     lam["lrnet.2.bias"].fill_(1.0)   # LRNet = 1, so eta = eta~ = base LR
-    meta = personalize.MetaMethod("fedl2p", "x", lam, MetaConfig(base_lr=0.01))
     cfg = personalize.PersonalizeConfig(methods=["ft-bng"], base_lr=0.01)
+    setup = personalize.Setup(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["partition"].id,
+                              table, torch.device("cpu"))
+    meta = personalize.Row("fedl2p", methods.get("fedl2p"), None,
+                           personalize.MetaNets(lam, MetaConfig(base_lr=0.01), None, per_client=False))
     c = 0
-    strat = personalize.strategies(cfg, [meta], c, table, n_bn, n_p)
+    strat = {r.name: r.method.strategy(r, setup, c) for r in (setup.requested("ft-bng", methods.get("ft-bng")), meta)}
     assert torch.equal(strat["fedl2p"].beta, torch.zeros(n_bn)) and torch.allclose(strat["fedl2p"].lr, strat["ft-bng"].lr)
     from fedl2p_cli.stages.partition import load as load_part
     _, part = load_part(store, tiny_store["partition"].id)
@@ -180,3 +184,27 @@ def test_an_untrained_variant_is_refused_naming_the_trained_ones(tiny_store):
     cfg = pers.PersonalizeConfig(methods=["ft-bnc", "fedl2p-fomaml-nb99"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
     with pytest.raises(FedL2PError, match=r"'fedl2p-fomaml-nb99'.*this model's trained variants: (.*, )?fedl2p[ ,]"):
         pers.run(cfg, tiny_store["store"], None, tiny_store["stats"].id)
+
+
+def test_meta_id_of_another_variant_answers_the_default_methods(tiny_store, tmp_path):
+    """`fedl2p personalize --meta ID` with the default --methods (which name `fedl2p`) where ID is a variant other
+    than the default and no default-variant artifact exists: ID's row stands for `fedl2p` (one learned row, ID's)."""
+    import dataclasses
+    import json
+    import shutil
+
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.cli.main import run_cli
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store = Store(tmp_path / "s")
+    shutil.rmtree(store.root / "meta-train" / tiny_store["meta"].id)  # no artifact of the default variant left
+    d = store.draft("meta-train", {"meta": dataclasses.asdict(MetaConfig(meta_grad="fomaml")), "variant": "fedl2p-fomaml"},
+                    {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
+    shutil.copy(tiny_store["meta"].file("lambda.safetensors"), d.path("lambda.safetensors"))
+    d.metrics = {"variant": "fedl2p-fomaml"}
+    other = d.publish()
+    code = run_cli(["personalize", "--store", str(store.root), "--meta", other.id, "--epochs", "1", "--batch-size", "16",
+                    "--base-lr", "0.01", "--seeds", "0", "--pretrain", tiny_store["pretrain"].id])
+    assert code == 0
+    art = store.newest("personalize", lambda a: a.parents.get("meta-train:fedl2p-fomaml") == other.id)
+    assert json.loads(art.file("summary.json").read_text())["methods"].keys() == {"ft-bnc", "ft-bng", "ft-bni", "fedl2p-fomaml"}

@@ -6,7 +6,7 @@ from here, never by comparing names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .. import plugins
 
@@ -15,6 +15,11 @@ POOLS = ("seen", "unseen")
 
 @dataclass(frozen=True)
 class Method:
+    """A method kind's behaviour in `personalize` (stages/personalize.py runs one loop over its rows, whatever their
+    kind): `resolve` finds the artifact a requested name needs, `prepare` turns it into a row, `strategy` is the
+    (beta, eta) the row records for a client, `personalize` is one client's test accuracy for one seed. `setup` is
+    the personalisation being prepared (its config and artifacts), `run` one client and seed on the harness
+    (stages/harness.py)."""
     name: str                              # what --methods and pipeline files call it
     label: str                             # its row in result tables
     pools: tuple[str, ...] = POOLS         # where it has a model for a client
@@ -22,6 +27,29 @@ class Method:
 
     def supports(self, pool: str) -> bool:
         return pool in self.pools
+
+    def resolve(self, setup: Any, name: str) -> Any:
+        """The artifact a requested `name` stands for (None: the method needs none)."""
+        return None
+
+    def prepare(self, setup: Any, art: Any) -> Any:
+        """Its row of a personalisation (`setup.row`), from the artifact `resolve` or a --meta/--pfl id gave."""
+        return setup.row(self.name, self)
+
+    def strategy(self, row: Any, setup: Any, c: int) -> Any:
+        """The Strategy it records for client c (beta, per-tensor LR), on the CPU; None: it records none."""
+        return None
+
+    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One client's result under one method and seed: test accuracy, and a tuned method's candidate scores (rows
+    [val_loss, val_acc, test_acc] in its candidates' order)."""
+    acc: float
+    candidates: Any = None
 
 
 @dataclass(frozen=True)
@@ -32,22 +60,60 @@ class HandMade(Method):
     lr_factor: float = 1.0
     baseline: bool = True
 
+    def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int) -> Any:
+        """Its Strategy at `factor` x its LR."""
+        import torch
+        from ..core.finetune import Strategy
+        lr = torch.full((n_p,), base_lr * self.lr_factor * factor)
+        return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
+
+    def strategy(self, row: Any, setup: Any, c: int) -> Any:
+        return self.fixed(1.0, setup.cfg.base_lr, setup.n_bn, setup.n_params)
+
+    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+        return Outcome(run.handmade(self, 1.0).evaluate("test")[1])
+
 
 @dataclass(frozen=True)
 class Tuned(Method):
     """Each client picks one of `candidates` (hand-made strategies, or no fine-tuning) by its own validation split."""
     candidates: Callable[[], list[tuple[str, float]]] = list
 
+    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+        import numpy as np
+        from ..core.selection import NO_FT, select_by_validation
+        grid = self.candidates()
+        out = np.zeros((len(grid), 3))
+        for i, (name, f) in enumerate(grid):
+            if name == NO_FT:
+                vl, va = run.unadapted("val")
+                out[i] = vl, va, run.unadapted("test")[1]
+            else:
+                trial = run.handmade(get(name), f)
+                out[i] = *trial.evaluate("val"), trial.evaluate("test")[1]
+        return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2], out)
+
 
 @dataclass(frozen=True)
 class Learned(Method):
-    """Strategies from meta-nets lambda (a meta-train artifact): one name per variant, e.g. fedl2p-fomaml-std. `family`
-    is the variant names' first word (fedl2p, l2p)."""
+    """Strategies from meta-nets lambda (a meta-train artifact): one row per variant, named as tables print it
+    (fedl2p-fomaml-std, ...; a variant's identity is its artifact's options). `family` is the one a meta-train
+    artifact belongs to (fedl2p; l2p with --local)."""
     family: str = ""
     trained_by: ClassVar[str | None] = "meta-train"
 
-    def matches(self, variant: str) -> bool:
-        return variant == self.family or variant.startswith(self.family + "-")
+    def resolve(self, setup: Any, name: str) -> Any:
+        return setup.newest_meta(name)
+
+    def prepare(self, setup: Any, art: Any) -> Any:
+        return setup.meta_row(self, art)
+
+    def strategy(self, row: Any, setup: Any, c: int) -> Any:
+        return setup.learned_strategy(row, c)
+
+    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+        trial = run.learned(row)  # None: no strategy for this client (L2P and a client it never trained)
+        return Outcome(float("nan") if trial is None else trial.evaluate("test", run.setup.cfg.eval_stats)[1])
 
 
 @dataclass(frozen=True)
@@ -57,6 +123,15 @@ class System(Method):
     accuracy); it is imported only when the system is used."""
     trainer: str = ""
     trained_by: ClassVar[str | None] = "pfl"
+
+    def resolve(self, setup: Any, name: str) -> Any:
+        return setup.newest_pfl(name)
+
+    def prepare(self, setup: Any, art: Any) -> Any:
+        return setup.pfl_row(self, art)
+
+    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+        return Outcome(run.system(row))  # NaN where it has no model for the client
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -78,14 +153,14 @@ def names(kind: type = Method) -> tuple[str, ...]:
 
 
 def get(name: str) -> Method | None:
-    """The method a name (or a learned variant's name) stands for; None if none."""
-    return _methods().get(name) or learned_of(name)
+    """The method registered under `name`; None if none (a learned variant's name is not a method: its artifact
+    says which method it belongs to, `learned`)."""
+    return _methods().get(name)
 
 
-def learned_of(variant: str) -> Learned | None:
-    """The learned method a meta-train variant belongs to (the longest family that matches)."""
-    hits = [m for m in _methods().values() if isinstance(m, Learned) and m.matches(variant.removesuffix("-tbs"))]
-    return max(hits, key=lambda m: len(m.family), default=None)
+def learned(family: str) -> Learned | None:
+    """The learned method a meta-train artifact of `family` belongs to."""
+    return next((m for m in _methods().values() if isinstance(m, Learned) and m.family == family), None)
 
 
 def baselines() -> tuple[str, ...]:
@@ -102,5 +177,6 @@ def systems() -> tuple[str, ...]:
 
 
 def label(name: str) -> str:
+    """A row's label: a registered method's, else the row's own name (a learned variant's)."""
     m = get(name)
     return name if m is None or isinstance(m, Learned) else m.label

@@ -11,19 +11,18 @@ from ..artifacts import Artifact, Draft, Store
 from ..configs import ClustersConfig
 from ..core.config import validate
 from ..errors import FedL2PError
-from .. import methods
 from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import stats as stats_stage
 from .common import build_or_reuse
 
 
-def features(stats_table, results, method: str | None) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
-    """Rows = clients of the personalize pool: xi, x (inputs) and beta, eta (outputs of the chosen method)."""
+def features(stats_table, results, method: str | None, metas: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
+    """Rows = clients of the personalize pool: xi, x (inputs) and beta, eta (outputs of the chosen method, one of the
+    learned rows `metas`)."""
     clients = results.client
     rows = np.array([stats_table.row(int(c)) for c in clients])
     feats = {"xi": stats_table.xi.numpy()[rows], "x": stats_table.x.numpy()[rows]}
-    metas = [m for m in results.methods if isinstance(methods.get(m), methods.Learned)]
     if method is not None and method not in metas:
         raise FedL2PError(f"method '{method}' has no learned beta/eta in this personalize artifact (has: {', '.join(metas) or 'none'})")
     method = method or (metas[0] if metas else None)
@@ -49,12 +48,13 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
     if len(np.unique(results.domain)) < 2:
         raise FedL2PError(f"partition {part_art.id} has a single domain among these clients; clustering by domain needs two or more "
                           "(use a feature-shift partition, e.g. --dataset fmnist-c; a speaker partition has one client per speaker)")
-    features(table, results, cfg.method)  # an unknown --method fails here, before anything is written
+    metas = personalize_stage.learned_rows(pers_art, results)
+    features(table, results, cfg.method, metas)  # an unknown --method fails here, before anything is written
     parents = {"personalize": pers_art.id, "stats": stats_art.id}
 
     def build(draft: Draft) -> None:
         from ..analysis.plots import distance_map as plot_map
-        feats, domains, method = features(table, results, cfg.method)
+        feats, domains, method = features(table, results, cfg.method, metas)
         names = [part.domain_names[d] for d in np.unique(domains)]
         ari = {}
         for name, f in feats.items():

@@ -12,19 +12,18 @@ import json
 import numpy as np
 import torch
 
-from .. import device
 from ..analysis import beta_grid
 from ..artifacts import Artifact, Draft, Store
 from ..configs import BetaGridConfig
 from ..core.config import validate
-from ..core.finetune import Strategy, finetune, personalized_accuracy
-from ..engine.loop import generator
+from ..core.finetune import Strategy
 from ..errors import FedL2PError
 from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .harness import Harness
 
 MAX_VECTORS = 4096
 
@@ -36,21 +35,19 @@ def vectors(cfg: BetaGridConfig, n_bn: int) -> list[tuple[float, ...]]:
     return list(itertools.product(cfg.levels, repeat=n_bn))
 
 
-def scores(cfg: BetaGridConfig, model, theta: dict, table, part, clients: list[int], grid: list[tuple[float, ...]],
+def scores(cfg: BetaGridConfig, h: Harness, clients: list[int], grid: list[tuple[float, ...]],
            progress: Progress) -> np.ndarray:
     """[seeds, clients, vectors, (val, test)] accuracy in percent; every vector of a client and seed sees the same
-    batches (generator(seed, client, 7), as `personalize` draws them)."""
-    dev = next(iter(theta.values())).device  # where the model is (the current --device)
+    batches (the harness's stream, as `personalize` draws them)."""
     out = np.zeros((len(cfg.seeds), len(clients), len(grid), 2))
     progress.start("beta grid", len(cfg.seeds) * len(clients))
     for k, seed in enumerate(cfg.seeds):
         for j, c in enumerate(clients):
-            data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
+            client = h.client(c)
             for i, vec in enumerate(grid):
-                s = Strategy(torch.tensor(vec, dtype=torch.float32, device=dev), torch.full((len(theta),), cfg.lr, device=dev))
-                ft = finetune(model, theta, *data.train, s, bn0, cfg.epochs, cfg.batch_size, generator(seed, c, 7))
-                out[k, j, i] = [100 * personalized_accuracy(model, ft.params, *split, s, ft.bn, cfg.batch_size)[1]
-                                for split in (data.val, data.test)]
+                s = Strategy(torch.tensor(vec, dtype=torch.float32, device=h.dev), torch.full((h.n_params,), cfg.lr, device=h.dev))
+                trial = h.finetune(client, s, seed)
+                out[k, j, i] = [100 * trial.evaluate(split)[1] for split in ("val", "test")]
             progress.advance(1)
     progress.stop()
     return out
@@ -73,10 +70,8 @@ def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: 
 
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, parents["pretrain"])
-        dev = runtime.torch_device
-        model.to(dev).eval()
-        theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
-        sc = scores(cfg, model, theta, table, part, clients, grid, progress or NoProgress())
+        h = Harness(model, state, part, table, runtime.torch_device, cfg.epochs, cfg.batch_size)
+        sc = scores(cfg, h, clients, grid, progress or NoProgress())
         domain = np.asarray(part.domain[clients])
         used = sorted(set(domain.tolist()))
         names = [part.domain_names[d] for d in used]

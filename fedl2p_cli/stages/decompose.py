@@ -12,12 +12,11 @@ import json
 import numpy as np
 import torch
 
-from .. import device, methods
+from .. import methods
 from ..artifacts import Artifact, Draft, Store
 from ..configs import DecomposeConfig
 from ..core.config import validate
-from ..core.finetune import Strategy, finetune, personalized_accuracy
-from ..engine.loop import generator
+from ..core.finetune import Strategy
 from ..errors import FedL2PError
 from ..runtime import Runtime
 from . import partition as partition_stage
@@ -25,6 +24,7 @@ from . import personalize as personalize_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .harness import Harness
 
 
 def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],
@@ -89,7 +89,7 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
     validate(cfg)
     runtime = runtime or Runtime()
     art, r = personalize_stage.load(store, personalize_ref)
-    learned = [m for m in r.methods if isinstance(methods.get(m), methods.Learned) and not np.isnan(r.eta[m]).all()]
+    learned = [m for m in personalize_stage.learned_rows(art, r) if not np.isnan(r.eta[m]).all()]
     if not learned or (cfg.method is not None and cfg.method not in learned):
         raise FedL2PError(f"personalize {art.id} has no learned method {cfg.method or ''}".rstrip() +
                           f" to take apart (learned: {', '.join(learned) or 'none'})")
@@ -102,11 +102,10 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         _, model, state = pretrain_stage.load(store, art.parents["pretrain"])
         _, table = stats_stage.load(store, art.parents["stats"])
         _, part = partition_stage.load(store, art.parents["partition"])
-        dev = runtime.torch_device
-        model.to(dev).eval()
-        theta = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
         pc = art.config
-        base_lr, epochs, bs = float(pc["base_lr"]), int(pc["epochs"]), int(pc["batch_size"])
+        base_lr = float(pc["base_lr"])
+        h = Harness(model, state, part, table, runtime.torch_device, int(pc["epochs"]), int(pc["batch_size"]),
+                    pc.get("client_bn", "precise"))
         per_client = [combos(r.beta[method][j], r.eta[method][j], b_fixed, base_lr, cfg.eta_scales, cfg.layer_betas)
                       for j in range(len(r.client))]
         names = list(per_client[0])
@@ -114,14 +113,11 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         bar = progress or NoProgress()
         bar.start(f"decompose {method}", len(r.client))
         for j, c in enumerate(int(c) for c in r.client):
-            data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
+            client = h.client(c)
             for i, (b, e) in enumerate(per_client[j].values()):
-                s = Strategy(torch.from_numpy(b).to(dev), torch.from_numpy(e).to(dev))
+                s = Strategy(torch.from_numpy(b), torch.from_numpy(e))
                 for k, seed in enumerate(r.seeds):  # the personalisation's batches: paired with its stored rows
-                    ft = finetune(model, theta, *data.train, s, bn0, epochs, bs, generator(seed, c, 7),
-                                  pc.get("client_bn", "precise"))
-                    acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, bs,
-                                                         pc.get("eval_stats", "running"))[1]
+                    acc[i, k, j] = h.finetune(client, s, seed).evaluate("test", pc.get("eval_stats", "running"))[1]
             bar.advance(1)
         bar.stop()
         stored = {m: 100 * r.acc_after[r.methods.index(m)].mean(axis=1) for m in (method, *methods.baselines()) if m in r.methods}

@@ -14,7 +14,7 @@ from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from ..core.settings import RoundPolicy
-from .. import device
+from .. import device, methods
 from ..runtime import Runtime
 from ..configs import MetaTrainConfig
 from ..core.config import validate
@@ -374,6 +374,11 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
     return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init,
                        cfg.meta.init_gain, cfg.meta.beta_output)
+
+
+def method_of(art: Artifact) -> "methods.Learned":
+    """The learned method a meta-train artifact belongs to (its options' family: --local is L2P)."""
+    return methods.learned(config_from_dict(art.config).family())
 
 
 def config_from_dict(d: dict) -> MetaTrainConfig:

@@ -1,25 +1,27 @@
-"""`fedl2p personalize`: every client of a pool fine-tunes the global model under each method; test accuracy."""
+"""`fedl2p personalize`: every client of a pool fine-tunes the global model under each method; test accuracy.
+
+Each requested method is a row; its kind (methods/registry.py: hand-made, tuned, learned, another system) resolves
+the artifact it needs, personalises one client with one seed and says what it records. `evaluate_pool` is one loop
+over clients, seeds and rows on the personalisation harness (stages/harness.py)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from .. import device, methods
-from ..algorithms.fedl2p import hyper_fn
-from ..algorithms.fedl2p import MetaConfig
+from .. import methods
+from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PersonalizeConfig
-from ..core.config import validate
-from ..core.finetune import Strategy, finetune, personalized_accuracy
-from ..core.functional import evaluate
 from ..core import metanets
+from ..core.config import validate
+from ..core.finetune import Strategy
 from ..core.metanets import normalize_inputs
-from ..core.selection import NO_FT, select_by_validation
-from ..engine.loop import generator, group_of
+from ..engine.loop import group_of
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
@@ -30,8 +32,9 @@ from . import pfl as pfl_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
-from .pretrain import global_accuracy
+from .harness import ClientRun, Harness
 
+STAGES = (None, "meta-train", "pfl")  # rows in this order: no artifact (hand-made, tuned), learned, other systems
 
 
 def fixed(m: str) -> bool:
@@ -40,12 +43,22 @@ def fixed(m: str) -> bool:
 
 
 @dataclass
-class MetaMethod:
-    name: str
-    art_id: str
+class MetaNets:
+    """A learned variant's meta-nets: lambda (per client with L2P), its settings and its input standardisation."""
     lam: dict
     meta: MetaConfig
-    norm: dict | None = None
+    norm: dict | None
+    per_client: bool
+
+
+@dataclass
+class Row:
+    """One row of a personalisation: its name in the results, its method's kind, the artifact it comes from (stage,
+    id) and what its kind prepared from it (a learned variant's MetaNets, a system's trained models)."""
+    name: str
+    method: methods.Method
+    artifact: tuple[str, str] | None = None
+    payload: Any = None
 
 
 def check(cfg: PersonalizeConfig) -> None:
@@ -54,51 +67,6 @@ def check(cfg: PersonalizeConfig) -> None:
         raise FedL2PError("--seeds must list at least one seed")
     if len(set(cfg.methods)) != len(cfg.methods):
         raise FedL2PError("--methods lists a method twice")
-
-
-def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pretrain_id: str, table: StatsTable,
-                 stats_id: str | None = None) -> list[MetaMethod]:
-    """Meta-net artifacts by id, plus the newest artifact for any requested variant name (e.g. 'fedl2p'): one
-    learned on these clients' statistics if there is one, else one of the same pretrained model."""
-    arts = [store.load("meta-train", r) for r in meta_refs]
-    known = {a.metrics.get("variant") for a in arts}
-    for m in cfg.methods:
-        if m in known or not isinstance(methods.get(m), methods.Learned) and methods.get(m) is not None:
-            continue  # hand-made, another system (resolve_pfl), or named by --meta
-        hit = (store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("stats") == stats_id)
-               or store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id))
-        if hit is None:
-            have = sorted({a.metrics.get("variant") for a in store.iter("meta-train") if a.parents.get("pretrain") == pretrain_id})
-            hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
-                    if have else "; run `fedl2p meta-train` first")
-            raise FedL2PError(f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade())}), not a system "
-                              f"({', '.join(methods.systems())}) and no meta-train artifact "
-                              f"of that variant for pretrained model {pretrain_id}{hint}")
-        arts.append(store.load("meta-train", hit.id))
-    out = []
-    for a in arts:
-        _, lam, norm = meta_stage.load_lambda(store, a.id)
-        check_shapes(a, lam, table)
-        meta = MetaConfig(**a.config["meta"])
-        suffix = "-tbs" if cfg.eval_stats == "test-batch" else ""  # its rows must not pass for the paper's inference
-        out.append(MetaMethod(a.metrics["variant"] + suffix, a.id, lam, meta, norm))
-    return out
-
-
-def resolve_pfl(store: Store, cfg: PersonalizeConfig, pfl_refs: list[str], partition_id: str) -> list[pfl_stage.Trained]:
-    """pfl artifacts by id, plus the newest one trained on this partition for any requested algorithm name."""
-    arts = [store.load("pfl", r) for r in pfl_refs]
-    for a in arts:
-        if a.parents.get("partition") != partition_id:
-            raise FedL2PError(f"pfl artifact {a.id} was trained on partition {a.parents.get('partition')}, not {partition_id}")
-    known = {a.config["algo"] for a in arts}
-    for m in cfg.methods:
-        if isinstance(methods.get(m), methods.System) and m not in known:
-            hit = store.newest("pfl", lambda a: a.config.get("algo") == m and a.parents.get("partition") == partition_id)
-            if hit is None:
-                raise FedL2PError(f"method '{m}' has no pfl artifact for partition {partition_id}; run `fedl2p pfl-train --algo {m}` first")
-            arts.append(hit)
-    return [pfl_stage.load(store, a.id) for a in arts]
 
 
 def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
@@ -110,109 +78,160 @@ def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
                               f"this model needs {want[key]})")
 
 
-def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: StatsTable, n_bn: int,
-               n_p: int) -> dict[str, Strategy | None]:
-    """The fixed strategy of every method but ft-tuned (which picks its own per client and seed)."""
-    out: dict[str, Strategy | None] = {m: fixed_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if fixed(m)}
-    pool = "unseen" if cfg.unseen else "seen"
-    for mm in metas:
-        if not methods.get(mm.name).supports(pool):  # e.g. L2P: a lambda per client it trained, none for others
-            out[mm.name] = None
-            continue
-        xi, x = normalize_inputs(mm.norm, *table.inputs(c))
-        lam = mm.lam
-        if any(k.startswith("client") for k in lam):  # L2P: per-client lambda; none for clients it never saw
-            lam = group_of(lam, f"client{c}")
-            if not lam:
-                out[mm.name] = None
-                continue
+@dataclass
+class Setup:
+    """A personalisation being prepared: its config, the artifacts it reads and the device the rows' models go to.
+    The method kinds ask it for what they need (`newest_meta`, `meta_row`, ...): the one place that meets the store."""
+    cfg: PersonalizeConfig
+    store: Store
+    pretrain_id: str
+    stats_id: str
+    partition_id: str
+    table: StatsTable
+    dev: torch.device
+
+    @property
+    def pool(self) -> str:
+        return "unseen" if self.cfg.unseen else "seen"
+
+    @property
+    def n_bn(self) -> int:
+        return self.table.xi.shape[1]
+
+    @property
+    def n_params(self) -> int:
+        return len(self.table.param_names)
+
+    def row(self, name: str, method: methods.Method, art: Artifact | None = None, payload: Any = None) -> Row:
+        return Row(name, method, None if art is None else (art.stage, art.id), payload)
+
+    def rows(self, refs: dict[str, list[str]]) -> list[Row]:
+        """Every row, in the results' order: per stage (STAGES), the artifacts given by id (--meta, --pfl), then the
+        requested methods of that stage no given artifact stands for. A later row of the same name replaces an
+        earlier one in its place."""
+        out: list[Row] = []
+        for stage in STAGES:
+            given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
+            out += [method_of(a).prepare(self, a) for a in given]
+            for m in self.cfg.methods:
+                kind = methods.get(m)
+                if (kind.trained_by if kind else "meta-train") == stage and not any(stands_for(a, m) for a in given):
+                    out.append(self.requested(m, kind))
+        return list({r.name: r for r in out}.values())
+
+    def requested(self, m: str, kind: methods.Method | None) -> Row:
+        """The row of a requested name: a registered method, or a learned variant's name (its newest artifact)."""
+        art = (kind.resolve(self, m) if kind else None) or (self.newest_meta(m, required=False) if not kind else None)
+        if kind is None and art is None:
+            raise FedL2PError(self.unknown(m))
+        return (kind or method_of(art)).prepare(self, art)
+
+    def unknown(self, m: str) -> str:
+        have = sorted({a.metrics.get("variant") for a in self.store.iter("meta-train") if a.parents.get("pretrain") == self.pretrain_id})
+        hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
+                if have else "; run `fedl2p meta-train` first")
+        return (f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade())}), not a system "
+                f"({', '.join(methods.systems())}) and no meta-train artifact of that variant for pretrained model "
+                f"{self.pretrain_id}{hint}")
+
+    def newest_meta(self, variant: str, required: bool = True) -> Artifact | None:
+        """The newest meta-train artifact of `variant` learned on these clients' statistics, else of this model."""
+        hit = (self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("stats") == self.stats_id)
+               or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("pretrain") == self.pretrain_id))
+        if hit is None and required:
+            raise FedL2PError(self.unknown(variant))
+        return None if hit is None else self.store.load("meta-train", hit.id)
+
+    def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
+        _, lam, norm = meta_stage.load_lambda(self.store, art.id)
+        check_shapes(art, lam, self.table)
+        nets = MetaNets(lam, MetaConfig(**art.config["meta"]), norm, bool(art.config.get("local")))
+        suffix = "-tbs" if self.cfg.eval_stats == "test-batch" else ""  # its rows must not pass for the paper's inference
+        return self.row(art.metrics["variant"] + suffix, method, art, nets)
+
+    def learned_strategy(self, row: Row, c: int) -> Strategy | None:
+        """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
+        L2P for a client it never trained)."""
+        nets: MetaNets = row.payload
+        if not row.method.supports(self.pool):
+            return None
+        lam = group_of(nets.lam, f"client{c}") if nets.per_client else nets.lam
+        if not lam:
+            return None
+        xi, x = normalize_inputs(nets.norm, *self.table.inputs(c))
         with torch.no_grad():
-            beta, eta = hyper_fn(xi, x, n_p, mm.meta)(lam)
-        out[mm.name] = Strategy(beta, eta)
-    return out
+            beta, eta = hyper_fn(xi, x, self.n_params, nets.meta)(lam)
+        return Strategy(beta, eta)
+
+    def newest_pfl(self, algo: str) -> Artifact:
+        hit = self.store.newest("pfl", lambda a: a.config.get("algo") == algo and a.parents.get("partition") == self.partition_id)
+        if hit is None:
+            raise FedL2PError(f"method '{algo}' has no pfl artifact for partition {self.partition_id}; run `fedl2p pfl-train "
+                              f"--algo {algo}` first")
+        return hit
+
+    def pfl_row(self, method: methods.System, art: Artifact) -> Row:
+        if art.parents.get("partition") != self.partition_id:
+            raise FedL2PError(f"pfl artifact {art.id} was trained on partition {art.parents.get('partition')}, not {self.partition_id}")
+        return self.row(method.name, method, art, pfl_stage.to_device(pfl_stage.load(self.store, art.id), self.dev))
 
 
-def fixed_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int) -> Strategy:
-    """A hand-made method's strategy (the registry's beta) at `factor` x its LR."""
-    m = methods.get(name)
-    lr = torch.full((n_p,), base_lr * m.lr_factor * factor)
-    return Strategy(None if m.beta is None else torch.full((n_bn,), float(m.beta)), lr)
+def method_of(art: Artifact) -> methods.Method:
+    """The method an artifact given by id belongs to: a meta-train artifact's learned family, a pfl one's system."""
+    return meta_stage.method_of(art) if art.stage == "meta-train" else methods.get(art.config["algo"])
 
 
-def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn: int, n_p: int,
-                grid: list[tuple[str, float]]) -> np.ndarray:
-    """Every candidate's (validation loss, validation accuracy, test accuracy) for one client and seed, in `grid`'s
-    order ((hand-made method, LR factor) or no fine-tuning). Rows are [val_loss, val_acc, test_acc]."""
-    out = np.zeros((len(grid), 3))
-    for i, (name, f) in enumerate(grid):
-        if name == NO_FT:
-            vl, va = evaluate(model, theta_g, *data.val)
-            out[i] = vl, va, evaluate(model, theta_g, *data.test)[1]
-            continue
-        s = device.move(fixed_strategy(name, f, cfg.base_lr, n_bn, n_p), data.train[0].device)
-        ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
-        vl, va = personalized_accuracy(model, ft.params, *data.val, s, ft.bn, cfg.batch_size)
-        out[i] = vl, va, personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
-    return out
+def stands_for(art: Artifact, name: str) -> bool:
+    """A requested name that an artifact given by id answers: its own name (variant, algorithm), or the learned
+    method it belongs to (`--methods fedl2p --meta ID` of any fedl2p variant)."""
+    own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
+    return name == own or method_of(art) is methods.get(name)
 
 
-def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table: StatsTable, metas: list[MetaMethod],
-                  clients: list[int], progress: Progress, pfls: list[pfl_stage.Trained] = (),
-                  dev: torch.device = torch.device("cpu")) -> results_h5.Results:
-    _, model, state = pretrain_stage.load(store, pre_id)
-    model.to(dev).eval()
-    theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
-    pfls = [pfl_stage.to_device(t, dev) for t in pfls]
-    n_bn, n_p = table.xi.shape[1], len(theta_g)
-    tuned = next((m for m in cfg.methods if isinstance(methods.get(m), methods.Tuned)), None)
-    grid = methods.get(tuned).candidates() if tuned else []  # hand-made rows at x1 LR come from its grid (same batches)
-    handmade = methods.handmade()
-    names = list(dict.fromkeys([m for m in cfg.methods if m in handmade] + [mm.name for mm in metas] + [t.algo for t in pfls]))
-    acc = np.full((len(names), len(cfg.seeds), len(clients)), np.nan)
-    cand = np.full((len(cfg.seeds), len(clients), len(grid), 3), np.nan) if tuned else None
-    beta = {m: np.full((len(clients), n_bn), np.nan, dtype=np.float32) for m in names}
-    eta = {m: np.full((len(clients), n_p), np.nan, dtype=np.float32) for m in names}
+def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress) -> results_h5.Results:
+    """Every row personalises every client with every seed on the harness; each row's kind says how and what it
+    records (its strategy's beta and per-tensor LR, a tuned method's candidates)."""
+    cfg, names = setup.cfg, [r.name for r in rows]
+    acc = np.full((len(rows), len(cfg.seeds), len(clients)), np.nan)
+    beta = {m: np.full((len(clients), setup.n_bn), np.nan, dtype=np.float32) for m in names}
+    eta = {m: np.full((len(clients), setup.n_params), np.nan, dtype=np.float32) for m in names}
     sparsity = {m: np.full(len(clients), np.nan) for m in names}
+    cand: dict[tuple[int, int], np.ndarray] = {}
     before = np.zeros(len(clients))
-    sizes = torch.tensor([v.numel() for v in theta_g.values()], dtype=torch.float64)
-    progress.start(f"personalize ({'unseen' if cfg.unseen else 'seen'} clients)", len(clients) * len(cfg.seeds))
+    sizes = torch.tensor([v.numel() for v in h.theta.values()], dtype=torch.float64)
+    progress.start(f"personalize ({setup.pool} clients)", len(clients) * len(cfg.seeds))
     for j, c in enumerate(clients):
-        data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
-        before[j] = global_accuracy(model, state, *data.test)
-        model.eval()
-        strat = strategies(cfg, metas, c, table, n_bn, n_p)  # on the CPU, where they are recorded
-        for i, m in enumerate(names):
-            s = strat.get(m)
-            if s is None:
-                continue
-            beta[m][j] = np.nan if s.beta is None else s.beta.numpy()
-            eta[m][j] = s.lr.numpy()
-            sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
-        strat = device.move(strat, dev)
+        client = h.client(c)
+        before[j] = h.global_accuracy(client)
+        strategies = {r.name: r.method.strategy(r, setup, c) for r in rows}  # on the CPU, where they are recorded
+        for m, s in strategies.items():
+            if s is not None:
+                beta[m][j] = np.nan if s.beta is None else s.beta.numpy()
+                eta[m][j] = s.lr.numpy()
+                sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
         for k, seed in enumerate(cfg.seeds):
-            gen_for = lambda: generator(seed, c, 7)  # noqa: E731  the same batch order for every method: paired
-            if tuned:  # its grid contains the FT baselines at the base LR (same batches): their rows come from it
-                cand[k, j] = tune_client(cfg, model, theta_g, data, bn0, gen_for, n_bn, n_p, grid)
-                pick = select_by_validation(cand[k, j, :, 1], cand[k, j, :, 0])
-                acc[names.index(tuned), k, j] = cand[k, j, pick, 2]
-                for m in names:
-                    if (m, 1.0) in grid:
-                        acc[names.index(m), k, j] = cand[k, j, grid.index((m, 1.0)), 2]
-            for t in pfls:  # the other personalised-FL systems: their own models, the same clients and seeds
-                acc[names.index(t.algo), k, j] = pfl_stage.client_accuracy(t, c, data, seed, cfg.pfl_steps)
-            for i, m in enumerate(names):
-                s = strat.get(m)
-                if s is None or (tuned and (m, 1.0) in grid):
-                    continue
-                ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
-                acc[i, k, j] = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size,
-                                                     "running" if m in handmade else cfg.eval_stats)[1]
+            run = ClientRun(setup, h, client, seed, strategies)
+            for i, r in enumerate(rows):
+                out = r.method.personalize(r, run, seed)
+                acc[i, k, j] = out.acc
+                if out.candidates is not None:
+                    cand[k, j] = out.candidates
             progress.advance(1)
     progress.stop()
-    return results_h5.Results(names, list(cfg.seeds), "unseen" if cfg.unseen else "seen", np.array(clients),
-                              part.domain[clients], before, acc, beta, eta, sparsity,
-                              {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
-                               "eval_stats": cfg.eval_stats}, cand)
+    return results_h5.Results(names, list(cfg.seeds), setup.pool, np.array(clients), h.part.domain[clients], before, acc,
+                              beta, eta, sparsity, {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
+                                                    "eval_stats": cfg.eval_stats}, stacked(cand, len(cfg.seeds), len(clients)))
+
+
+def stacked(cand: dict[tuple[int, int], np.ndarray], seeds: int, clients: int) -> np.ndarray | None:
+    """A tuned row's candidate scores per (seed, client) as one [seeds, clients, candidates, 3] array (None: no tuned
+    row)."""
+    if not cand:
+        return None
+    out = np.full((seeds, clients, *next(iter(cand.values())).shape), np.nan)
+    for (k, j), v in cand.items():
+        out[k, j] = v
+    return out
 
 
 def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
@@ -306,19 +325,19 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         pretrain_ref = store.load("stats", stats_ref, verify=False).parents["pretrain"]
     pre_art = store.load("pretrain", pretrain_ref)
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
-    metas = resolve_meta(store, cfg, meta_refs or [], pre_art.id, table, stats_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    parents |= {f"meta-train:{m.name}": m.art_id for m in metas}
-    pfls = resolve_pfl(store, cfg, pfl_refs or [], parents["partition"])
-    parents |= {f"pfl:{t.algo}": t.art_id for t in pfls}
+    setup = Setup(cfg, store, pre_art.id, stats_art.id, parents["partition"], table, runtime.torch_device)
+    rows = setup.rows({"meta-train": meta_refs or [], "pfl": pfl_refs or []})
+    parents |= {f"{r.artifact[0]}:{r.name}": r.artifact[1] for r in rows if r.artifact}
     _, part = partition_stage.load(store, parents["partition"])
     clients = part.pool(cfg.unseen)
     if not clients:
-        raise FedL2PError(f"the {'unseen' if cfg.unseen else 'seen'} pool of partition {parents['partition']} is empty")
+        raise FedL2PError(f"the {setup.pool} pool of partition {parents['partition']} is empty")
 
     def build(draft: Draft) -> None:
-        r = evaluate_pool(cfg, store, pre_art.id, part, table, metas, clients, progress or NoProgress(), pfls,
-                          runtime.torch_device)
+        _, model, state = pretrain_stage.load(store, pre_art.id)
+        h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
+        r = evaluate_pool(setup, h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
@@ -332,3 +351,8 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
 def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:
     art = store.load("personalize", ref)
     return art, results_h5.read(art.file("results.h5"))
+
+
+def learned_rows(art: Artifact, r: results_h5.Results) -> list[str]:
+    """The rows of a personalisation that a meta-train artifact made (learned variants), in its results' order."""
+    return [m for m in r.methods if f"meta-train:{m}" in art.parents]

@@ -190,7 +190,7 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
     for pool in pools:
         cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": list(handmade)},
                     name)
-        ids = [i for i in meta_ids if methods.learned_of(p.store.load("meta-train", i, verify=False).metrics["variant"]).supports(pool)]
+        ids = [i for i in meta_ids if meta_train.method_of(p.store.load("meta-train", i, verify=False)).supports(pool)]
         last = step("personalize", pool, lambda f, cfg=cfg, ids=ids: personalize.run(cfg, p.store, pre.id, st.id, ids, f, progress(),
                                                                                       pfl_ids, runtime=base))
         if "analyze" in s and pool == s["analyze"].get("pool", pools[-1]):

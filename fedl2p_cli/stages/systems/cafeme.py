@@ -20,6 +20,7 @@ from ...io import weights
 from ...io.partition_h5 import Partition
 from ...models import registry
 from ...runtime import Runtime
+from ..harness import batches
 
 SETTINGS = {"cafeme": ("steps", "outer_lr", "order", "outer")}
 
@@ -129,4 +130,4 @@ def load(art, cfg: PFLConfig, model: torch.nn.Module) -> Omega:
 def accuracy(t, c: int, data, seed: int, steps: int) -> float:
     ccfg = cafeme_config(t.cfg, t.num_classes)
     return cafeme.personalize_and_test(t.model, t.state.sites, t.state.omega, data.train, data.test, steps, ccfg,
-                                       generator(seed, c, 7))
+                                       batches(seed, c))  # the personalisation stream every method of (c, seed) uses

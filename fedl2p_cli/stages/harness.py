@@ -1,0 +1,133 @@
+"""The personalisation harness: what `personalize`, `analyze beta-grid`, `analyze decompose` and the bench scripts
+share when they fine-tune clients of a pretrained model. The model and its parameters go to the runtime's device
+once; a client's data and statistics go there once (`client`); every fine-tuning of client c with seed s draws its
+batches from one named stream (`batches(seed, c)`), so every method, strategy and analysis of a client and seed sees
+the same batches and their accuracies are paired."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import device
+from ..core.client import ClientData
+from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
+from ..core.functional import evaluate
+from ..engine.loop import generator
+from ..io.stats_h5 import StatsTable
+from .pretrain import global_accuracy
+
+BATCH_STREAM = 7  # the key of the personalisation batch stream: generator(seed, client, BATCH_STREAM)
+
+
+def batches(seed: int, client: int) -> torch.Generator:
+    """The batch order of every personalisation of `client` with `seed` (a fresh generator each call)."""
+    return generator(seed, client, BATCH_STREAM)
+
+
+@dataclass
+class Client:
+    """One client on the harness's device: its data and its stored BN statistics (where fine-tuning starts)."""
+    id: int
+    data: ClientData
+    bn0: ClientBN
+
+
+@dataclass
+class Trial:
+    """One fine-tuning of a client under a strategy with a seed; its accuracies are computed when asked."""
+    harness: "Harness"
+    client: Client
+    strategy: Strategy
+    ft: FinetuneResult
+    scores: dict = field(default_factory=dict)
+
+    def evaluate(self, split: str, stats: str = "running") -> tuple[float, float]:
+        """(loss, accuracy) on the client's `split` (val, test) under `stats` (core.finetune.inference_policy);
+        computed once per split and statistics."""
+        if (split, stats) not in self.scores:
+            h = self.harness
+            self.scores[split, stats] = personalized_accuracy(h.model, self.ft.params, *getattr(self.client.data, split),
+                                                              self.strategy, self.ft.bn, h.batch_size, stats)
+        return self.scores[split, stats]
+
+
+@dataclass
+class Harness:
+    """A pretrained model on `dev` (eval mode) with its parameters `theta`, the clients (`part`) and their statistics
+    (`table`), and the fine-tuning budget every strategy shares."""
+    model: torch.nn.Module
+    state: dict
+    part: object
+    table: StatsTable
+    dev: torch.device
+    epochs: int
+    batch_size: int
+    client_bn: str = "precise"
+    theta: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model.to(self.dev).eval()
+        self.theta = device.move({n: self.state[n] for n, _ in self.model.named_parameters()}, self.dev)
+
+    @property
+    def n_bn(self) -> int:
+        return self.table.xi.shape[1]
+
+    @property
+    def n_params(self) -> int:
+        return len(self.theta)
+
+    def client(self, c: int) -> Client:
+        return Client(c, self.part.client_on(c, self.dev), device.move(self.table.client_bn(c), self.dev))
+
+    def global_accuracy(self, client: Client) -> float:
+        """The pretrained model's test accuracy on the client (no fine-tuning)."""
+        acc = global_accuracy(self.model, self.state, *client.data.test)
+        self.model.eval()
+        return acc
+
+    def finetune(self, client: Client, strategy: Strategy, seed: int) -> Trial:
+        """`epochs` of fine-tuning of the pretrained parameters under `strategy` (moved to the device), batches from
+        the client's stream for `seed`."""
+        s = device.move(strategy, self.dev)
+        ft = finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
+                      batches(seed, client.id), self.client_bn)
+        return Trial(self, client, s, ft)
+
+
+@dataclass
+class ClientRun:
+    """One client and seed of a personalisation (`setup`: its config), with the strategies its rows recorded for the
+    client (on the CPU). Hand-made fine-tunings are computed once and shared: a tuned method's candidates include
+    the hand-made strategies at their own LR, the same fine-tuning on the same batches as their rows."""
+    setup: Any
+    harness: Harness
+    client: Client
+    seed: int
+    strategies: dict[str, Strategy | None]
+    trials: dict = field(default_factory=dict)
+
+    def handmade(self, method: Any, factor: float) -> Trial:
+        """Fine-tuning under a hand-made method's strategy at `factor` x its LR."""
+        key = (method.name, factor)
+        if key not in self.trials:
+            s = method.fixed(factor, self.setup.cfg.base_lr, self.harness.n_bn, self.harness.n_params)
+            self.trials[key] = self.harness.finetune(self.client, s, self.seed)
+        return self.trials[key]
+
+    def unadapted(self, split: str) -> tuple[float, float]:
+        """(loss, accuracy) of the pretrained parameters on the client's `split`, without fine-tuning."""
+        return evaluate(self.harness.model, self.harness.theta, *getattr(self.client.data, split))
+
+    def learned(self, row: Any) -> Trial | None:
+        """Fine-tuning under the strategy a learned row recorded for this client (None: it has none)."""
+        s = self.strategies.get(row.name)
+        return None if s is None else self.harness.finetune(self.client, s, self.seed)
+
+    def system(self, row: Any) -> float:
+        """Another system's test accuracy on this client (its own models; NaN where it has none for the client)."""
+        from . import pfl as pfl_stage
+        return pfl_stage.client_accuracy(row.payload, self.client.id, self.client.data, self.seed, self.setup.cfg.pfl_steps)
