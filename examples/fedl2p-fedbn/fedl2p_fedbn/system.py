@@ -24,6 +24,7 @@ from fedl2p_cli.engine.loop import LoopState, generator, group_of, nest, sample_
 from fedl2p_cli.engine.rounds import in_process, run_rounds
 from fedl2p_cli.io import weights
 from fedl2p_cli.models import registry
+from fedl2p_cli.stages.harness import batches
 
 from . import fedbn
 
@@ -45,7 +46,7 @@ class FedBNStrategy:
     """FedBN (Alg. 1): every sampled client trains the whole model locally; the server averages the non-BN weights
     and each client keeps its BN layers. The state: `shared.` plus `local<c>.` for every client that trained."""
 
-    def __init__(self, cfg, part):
+    def __init__(self, cfg, part, dev: torch.device = torch.device("cpu")):
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
@@ -53,7 +54,7 @@ class FedBNStrategy:
         self.init_shared, self.init_local = fedbn.split(get_state(self.model), self.keys)
         self.local_cfg = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
         self.seen = part.pool(False)
-        self.dev = device.current()
+        self.dev = dev
         self.model.to(self.dev)
 
     def initial_state(self) -> LoopState:
@@ -132,8 +133,8 @@ def sizes_of(part, clients: list[int]) -> dict[int, int]:
     return {c: part.client(c).n_train for c in clients}
 
 
-def train(cfg, part, ckpt, progress, draft) -> tuple[list[dict], dict]:
-    strategy = FedBNStrategy(cfg, part)
+def train(cfg, part, ckpt, progress, draft, runtime) -> tuple[list[dict], dict]:
+    strategy = FedBNStrategy(cfg, part, runtime.torch_device)
     st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
     sizes = sizes_of(part, strategy.seen)
     weights.save(draft.path(FILE), st.tensors, {"algo": cfg.algo, "model": cfg.model, "sizes": sizes})
@@ -149,4 +150,4 @@ def load(art, cfg, model: torch.nn.Module) -> Trained:
 def accuracy(t, c: int, data, seed: int, steps: int) -> float:
     """Client c's test accuracy under FedBN; a client it never trained adapts its BN layers first, on the batches of
     personalisation seed `seed` (the same stream as the other methods')."""
-    return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, generator(seed, c, 7))
+    return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, batches(seed, c))
