@@ -17,7 +17,7 @@ POOLS = ("seen", "unseen")
 class Method:
     """A method kind's behaviour in `personalize` (stages/personalize.py runs one loop over its rows, whatever their
     kind): `resolve` finds the artifact a requested name needs, `prepare` turns it into a row, `strategy` is the
-    (beta, eta) the row records for a client, `personalize` is one client's test accuracy for one seed. `setup` is
+    (beta, eta) the row records for a client, `personalize` is its result for one client and seed (`run`). `setup` is
     the personalisation being prepared (its config and artifacts), `run` one client and seed on the harness
     (stages/harness.py)."""
     name: str                              # what --methods and pipeline files call it
@@ -40,7 +40,7 @@ class Method:
         """The Strategy it records for client c (beta, per-tensor LR), on the CPU; None: it records none."""
         return None
 
-    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+    def personalize(self, row: Any, run: Any) -> Outcome:
         raise NotImplementedError
 
 
@@ -70,7 +70,7 @@ class HandMade(Method):
     def strategy(self, row: Any, setup: Any, c: int) -> Any:
         return self.fixed(1.0, setup.cfg.base_lr, setup.n_bn, setup.n_params)
 
-    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+    def personalize(self, row: Any, run: Any) -> Outcome:
         return Outcome(run.handmade(self, 1.0).evaluate("test")[1])
 
 
@@ -79,7 +79,7 @@ class Tuned(Method):
     """Each client picks one of `candidates` (hand-made strategies, or no fine-tuning) by its own validation split."""
     candidates: Callable[[], list[tuple[str, float]]] = list
 
-    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+    def personalize(self, row: Any, run: Any) -> Outcome:
         import numpy as np
         from ..core.selection import NO_FT, select_by_validation
         grid = self.candidates()
@@ -111,7 +111,7 @@ class Learned(Method):
     def strategy(self, row: Any, setup: Any, c: int) -> Any:
         return setup.learned_strategy(row, c)
 
-    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+    def personalize(self, row: Any, run: Any) -> Outcome:
         trial = run.learned(row)  # None: no strategy for this client (L2P and a client it never trained)
         return Outcome(float("nan") if trial is None else trial.evaluate("test", run.setup.cfg.eval_stats)[1])
 
@@ -130,7 +130,7 @@ class System(Method):
     def prepare(self, setup: Any, art: Any) -> Any:
         return setup.pfl_row(self, art)
 
-    def personalize(self, row: Any, run: Any, seed: int) -> Outcome:
+    def personalize(self, row: Any, run: Any) -> Outcome:
         return Outcome(run.system(row))  # NaN where it has no model for the client
 
 

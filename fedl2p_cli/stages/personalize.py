@@ -120,11 +120,12 @@ class Setup:
         return list({r.name: r for r in out}.values())
 
     def requested(self, m: str, kind: methods.Method | None) -> Row:
-        """The row of a requested name: a registered method, or a learned variant's name (its newest artifact)."""
-        art = (kind.resolve(self, m) if kind else None) or (self.newest_meta(m, required=False) if not kind else None)
-        if kind is None and art is None:
-            raise FedL2PError(self.unknown(m))
-        return (kind or method_of(art)).prepare(self, art)
+        """The row of a requested name: a registered method's, or a learned variant's (its newest artifact, whose
+        options say which learned method it belongs to)."""
+        if kind is None:
+            art = self.newest_meta(m)
+            return method_of(art).prepare(self, art)
+        return kind.prepare(self, kind.resolve(self, m))
 
     def unknown(self, m: str) -> str:
         have = sorted({a.metrics.get("variant") for a in self.store.iter("meta-train") if a.parents.get("pretrain") == self.pretrain_id})
@@ -134,13 +135,13 @@ class Setup:
                 f"({', '.join(methods.systems())}) and no meta-train artifact of that variant for pretrained model "
                 f"{self.pretrain_id}{hint}")
 
-    def newest_meta(self, variant: str, required: bool = True) -> Artifact | None:
+    def newest_meta(self, variant: str) -> Artifact:
         """The newest meta-train artifact of `variant` learned on these clients' statistics, else of this model."""
         hit = (self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("stats") == self.stats_id)
                or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("pretrain") == self.pretrain_id))
-        if hit is None and required:
+        if hit is None:
             raise FedL2PError(self.unknown(variant))
-        return None if hit is None else self.store.load("meta-train", hit.id)
+        return self.store.load("meta-train", hit.id)
 
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
         _, lam, norm = meta_stage.load_lambda(self.store, art.id)
@@ -212,7 +213,7 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
         for k, seed in enumerate(cfg.seeds):
             run = ClientRun(setup, h, client, seed, strategies)
             for i, r in enumerate(rows):
-                out = r.method.personalize(r, run, seed)
+                out = r.method.personalize(r, run)
                 acc[i, k, j] = out.acc
                 if out.candidates is not None:
                     cand[k, j] = out.candidates
