@@ -3,6 +3,8 @@ import csv
 import pytest
 import torch
 
+from fedl2p_cli.runtime import Runtime
+
 from fedl2p_cli.algorithms import fedl2p as fedl2p_alg
 from fedl2p_cli.core.metanets import clamp_ste, hyperparameters, init_lambda, sgd_update
 from fedl2p_cli.engine.loop import Checkpoint
@@ -235,7 +237,7 @@ def _first_finetune(tiny_store, cfg):
     from fedl2p_cli.core.finetune import Strategy, finetune
     store, mcfg = tiny_store["store"], meta_train.MetaTrainConfig(meta=cfg)
     ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
-                                  tiny_store["stats"].id, mcfg)
+                                  tiny_store["stats"].id, mcfg, Runtime())
     c = ctx.part.pool(False)[0]
     xi, x = ctx.inputs(c)
     lam = meta_train.initial_lambda(mcfg, len(xi), len(x), len(ctx.theta_g))
