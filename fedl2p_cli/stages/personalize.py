@@ -66,6 +66,8 @@ def resolve_meta(store: Store, cfg: PersonalizeConfig, meta_refs: list[str], pre
             continue  # hand-made, another system (resolve_pfl), or named by --meta
         hit = (store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("stats") == stats_id)
                or store.newest("meta-train", lambda a: a.metrics.get("variant") == m and a.parents.get("pretrain") == pretrain_id))
+        if hit is None and arts:  # --meta named the learned rows: a variant name without an artifact (the default
+            continue  # --methods' 'fedl2p' after `flower import`) is answered by them
         if hit is None:
             have = sorted({a.metrics.get("variant") for a in store.iter("meta-train") if a.parents.get("pretrain") == pretrain_id})
             hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
