@@ -6,7 +6,7 @@ from here, never by comparing names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar, Collection
 
 from .. import plugins
 
@@ -27,10 +27,12 @@ class Method:
 @dataclass(frozen=True)
 class HandMade(Method):
     """Fine-tune every client with one fixed strategy: beta in every BN layer (None: each batch's statistics, BN I)
-    and the base LR times `lr_factor` for every tensor. The paper's baselines; "best FT" is the best of them."""
+    and the base LR times `lr_factor` for every tensor, or only for the parameter tensors `tensors(model)` names (the
+    others keep their global values). The paper's baselines; "best FT" is the best of them."""
     beta: float | None = 1.0
     lr_factor: float = 1.0
     baseline: bool = True
+    tensors: Callable[[Any], Collection[str]] | None = None  # model -> the parameter names it fine-tunes (None: all)
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,10 @@ def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
 
 
 def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: StatsTable, n_bn: int,
-               n_p: int) -> dict[str, Strategy | None]:
+               n_p: int, model: torch.nn.Module | None = None) -> dict[str, Strategy | None]:
     """The fixed strategy of every method but ft-tuned (which picks its own per client and seed)."""
-    out: dict[str, Strategy | None] = {m: fixed_strategy(m, 1.0, cfg.base_lr, n_bn, n_p) for m in cfg.methods if fixed(m)}
+    out: dict[str, Strategy | None] = {m: fixed_strategy(m, 1.0, cfg.base_lr, n_bn, n_p, model)
+                                       for m in cfg.methods if fixed(m)}
     pool = "unseen" if cfg.unseen else "seen"
     for mm in metas:
         if not methods.get(mm.name).supports(pool):  # e.g. L2P: a lambda per client it trained, none for others
@@ -133,10 +134,15 @@ def strategies(cfg: PersonalizeConfig, metas: list[MetaMethod], c: int, table: S
     return out
 
 
-def fixed_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int) -> Strategy:
-    """A hand-made method's strategy (the registry's beta) at `factor` x its LR."""
+def fixed_strategy(name: str, factor: float, base_lr: float, n_bn: int, n_p: int,
+                   model: torch.nn.Module | None = None) -> Strategy:
+    """A hand-made method's strategy (the registry's beta) at `factor` x its LR; LR 0 for the parameter tensors of
+    `model` its `tensors` leaves out."""
     m = methods.get(name)
     lr = torch.full((n_p,), base_lr * m.lr_factor * factor)
+    if m.tensors is not None:
+        chosen = set(m.tensors(model))
+        lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()], dtype=lr.dtype)
     return Strategy(None if m.beta is None else torch.full((n_bn,), float(m.beta)), lr)
 
 
@@ -150,7 +156,7 @@ def tune_client(cfg: PersonalizeConfig, model, theta_g, data, bn0, gen_for, n_bn
             vl, va = evaluate(model, theta_g, *data.val)
             out[i] = vl, va, evaluate(model, theta_g, *data.test)[1]
             continue
-        s = device.move(fixed_strategy(name, f, cfg.base_lr, n_bn, n_p), data.train[0].device)
+        s = device.move(fixed_strategy(name, f, cfg.base_lr, n_bn, n_p, model), data.train[0].device)
         ft = finetune(model, theta_g, *data.train, s, bn0, cfg.epochs, cfg.batch_size, gen_for(), cfg.client_bn)
         vl, va = personalized_accuracy(model, ft.params, *data.val, s, ft.bn, cfg.batch_size)
         out[i] = vl, va, personalized_accuracy(model, ft.params, *data.test, s, ft.bn, cfg.batch_size)[1]
@@ -181,7 +187,7 @@ def evaluate_pool(cfg: PersonalizeConfig, store: Store, pre_id: str, part, table
         data, bn0 = part.client_on(c, dev), device.move(table.client_bn(c), dev)
         before[j] = global_accuracy(model, state, *data.test)
         model.eval()
-        strat = strategies(cfg, metas, c, table, n_bn, n_p)  # on the CPU, where they are recorded
+        strat = strategies(cfg, metas, c, table, n_bn, n_p, model)  # on the CPU, where they are recorded
         for i, m in enumerate(names):
             s = strat.get(m)
             if s is None:
