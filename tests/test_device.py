@@ -18,6 +18,7 @@ from fedl2p_cli.core.modulate import gate_sites, init_modulator
 from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.models.registry import build, get_params
+from fedl2p_cli.stages import pretrain as pretrain_stage
 
 
 def cpu_tensors(obj) -> list[torch.Tensor]:
@@ -102,7 +103,7 @@ def test_pretraining_updates_follow_their_inputs(client, algo):
     cfg = local.LocalConfig(epochs=1, batch_size=8, head="10.", freeze_head=algo == "fedbabu", pf_alpha=0.01)
     state = get_state(model)
     gen = torch.Generator().manual_seed(2)
-    on_meta(lambda: local.algorithms()[algo].client(model, state, *data.train, 0.05, cfg, gen))
+    on_meta(lambda: pretrain_stage.algorithms()[algo].client(model, state, *data.train, 0.05, cfg, gen))
     model.load_state_dict(state)  # the module is a workspace: leave it as the other tests found it
 
 
