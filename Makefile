@@ -24,7 +24,7 @@ data: $(STAMP)  # Fashion-MNIST (Debian's dataset-fashion-mnist, as `fedl2p` its
 quickstart: $(STAMP) data  # feature shift over 7 domains, then the small planted-signal cell (the same pretrained model)
 	$(BIN)/fedl2p run quickstart
 	$(BIN)/fedl2p run quickstart-planted
-	$(BIN)/fedl2p report pipelines/quickstart.toml pipelines/quickstart-planted.toml  # both parts on one HTML page
+	$(BIN)/fedl2p report quickstart quickstart-planted  # both parts on one HTML page
 
 test: $(STAMP)
 	@bash scripts/get-espeak.sh >/dev/null 2>&1 || echo "(espeak-ng missing: the synthetic-speech tests are skipped)"

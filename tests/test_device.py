@@ -19,6 +19,7 @@ from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.models.registry import build, get_params
 from fedl2p_cli.runtime import Runtime
+from fedl2p_cli.stages import pretrain as pretrain_stage
 
 
 def cpu_tensors(obj) -> list[torch.Tensor]:
@@ -103,7 +104,7 @@ def test_pretraining_updates_follow_their_inputs(client, algo):
     cfg = local.LocalConfig(epochs=1, batch_size=8, head="10.", freeze_head=algo == "fedbabu", pf_alpha=0.01)
     state = get_state(model)
     gen = torch.Generator().manual_seed(2)
-    on_meta(lambda: local.algorithms()[algo].client(model, state, *data.train, 0.05, cfg, gen))
+    on_meta(lambda: pretrain_stage.algorithms()[algo].client(model, state, *data.train, 0.05, cfg, gen))
     model.load_state_dict(state)  # the module is a workspace: leave it as the other tests found it
 
 
@@ -198,7 +199,7 @@ def test_worker_processes_receive_the_runtime_whole():
     import json
 
     from fedl2p_cli.engine.workers import on_runtime
-    rt = Runtime(workers=2, engine="local", min_answers=0.5, round_retries=2, plugins=("my_plugin",))
+    rt = Runtime(workers=2, engine="local", min_answers=0.5, round_retries=2, plugins=("fedl2p_cli.builtin",))  # loaded already
     sent = json.loads(json.dumps(rt.to_dict()))  # JSON-safe, as a Flower message or a run config carries it
     threads = torch.get_num_threads()
     try:

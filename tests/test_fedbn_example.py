@@ -15,7 +15,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "fedl2p-fedbn"))
 
 from fedl2p_fedbn import fedbn  # noqa: E402
-from fedl2p_fedbn.model import mobilenet_v3_small  # noqa: E402
+from fedl2p_fedbn.model import HardSigmoid, HardSwish, mobilenet_v3_small  # noqa: E402
 from fedl2p_fedbn.npz import load_npz  # noqa: E402
 
 from fedl2p_cli.algorithms.local import LocalConfig  # noqa: E402
@@ -109,8 +109,16 @@ def test_npz_layouts_domains_and_errors(tmp_path):
         load_npz(tmp_path / "missing.npz")
 
 
-def test_mobilenet_takes_any_channel_count():
+def test_mobilenet_takes_any_channel_count_and_differentiates_twice():
     torch.manual_seed(0)
     m = mobilenet_v3_small(1, 5).eval()
-    assert m(torch.randn(2, 1, 16, 16)).shape == (2, 5)
+    x = torch.randn(2, 1, 16, 16)
+    assert m(x).shape == (2, 5)
     assert sum(isinstance(b, nn.BatchNorm2d) for b in m.modules()) == 34  # torchvision's own BN, swapped by fedl2p
+    assert not any(isinstance(a, (nn.Hardsigmoid, nn.Hardswish)) for a in m.modules())
+    z = torch.linspace(-5, 5, 101)
+    torch.testing.assert_close(HardSwish()(z), nn.functional.hardswish(z))  # the same functions
+    torch.testing.assert_close(HardSigmoid()(z), nn.functional.hardsigmoid(z))
+    p = list(m.parameters())
+    g = torch.autograd.grad(m(x).square().sum(), p, create_graph=True)  # what FedL2P's meta-gradient needs
+    torch.autograd.grad(sum(v.square().sum() for v in g), p[0])

@@ -120,18 +120,7 @@ def test_flower_pretraining_matches_the_in_process_engine(tiny_store, tmp_path):
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5)
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _first_round_checkpointed(out, timeout: float = 240) -> int:
+def _checkpointed(out, timeout: float = 300) -> int:
     """Wait until the ServerApp's checkpoint under OUT has at least one finished round; the rounds it has."""
     import time
 
@@ -148,83 +137,66 @@ def _first_round_checkpointed(out, timeout: float = 240) -> int:
     return reached
 
 
-def _kill_serverapp_after_a_round(flwr_run: list[str], env: dict, out, link_pid: int) -> int:
-    """Start `flwr run`, wait for the ServerApp's first round checkpoint, then kill -9 the ServerApp process (a child
-    of the SuperLink's SuperExec, in the SuperLink's session) and `flwr run` itself; the round it had reached."""
+def _crash_after_a_round(fed, run_cmd: list[str], out, *victims: str) -> int:
+    """Start `run_cmd`, wait for the ServerApp's first round checkpoint, then kill -9 its ServerApp processes, the
+    named processes (each with its process group) and the runner; the round the checkpoint had reached."""
     import os
     import signal
     import subprocess
-    from pathlib import Path
 
-    runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    runner = subprocess.Popen(run_cmd, env=fed.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
-    reached = _first_round_checkpointed(out)
-    def cmdlines() -> dict[int, list[str]]:
-        out = {}
-        for p in Path("/proc").iterdir():
-            try:
-                if p.name.isdigit():
-                    out[int(p.name)] = (p / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except OSError:  # a process that ended while we looked
-                pass
-        return out
-
-    procs = cmdlines()
-    # the SuperLink's SuperExec names its parent and the ServerAppIo address its ServerApps connect to
-    addresses = {a[a.index("--runtime-api-address") + 1] for a in procs.values()
-                 if any("flower-superexec" in x for x in a) and "--parent-pid" in a and "--runtime-api-address" in a
-                 and a[a.index("--parent-pid") + 1] == str(link_pid)}
-    apps = [pid for pid, a in procs.items() if any("flwr-serverapp" in x for x in a) and "--runtime-api-address" in a
-            and a[a.index("--runtime-api-address") + 1] in addresses]
+    reached = _checkpointed(out)
+    apps = fed.serverapps()
     for pid in apps:
         os.kill(pid, signal.SIGKILL)
+    for name in victims:
+        fed.kill(name)
     os.killpg(runner.pid, signal.SIGKILL)
     runner.wait(timeout=30)
     assert apps, "no ServerApp process found to kill"
     return reached
 
 
-def _kill_a_site_after_a_round(flwr_run: list[str], env: dict, out, site):
-    """Run `flwr run` to the end while the SuperNode `site` is killed (its process group) once round 1 is
-    checkpointed; its completed process."""
+def _run_killing_a_site(fed, run_cmd: list[str], out, site: str) -> "subprocess.CompletedProcess":
+    """Run `run_cmd` to its end while SuperNode `site` is killed (its process group) once round 1 is checkpointed."""
     import os
     import signal
     import subprocess
 
-    runner = subprocess.Popen(flwr_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    runner = subprocess.Popen(run_cmd, env=fed.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
-    _first_round_checkpointed(out)
-    os.killpg(site.pid, signal.SIGKILL)
+    _checkpointed(out)
+    fed.kill(site)
     try:
-        text, _ = runner.communicate(timeout=400)
+        text, err = runner.communicate(timeout=400)
     except subprocess.TimeoutExpired:
         os.killpg(runner.pid, signal.SIGKILL)
-        text, _ = runner.communicate()
-    return subprocess.CompletedProcess(flwr_run, runner.returncode, text, "")
+        text, err = runner.communicate()
+    return subprocess.CompletedProcess(run_cmd, runner.returncode, text, err)
 
 
-def _alive(pids: list[int]) -> list[int]:
-    """Those of pids (and their process groups) still running, zombies excluded."""
-    import subprocess
-    out = subprocess.run(["ps", "-eo", "pid,pgid,stat"], capture_output=True, text=True).stdout.split("\n")[1:]
-    rows = [ln.split() for ln in out if ln.strip()]
-    return [int(p) for p, g, st in rows if (int(p) in pids or int(g) in pids) and not st.startswith("Z")]
+MODES = ["insecure", "tls-auth-gateway", "serverapp-killed", "superlink-restarted", "site-nan", "site-shape",
+         "site-scale100", "site-killed", "site-lost-below-min-answers"]
 
 
 @needs_flower
-@pytest.mark.parametrize("mode", ["insecure", "tls-and-supernode-auth", "serverapp-killed", "site-nan", "site-shape",
-                                  "site-scale100", "site-killed"])
+@pytest.mark.parametrize("mode", MODES)
 def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, mode):
-    """A real SuperLink and two SuperNodes on 127.0.0.1 (insecure, temporary FLWR_HOME, free ports, no runtime
-    dependency installation), `flwr run` of the repo's app for two rounds; each site computes its own statistics.
-    Lambda equals the in-process engine's on the same two clients (float32 rounding), and every process started
-    (each in its own process group, with its children) is gone afterwards. Secured: TLS and SuperNode authentication,
-    and an unregistered SuperNode is refused. Killed: the ServerApp process (and `flwr run`) killed after its first
-    round's checkpoint; a second `flwr run` of the same run config resumes and ends at the same lambda."""
-    import os
-    import signal
+    """A real SuperLink and SuperNodes on 127.0.0.1 (temporary FLWR_HOME, free ports, no runtime dependency
+    installation), `fedl2p flower run` of the repo's app; each site computes its own statistics and is named by its
+    node-config site-name. Lambda equals the in-process engine's on the same clients (float32 rounding), and every
+    process started is gone afterwards.
+    tls-auth-gateway (the documented setup): TLS, SuperNode authentication, the SuperLink on loopback and the sites
+    reaching it through `fedl2p flower gateway`; a key registration or run listing through the sites' address is
+    refused, an unregistered SuperNode is refused, the registered ones train.
+    serverapp-killed: the ServerApp killed after its first round; the next run resumes. superlink-restarted: the
+    SuperLink (with --database) and its ServerApp killed after a round and restarted on the same database; the
+    sites reconnect without being registered again and the next run resumes. site-*: a third site spoils its replies
+    (the test-only rehearsal app) and is dropped every round, or dies after round 1 and the run completes without it
+    (--min-answers 0.6), or dies and the run fails (--min-answers 1): exit 1 with the reason, history.csv holding
+    the round before."""
     import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -235,109 +207,83 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     from fedl2p_cli.stages import flower_app, meta_train, partition
     from fedl2p_cli.stages.common import NoProgress
 
-    secure, killed = mode == "tls-and-supernode-auth", mode == "serverapp-killed"
-    fault = mode[len("site-"):] if mode.startswith("site-") else None  # a third site that misbehaves, or dies
-    rounds = 4 if killed else 3 if fault == "killed" else 2
+    from .flower_loopback import REPO, Loopback
+
+    secure = mode in ("tls-auth-gateway", "superlink-restarted")
+    killed, restarted, below = mode == "serverapp-killed", mode == "superlink-restarted", mode == "site-lost-below-min-answers"
+    fault = mode[len("site-"):] if mode.startswith("site-") and not below else None  # a third site
+    rounds = 4 if killed else 3 if fault == "killed" or below else 2
     store = tiny_store["store"]
     _, part = partition.load(store, tiny_store["partition"].id)
     sites = part.pool(False)[:3 if fault else 2]
+    names = {c: f"hospital-{'abc'[i]}" for i, c in enumerate(sites)}  # what the operator knows the sites by
     for c in sites:
         flower_app.export_site(part.client(c), c, tmp_path / f"site{c}")
-    cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=1.0 if fault else 0.5, seed=31, keep="last", meta=TINY_META,
-                                     norm_bound=3.0 if fault else 0.0)  # last: it moved
-    rt = Runtime(round_timeout=60.0 if fault == "killed" else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
+    lost = fault == "killed" or below
+    cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=1.0 if fault or below else 0.5, seed=31, keep="last",
+                                     meta=TINY_META, norm_bound=3.0 if fault else 0.0)  # last: it moved
+    rt = Runtime(round_timeout=60.0 if lost else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
     out = tmp_path / "out"
-    (tmp_path / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg,
-                                                                           len(sites), out, rt)))
-    link, *nodes = _free_ports(len(sites) + 1)
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    certs = tmp_path / "certs"
-    if secure:  # the helper's test credentials: TLS for every connection, and only registered SuperNodes may join
-        from fedl2p_cli.stages import flower_certs
-        flower_certs.make(certs, 2, ["127.0.0.1", "localhost"])
-    trust = f'root-certificates = "{certs / "ca.crt"}"\n' if secure else "insecure = true\n"
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-                                      f'address = "127.0.0.1:{link}"\n{trust}')
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(4)]
-    started: list[subprocess.Popen] = []
-
-    def start(args: list[str], log) -> None:
-        started.append(subprocess.Popen([str(bin_dir / args[0]), *args[1:]], env=env, stdout=log, stderr=log,
-                                        start_new_session=True))
-
+    out.mkdir()
+    (out / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg,
+                                                                      len(sites), out, rt)))
+    fed = Loopback(tmp_path, secure, gateway=secure, database=tmp_path / "state.db" if restarted else None)
+    app = REPO / ("tests/flower_rehearsal" if fault in ("nan", "shape", "scale100") else "fedl2p_cli/flower_app")
+    run_cmd = [str(fed.bin / "fedl2p"), "flower", "run", str(out), "--app", str(app), "--connection", "loopback"]
     try:
-        link_tls = (["--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "server.pem"),
-                     "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"] if secure else ["--insecure"])
-        start(["flower-superlink", *link_tls, "--port", str(link), "--database", ":flwr-in-memory:",
-               "--disable-runtime-dependency-installation"], logs[0])
-        time.sleep(5)
-        for i, (port, c, log) in enumerate(zip(nodes, sites, logs[1:]), 1):
-            node_tls = ["--insecure"]
-            if secure:
-                reg = subprocess.run([str(bin_dir / "flwr"), "supernode", "register", str(certs / f"site{i}.pub"),
-                                      "loopback"], env=env, capture_output=True, text=True, timeout=60)
+        fed.start_link()
+        for i, c in enumerate(sites, 1):
+            if secure:  # the operator registers each site's public key on the SuperLink's own (loopback) address
+                reg = fed.register(i)
                 assert reg.returncode == 0, reg.stdout[-2000:] + reg.stderr[-2000:]
-                node_tls = ["--root-certificates", str(certs / "ca.crt"),
-                            "--auth-supernode-private-key", str(certs / f"site{i}.key")]
-            spoil = f" fault='{fault}'" if fault in flower_app.FAULTS and i == 3 else ""
-            start(["flower-supernode", *node_tls, "--superlink", f"127.0.0.1:{link}", "--port", str(port),
-                   "--node-config", f"site-dir='{tmp_path / f'site{c}'}'{spoil}"], log)
-        if secure:  # an intruder: the right CA and address, but not registered (without SuperNode authentication
-            # the SuperLink would accept it; seen: "Activated node_id=...")
-            start(["flower-supernode", "--root-certificates", str(certs / "ca.crt"),
-                   "--superlink", f"127.0.0.1:{link}", "--port", str(_free_ports(1)[0]),
-                   "--max-retries", "2", "--node-config", f"site-dir='{tmp_path / f'site{sites[0]}'}'"], logs[3])
-        from fedl2p_cli.cli.main import run_cli
-        app = tmp_path / "app"
-        assert run_cli(["flower", "app", str(app)]) == 0  # the app as a deployment gets it: written out by fedl2p
-        flwr_run = [str(bin_dir / "flwr"), "run", str(app), "loopback", "--run-config", str(tmp_path / "run.toml"), "--stream"]
-        if killed:
-            killed_at = _kill_serverapp_after_a_round(flwr_run, env, out, started[0].pid)
-            assert 1 <= killed_at < rounds and not (out / "lambda.safetensors").exists()
-        if fault == "killed":  # the third SuperNode dies (kill -9, its whole process group) after round 1
-            r = _kill_a_site_after_a_round(flwr_run, env, out, started[3])
+            spoil = f" fault='{fault}'" if fault in ("nan", "shape", "scale100") and i == 3 else ""
+            fed.start_node(i, tmp_path / f"site{c}", names[c], spoil)
+        if secure:
+            # a stranger with the CA reaches only the sites' address: no key registration, no run listing there
+            reg, ls = fed.register(3, via="sites-address"), fed.flwr("ls", "sites-address")
+            assert reg.returncode != 0 and "404" in reg.stdout + reg.stderr, reg.stdout[-2000:] + reg.stderr[-2000:]
+            assert ls.returncode != 0 or "404" in ls.stdout + ls.stderr, ls.stdout[-2000:]
+            # and an unregistered SuperNode (the right CA and address, no registered key) is refused
+            fed.start_node(9, tmp_path / f"site{sites[0]}", "intruder", key=3, retries=2)
+        if killed or restarted:
+            reached = _crash_after_a_round(fed, run_cmd, out, *(["superlink"] if restarted else []))
+            assert 1 <= reached < rounds and not (out / "lambda.safetensors").exists()
+            if restarted:  # on the same database: the sites' registrations survived, no one registers again
+                fed.start_link()
+        if fault == "killed" or below:  # the last SuperNode dies (kill -9, its process group) after round 1
+            r = _run_killing_a_site(fed, run_cmd, out, f"node{len(sites)}")
         else:
-            r = subprocess.run(flwr_run, env=env, capture_output=True, text=True, timeout=300)
-        assert (out / "lambda.safetensors").is_file(), r.stdout[-2000:] + r.stderr[-2000:]
-        assert len((out / "history.csv").read_text().strip().splitlines()) == rounds + 1
-        if killed:  # the second run did not start over: it resumed where the killed one's checkpoint was
-            import re
-            last = (out / "server.log").read_text().splitlines()[-1]
-            assert re.search(r"resuming after round (\d+)", last) and killed_at <= int(re.search(r"(\d+)$", last).group(1)) < rounds, last
+            r = subprocess.run(run_cmd, env=fed.env, capture_output=True, text=True, timeout=400)
         history = (out / "history.csv").read_text()
+        if below:  # the run failed the policy: exit 1 with the reason; the round before it is in history.csv
+            last = r.stderr.strip().splitlines()[-1]  # the command's own last word, after flwr's
+            assert r.returncode == 1 and last.startswith("run failed: round 2: too few clients answered"), r.stderr[-2000:]
+            assert f"{names[sites[-1]]}: " in last, last
+            assert len(history.strip().splitlines()) == 2 and not (out / "lambda.safetensors").exists(), history
+            assert "run failed: round 2: too few" in (out / "server.log").read_text()
+            return
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert (out / "lambda.safetensors").is_file()
+        assert len(history.strip().splitlines()) == rounds + 1
+        log = (out / "server.log").read_text()
+        assert f"round {rounds}/{rounds}: sampled" in r.stdout and f"round {rounds}/{rounds}: sampled" in log, log
+        if killed or restarted:  # the second run did not start over: it resumed where the killed one's checkpoint was
+            import re
+            starts = [ln for ln in log.splitlines() if " run of " in ln]
+            m = re.search(r"resuming after round (\d+)$", starts[-1])
+            assert m and reached <= int(m.group(1)) < rounds, starts
+        assert "client " not in history.replace("clients", ""), history  # sites by name, never by partition id
         if fault == "killed":  # the run completed without it, and named it
-            assert f"client {sites[2]}: " in history, history
+            assert f"{names[sites[2]]}: " in history, history
         elif fault:  # every round dropped the third site's reply, named with its reason
             why = {"nan": "eta is not finite", "shape": "torch.float32", "scale100": "--norm-bound"}[fault]
-            assert history.count(f"client {sites[2]}: ") == rounds and why in history, history
-        if secure:  # the unregistered SuperNode was refused, and gave up
-            refused = "All SuperNodes must be registered"
-            deadline = time.time() + 120
-            while refused not in (tmp_path / "proc3.log").read_text() and time.time() < deadline:
-                time.sleep(2)
-            assert refused in (tmp_path / "proc3.log").read_text()
+            assert history.count(f"{names[sites[2]]}: ") == rounds and why in history, history
+        if secure:  # the unregistered SuperNode was refused (Flower's exit code 305), and gave up
+            intruder = fed.procs["node9"]
+            assert intruder.wait(timeout=120) != 0, fed.log("node9").read_text()[-2000:]
+            assert "Failed to activate SuperNode" in fed.log("node9").read_text()
     finally:
-        for p in started:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in started:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        for log in logs:
-            log.close()
-        deadline = time.time() + 20
-        while _alive([p.pid for p in started]) and time.time() < deadline:
-            time.sleep(0.5)
-        for pid in _alive([p.pid for p in started]):
-            os.kill(pid, signal.SIGKILL)
-    assert not _alive([p.pid for p in started])
+        fed.close()
     if fault == "killed":  # its first round aggregated three sites: no two-site reference to compare with
         return
 
@@ -361,7 +307,6 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     assert not torch.equal(want["bnnet.2.bias"], lam0["bnnet.2.bias"])  # a comparison of two learned lambdas
 
 
-
 def test_a_site_that_errs_or_stays_silent_is_a_failed_client():
     """The replies to three messages: the first answers, the second reports an error, the third is missing; the
     last two become `rounds.Failed` (the round's policy decides what follows)."""
@@ -380,3 +325,31 @@ def test_a_site_that_errs_or_stays_silent_is_a_failed_client():
     assert out[0] == ("unpacked", "C")
     assert out[1] == Failed("the site reported an error: out of memory")
     assert out[2] == Failed("no reply within 7.5 s")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cryptography") is None, reason="needs the flower extra (cryptography)")
+def test_credentials_are_private_and_a_git_work_tree_is_named(tmp_path, capsys):
+    """Private keys owner-only in an owner-only folder; a site's own key pair; a warning inside a git work tree (and
+    none outside one)."""
+    import os
+    import stat
+    import subprocess
+
+    from fedl2p_cli.cli.main import run_cli
+
+    repo = tmp_path / "clone"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    assert run_cli(["flower", "credentials", "--out", str(repo / "creds"), "--sites", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "inside the git work tree" in err and "does NOT ignore" in err, err
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    assert mode(repo / "creds") == 0o700
+    for name in ("server.key", "site1.key", "site2.key"):
+        assert mode(repo / "creds" / name) == 0o600, name
+    assert mode(repo / "creds" / "site1.pub") == 0o644
+    outside = tmp_path / "keys"
+    assert run_cli(["flower", "keygen", "--out", str(outside), "--name", "hospital-a"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert mode(outside / "hospital-a.key") == 0o600 and mode(outside) == 0o700
+    assert (outside / "hospital-a.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert "PRIVATE KEY" in (outside / "hospital-a.key").read_text()

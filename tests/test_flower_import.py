@@ -59,3 +59,23 @@ def test_a_folder_that_is_not_a_deployments_result_is_refused_in_one_line(tiny_s
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and expect in err, err
     assert sorted(Store(tiny_store["store"].root).ids("meta-train")) == before
+
+
+def test_personalize_with_meta_after_import_and_the_default_methods(tiny_store, tmp_path, capsys, monkeypatch):
+    """The deployment guide's last step: `flower import`, then `personalize --meta ID` with the default --methods
+    (which name the default variant 'fedl2p', not the imported run's): the imported meta-nets are a row of the table,
+    in a store that has no meta-train artifact of the default variant (a deployment's operator trained none)."""
+    import shutil
+    store = Store(tmp_path / "store")
+    for stage in ("partition", "pretrain", "stats"):
+        shutil.copytree(tiny_store["store"].root / stage, store.root / stage)
+    cfg = deployment(dict(tiny_store, store=store), tmp_path / "deploy")
+    monkeypatch.setenv("FEDL2P_STORE", str(store.root))
+    assert run_cli(["flower", "import", str(tmp_path / "deploy")]) == 0
+    art = store.newest("meta-train", lambda a: a.metrics.get("engine") == "flower deployment")
+    capsys.readouterr()
+    code = run_cli(["personalize", "--meta", art.id, "--pretrain", tiny_store["pretrain"].id, "--stats",
+                    tiny_store["stats"].id, "--epochs", "1", "--batch-size", "16", "--seeds", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert cfg.variant() in out

@@ -14,6 +14,7 @@ from fedl2p_cli.artifacts import Store
 from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
 from fedl2p_cli.engine.loop import generator
 from fedl2p_cli.methods import registry
+from fedl2p_cli.models.registry import head_prefix
 from fedl2p_cli.stages import partition, personalize, pretrain, stats
 
 
@@ -59,3 +60,31 @@ def test_a_new_method_is_one_registration(tiny_store, tmp_path, monkeypatch):
     want = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 16)[1]
     assert r.acc_after[1, 0, 0] == pytest.approx(want, abs=1e-9)
     assert methods.get("ft-half") is not None  # registered for this test only (monkeypatch removes it)
+
+
+def test_a_handmade_method_may_fine_tune_some_tensors_only(tiny_store, tmp_path, monkeypatch):
+    """`HandMade.tensors` picks the parameter tensors a method fine-tunes from the model (here: the classifier); the
+    others keep LR 0, so they stay at the global model's values, and the row is the direct fine-tune's accuracy."""
+    head = lambda model: [n for n, _ in model.named_parameters() if n.startswith(head_prefix(model))]  # noqa: E731
+    monkeypatch.setitem(registry._REGISTRY, "ft-head", methods.HandMade("ft-head", "FT (head)", beta=1.0, baseline=False,
+                                                                         tensors=head))
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
+    cfg = personalize.PersonalizeConfig(methods=["ft-head"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    art, _ = personalize.run(cfg, store, pre, st)
+    _, r = personalize.load(store, art.id)
+    _, model, state = pretrain.load(store, pre)
+    names = [n for n, _ in model.named_parameters()]
+    chosen = np.array([n in head(model) for n in names])
+    assert 0 < chosen.sum() < len(names)
+    np.testing.assert_allclose(r.eta["ft-head"][:, chosen], 0.01)
+    np.testing.assert_array_equal(r.eta["ft-head"][:, ~chosen], 0.0)
+    _, part = partition.load(store, tiny_store["partition"].id)
+    _, table = stats.load_matching(store, st, pre)
+    theta = {n: state[n] for n in names}
+    c = int(r.client[0])
+    s = Strategy(torch.ones(3), torch.tensor(chosen, dtype=torch.float32) * 0.01)
+    ft = finetune(model.eval(), theta, *part.client(c).train, s, table.client_bn(c), 1, 16, generator(0, c, 7), "precise")
+    assert all(torch.equal(ft.params[n], theta[n]) for n, keep in zip(names, chosen) if not keep)
+    want = personalized_accuracy(model, ft.params, *part.client(c).test, s, ft.bn, 16)[1]
+    assert r.acc_after[0, 0, 0] == pytest.approx(want, abs=1e-9)

@@ -47,7 +47,7 @@ def test_missing_fmnist_is_installed_with_apt_where_permitted(tmp_path, monkeypa
     monkeypatch.delenv("FEDL2P_DATA", raising=False)
     monkeypatch.setattr(provision, "apt_command", lambda: ["apt-get"])
     monkeypatch.setattr(provision.subprocess, "run", _fake_apt(folder, calls))
-    ds = datasets.load("fmnist")
+    ds = datasets.load_fmnist()
     assert calls == [["apt-get", "install", "-y", "-q", "dataset-fashion-mnist"]]
     assert tuple(ds.images.shape) == (8, 1, 32, 32) and ds.labels.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from .. import plugins
 from ..core.functional import epochs_of_batches, get_state, mean_loss, random_batch, set_state
 
 State = dict[str, Tensor]
@@ -100,5 +99,5 @@ def add(name: str, algo: PretrainAlgo) -> None:
 
 
 def algorithms() -> dict[str, PretrainAlgo]:
-    plugins.ensure()
+    """The registered algorithms; the caller loads the plugins first (`plugins.ensure()`: this layer does no I/O)."""
     return _ALGORITHMS

@@ -118,3 +118,75 @@ def credentials(
     written = flower_certs.make(out, sites, hosts)
     render.console.print(f"wrote {len(written)} files to {out}: give the SuperLink ca.crt, server.pem and server.key; "
                          "each site its site<i>.key and ca.crt; register each site<i>.pub with `flwr supernode register`")
+    _warn_work_tree(out)
+
+
+def _warn_work_tree(out: Path) -> None:
+    from ..stages import flower_certs
+    if (text := flower_certs.warning(out)) is not None:
+        render.err_console.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+
+
+@app.command("keygen")
+def keygen(
+    out: Path = typer.Option(..., help="Folder for NAME.key (private: stays at the site) and NAME.pub."),
+    name: str = typer.Option("site", help="The files' name (e.g. the site's name)."),
+) -> None:
+    """A site's own key pair for SuperNode authentication: the site keeps NAME.key (owner-only) and hands only
+    NAME.pub to the server operator, who registers it with `flwr supernode register`."""
+    from ..stages import flower_certs
+    key, pub = flower_certs.keygen(out, name)
+    render.console.print(f"private key {key} (keep it here; start the SuperNode with --auth-supernode-private-key "
+                         f"{key}); public key {pub} (hand this one to the server operator)")
+    _warn_work_tree(out)
+
+
+@app.command("gateway")
+def gateway(
+    listen: str = typer.Option("0.0.0.0:9092", help="HOST:PORT the sites' SuperNodes connect to (the only port to "
+                               "open in the server's firewall)."),
+    superlink: str = typer.Option("127.0.0.1:9093", help="HOST:PORT of the SuperLink, on loopback."),
+    certfile: Optional[Path] = typer.Option(None, help="The SuperLink's TLS certificate (server.pem)."),
+    keyfile: Optional[Path] = typer.Option(None, help="Its private key (server.key)."),
+    ca: Optional[Path] = typer.Option(None, help="The CA certificate that signed it (ca.crt); none of the three: an "
+                                      "insecure loopback trial."),
+) -> None:
+    """Expose only the SuperLink's Fleet API to the network: forward /v1/fleet/ requests to the SuperLink on
+    loopback and answer every other path (Control API: key registration, runs; ServerAppIo API) with 404."""
+    from ..stages import flower_gateway
+    flower_gateway.serve(listen, superlink, certfile, keyfile, ca)
+
+
+@app.command("run")
+def run(
+    out: Path = typer.Argument(..., help="The run config's folder (`run-config --out`): run.toml, and the results."),
+    connection: Optional[str] = typer.Option(None, help="The SuperLink connection in $FLWR_HOME/config.toml "
+                                             "(default: its default one)."),
+    app_dir: Optional[Path] = typer.Option(None, "--app", help="The Flower app folder (default: the one installed "
+                                           "with fedl2p)."),
+) -> None:
+    """`flwr run` of the app with OUT/run.toml, streaming the ServerApp's log (a line per round), then exit by the
+    run's outcome: 0 when it completed, 1 with the reason when it failed (a round without --min-answers' sites)."""
+    import shutil
+    import subprocess
+    app_dir = app_dir or APP
+    if not (app_dir / "pyproject.toml").is_file():
+        raise FedL2PError(f"--app {app_dir} is not a Flower app folder (no pyproject.toml)")
+    if not (out / "run.toml").is_file():
+        raise FedL2PError(f"{out} has no run.toml: write it with `fedl2p flower run-config --out {out}`")
+    flwr = shutil.which("flwr")
+    if flwr is None:
+        raise FedL2PError("flwr is not installed here: pip install -e '.[flower]'")
+    (out / "status.json").unlink(missing_ok=True)
+    cmd = [flwr, "run", str(app_dir), *([connection] if connection else []), "--run-config",
+           str((out / "run.toml").resolve()), "--stream"]
+    code = subprocess.run(cmd).returncode
+    try:
+        status = json.loads((out / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        status = {"status": "unknown", "reason": f"flwr run exited {code} and the ServerApp wrote no status (see "
+                                                 f"{out / 'server.log'} and `flwr ls`); run again to resume"}
+    if status["status"] != "completed":
+        render.err_console.print(f"[red]run {status['status']}:[/red] {status['reason']}", highlight=False)
+        raise typer.Exit(1)
+    render.console.print(f"run completed: {out / 'lambda.safetensors'}, {out / 'history.csv'}")

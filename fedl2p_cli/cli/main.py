@@ -94,7 +94,7 @@ app.add_typer(analyze.app, name="analyze", short_help="6. Analyse the results (c
 app.command("run", short_help="Run a pipeline file: every stage in order, reusing existing artifacts.",
             epilog="Example: fedl2p run quickstart")(run)
 app.command("report", short_help="Write one HTML page of pipelines or artifacts (lineage, results, plots).",
-            epilog="Example: fedl2p report pipelines/quickstart.toml pipelines/quickstart-planted.toml -o report.html")(report.report)
+            epilog="Example: fedl2p report quickstart quickstart-planted -o report.html")(report.report)
 app.add_typer(artifacts.app, name="artifacts", short_help="See what the store holds and where it came from.")
 app.add_typer(flower.app, name="flower", short_help="Deploy meta-training across real sites with Flower.")
 

@@ -10,10 +10,11 @@ from ..errors import FedL2PError
 from . import options, render
 
 stage = options.Lazy("fedl2p_cli.stages.report")
+files = options.Lazy("fedl2p_cli.stages.pipeline_files")
 
 
 def report(
-    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) and/or artifact ids (each with its lineage); "
+    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact ids (each with its lineage); "
                                         "several are shown side by side in one page.", show_default=False),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also copy the page to this file (the artifact keeps "
                                        "its own copy in the store)."),
@@ -35,8 +36,8 @@ def write(sources: list[str], store: Optional[Path], force: bool = False):
     """The report artifact of `sources` (pipeline files or artifact ids) in `store` (default: the first pipeline's)."""
     sections, root = [], None
     for src in sources:
-        if src.endswith(".toml") or Path(src).is_file():
-            section, st = stage.from_pipeline(Path(src), store)
+        if src.endswith(".toml") or Path(src).is_file() or src in dict(files.shipped()):  # a file or a shipped name
+            section, st = stage.from_pipeline(files.find(src), store)
             root = root or st
         else:
             section = None

@@ -73,6 +73,12 @@ def in_process(fn: Callable[..., Any]) -> Executor:
     return lambda tasks: [fn(t) for t in tasks]
 
 
+def client_name(strategy: RoundStrategy, c: int, bare: bool = False) -> str:
+    """How logs and history name client `c`: a strategy's `names` (a deployment's site names), else its id."""
+    name = getattr(strategy, "names", {}).get(c)
+    return name if name is not None else str(c) if bare else f"client {c}"
+
+
 def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
              ) -> tuple[list[Task], list[Any], list[str], list[Task]]:
     """Round `rnd`'s tasks and results of the clients that answered, a line per client that did not (this
@@ -83,7 +89,7 @@ def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor
         tasks = strategy.configure(st, rnd, attempt) if attempt else strategy.configure(st, rnd)
         results = execute(tasks)
         ok = [(t, r) for t, r in zip(tasks, results) if not isinstance(r, Failed)]
-        failures += [f"client {t.client}: {r.reason}" + (f" (attempt {attempt + 1})" if attempt else "")
+        failures += [f"{client_name(strategy, t.client)}: {r.reason}" + (f" (attempt {attempt + 1})" if attempt else "")
                      for t, r in zip(tasks, results) if isinstance(r, Failed)]
         if len(ok) >= policy.needed(len(tasks)):
             return [t for t, _ in ok], [r for _, r in ok], failures, tasks
@@ -92,11 +98,15 @@ def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor
                       + "; ".join(failures))
 
 
+Observer = Callable[[dict, LoopState], None]
+
+
 def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, progress, execute: Executor,
-               policy: RoundPolicy = RoundPolicy()) -> LoopState:
+               policy: RoundPolicy = RoundPolicy(), observers: tuple[Observer, ...] = ()) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
     because every random draw of round t for client c is seeded by (seed, t, c). Clients that fail are handled by
-    `policy`; those that did not answer are named in the round's record (`failed`)."""
+    `policy`; those that did not answer are named in the round's record (`failed`). Each observer sees every
+    finished round's record and state, after its checkpoint (a deployment's server log and history.csv)."""
     st = (ckpt.load() if ckpt else None) or strategy.initial_state()
     progress.start(strategy.label, rounds)
     progress.advance(st.next_round)
@@ -115,7 +125,7 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
         if failures:
             rec["failed"] = "; ".join(failures)
             if "sampled" in rec:  # the strategy saw only the clients that answered: name every one sampled
-                rec["sampled"] = " ".join(str(t.client) for t in sampled)
+                rec["sampled"] = " ".join(client_name(strategy, t.client, bare=True) for t in sampled)
         st.history.append(rec)
         st.next_round = rnd + 1
         if ckpt:
@@ -124,6 +134,8 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
         rec["io_s"] = timer.t.get("io", 0.0)  # known only after the save: in memory, not in the checkpoint
         for observe in _OBSERVERS.get():
             observe(strategy.label, rec)
+        for observe in observers:
+            observe(rec, st)
         progress.advance(1, **strategy.progress_info(rec, st) | ({"failed": len(failures)} if failures else {}))
     progress.stop()
     return st

@@ -6,7 +6,7 @@ from here, never by comparing names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Collection
 
 from .. import plugins
 
@@ -55,20 +55,25 @@ class Outcome:
 @dataclass(frozen=True)
 class HandMade(Method):
     """Fine-tune every client with one fixed strategy: beta in every BN layer (None: each batch's statistics, BN I)
-    and the base LR times `lr_factor` for every tensor. The paper's baselines; "best FT" is the best of them."""
+    and the base LR times `lr_factor` for every tensor, or only for the parameter tensors `tensors(model)` names (the
+    others keep their global values). The paper's baselines; "best FT" is the best of them."""
     beta: float | None = 1.0
     lr_factor: float = 1.0
     baseline: bool = True
+    tensors: Callable[[Any], Collection[str]] | None = None  # model -> the parameter names it fine-tunes (None: all)
 
-    def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int) -> Any:
-        """Its Strategy at `factor` x its LR."""
+    def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int, model: Any = None) -> Any:
+        """Its Strategy at `factor` x its LR; LR 0 for the parameter tensors of `model` its `tensors` leaves out."""
         import torch
         from ..core.finetune import Strategy
         lr = torch.full((n_p,), base_lr * self.lr_factor * factor)
+        if self.tensors is not None:
+            chosen = set(self.tensors(model))
+            lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()], dtype=lr.dtype)
         return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
 
     def strategy(self, row: Any, setup: Any, c: int) -> Any:
-        return self.fixed(1.0, setup.cfg.base_lr, setup.n_bn, setup.n_params)
+        return self.fixed(1.0, setup.cfg.base_lr, setup.n_bn, setup.n_params, setup.model)
 
     def personalize(self, row: Any, run: Any) -> Outcome:
         return Outcome(run.handmade(self, 1.0).evaluate("test")[1])

@@ -67,10 +67,20 @@ def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites
     c = art.config
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
             "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
-            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.active()}
+            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.active(),
+            "site_input": site_input(store, art)}
     return {"meta-train": json.dumps(dataclasses.asdict(cfg)), "runtime": json.dumps(runtime.to_dict()),
             "model": json.dumps(spec),
             "model-file": str((out / "model.safetensors").resolve()), "sites": sites, "out": str(out.resolve())}
+
+
+def site_input(store, pretrain_art) -> dict:
+    """What a site's `site.safetensors` must hold for this model: images [N, C, H, W] float32, standardised per
+    channel with the pretraining data's mean and std ((pixel / 255 - mean) / std), labels int64 in 0..classes-1."""
+    from . import partition as partition_stage
+    _, part = partition_stage.load(store, pretrain_art.parents["partition"])
+    return {"shape": list(part.client(part.pool(False)[0]).train[0].shape[1:]), "mean": list(part.mean),
+            "std": list(part.std), "classes": int(part.num_classes)}
 
 
 def load_site(folder: str) -> tuple[int, ClientData]:
@@ -78,8 +88,18 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     if not path.is_file():
         raise FedL2PError(f"site-dir '{folder}' has no {SITE_FILE}")
     t, meta = weights.load_with_meta(path)
+    want = {"x_train": torch.float32, "y_train": torch.int64, "x_val": torch.float32, "y_val": torch.int64}
+    bad = [f"{k} ({t[k].dtype if k in t else 'missing'})" for k, d in want.items() if k not in t or t[k].dtype != d]
+    if bad or "client" not in meta:
+        raise FedL2PError(f"{path} is not a site file: {', '.join(bad) or 'no client id in its metadata'} (see "
+                          "docs/deployment.md, 'A site's data')")
     empty = (t["x_train"][:0], t["y_train"][:0])
     return int(meta["client"]), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
+
+
+def site_name(node_config) -> str:
+    """A site's name in the server's logs and history.csv: its node-config `site-name`, else its folder's name."""
+    return str(node_config.get("site-name") or Path(str(node_config["site-dir"])).resolve().name)
 
 
 def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, runtime: Runtime):
@@ -101,29 +121,6 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
         generator(cfg_dict["seed"], rnd, c), timer)))
 
 
-FAULTS = ("nan", "shape", "scale100")
-
-
-def misbehave(done: "mt.MetaReply", lam: dict, fault: str) -> "mt.MetaReply":
-    """A site's reply spoiled on purpose (node-config `fault`), to rehearse the server's defences on a real
-    federation: nan = non-finite learning rates, shape = a meta-net weight of the wrong shape, scale100 = an update
-    100 times the site's real one. Never set in a real deployment."""
-    from dataclasses import replace
-    r = done.result
-    if r is None:  # a diverged client's message: nothing to spoil
-        return done
-    if fault == "nan":
-        new = dict(r.lam, eta=torch.full_like(r.lam["eta"], float("nan")))
-    elif fault == "shape":
-        k = next(k for k, v in r.lam.items() if v.dim() == 2)
-        new = dict(r.lam, **{k: r.lam[k][:, :1].contiguous()})
-    elif fault == "scale100":
-        new = {k: lam[k] + 100.0 * (v - lam[k]) for k, v in r.lam.items()}
-    else:
-        raise FedL2PError(f"unknown node-config fault '{fault}'; choose one of: {', '.join(FAULTS)}")
-    return replace(done, result=replace(r, lam=new))
-
-
 def site_runtime(sent: dict, node_config) -> Runtime:
     """The runtime the server sent, on the site's own device: the SuperNode's node-config `device`, else its
     FEDL2P_DEVICE, else auto."""
@@ -131,23 +128,28 @@ def site_runtime(sent: dict, node_config) -> Runtime:
     return Runtime.from_dict(sent).replace(device=str(device.resolve(where)))
 
 
-def _client_app():
+def build_client_app(reply=None):
+    """The site's ClientApp: `query` says which site it is, `train` runs the site's update. `reply(done, lam,
+    node_config)`, if given, replaces each train reply before it is sent (the test suite's rehearsal app spoils
+    replies with it, to exercise the server's defences; the production app passes none)."""
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
     app = ClientApp()
 
     @app.query()
     def query(msg, context):
-        c, _ = load_site(str(context.node_config["site-dir"]))
-        return Message(RecordDict({"site": ConfigRecord({"client": c})}), reply_to=msg)
+        folder = str(context.node_config["site-dir"])
+        c, _ = load_site(folder)
+        return Message(RecordDict({"site": ConfigRecord({"client": c, "name": site_name(context.node_config)})}),
+                       reply_to=msg)
 
     @app.train()
     def train(msg, context):
         spec, theta, lam, rnd, cfg_dict, sent = unrecord(msg.content)
         done = site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict,
                            site_runtime(sent, context.node_config))
-        if "fault" in context.node_config:
-            done = misbehave(done, lam, str(context.node_config["fault"]))
+        if reply is not None:
+            done = reply(done, lam, context.node_config)
         return Message(records(done), reply_to=msg)
 
     return app
@@ -208,21 +210,60 @@ def server_checkpoint(out: Path, rc) -> Path:
 
 
 class ServerLog(NoProgress):
-    """The ServerApp's progress: one line per run in OUT/server.log saying where it started (what an operator, and
-    the resume test, reads). The round loop reports the rounds a checkpoint had done as its first advance."""
+    """What an operator watches: OUT/server.log (and the ServerApp's stdout, which `flwr run --stream` shows) get a
+    line where a run starts, one per finished round, and one where it ends; OUT/history.csv is rewritten atomically
+    after every round. The round loop reports the rounds a checkpoint had done as its first advance."""
 
-    def __init__(self, path: Path):
-        self.path, self.rounds, self.said = path, 0, False
+    def __init__(self, out: Path, rounds: int):
+        self.out, self.rounds, self.said = out, rounds, False
 
-    def start(self, description: str, total: int) -> None:
-        self.rounds = total
+    def say(self, text: str) -> None:
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}"
+        with open(self.out / "server.log", "a") as log:
+            log.write(line + "\n")
+        print(line, flush=True)
 
     def advance(self, n: int = 1, **info) -> None:
         if not self.said:
             self.said = True
-            with open(self.path, "a") as log:
-                log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} run of {self.rounds} rounds, "
-                          + (f"resuming after round {n}\n" if n else "from the start\n"))
+            self.say(f"run of {self.rounds} rounds, " + (f"resuming after round {n}" if n else "from the start"))
+
+    def round(self, rec: dict, st) -> None:
+        """The round loop's observer: the round's line, and history.csv so far."""
+        sampled = str(rec.get("sampled", "")).split()
+        self.say(f"round {rec['round']}/{self.rounds}: sampled {len(sampled)} ({' '.join(sampled)}), answered "
+                 f"{rec['clients']}, failed: {rec.get('failed') or 'none'}, dropped: {rec.get('dropped') or 'none'}, "
+                 f"val_loss {rec['val_loss']:.6g}, {rec['round_s']:.1f} s")
+        write_atomic(self.out / "history.csv", lambda path: write_history(path, st.history))
+
+    def end(self, status: str, reason: str = "") -> None:
+        """The run's outcome, in the log and in OUT/status.json (what `fedl2p flower run` exits by)."""
+        self.say(f"run {status}" + (f": {reason}" if reason else ""))
+        write_atomic(self.out / "status.json", lambda path: path.write_text(
+            json.dumps({"status": status, "reason": reason}) + "\n"))
+
+
+def write_atomic(path: Path, write) -> None:
+    """`write(tmp)` then one os.replace: a reader (or a kill) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".part")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def site_names(replies) -> tuple[dict[int, int], dict[int, str]]:
+    """The SuperNodes' answers to `query`: node id and site name by client id. Two sites holding the same client,
+    or naming themselves alike, cannot be told apart in a log: refused in one line."""
+    node_of, names = {}, {}
+    for r in replies:
+        if r.has_error():
+            raise FedL2PError(f"a SuperNode could not say which site it is: {r.error.reason}")
+        site = r.content.config_records["site"]
+        c, name = int(site["client"]), str(site["name"])
+        if c in node_of or name in names.values():
+            raise FedL2PError(f"two SuperNodes hold the same site ({name}, client {c}): give each its own site-dir "
+                              "and site-name")
+        node_of[c], names[c] = r.metadata.src_node_id, name
+    return node_of, names
 
 
 def _server_app():
@@ -233,34 +274,52 @@ def _server_app():
     @app.main()
     def main(grid, context):
         rc = context.run_config
-        settings = json.loads(str(rc["meta-train"]))
-        cfg = mt.config_from_dict(settings)
-        # a run config written before the runtime had its own entry carried the failure policy in its settings
-        runtime = Runtime.from_dict(json.loads(str(rc["runtime"])) if "runtime" in rc else settings)
-        spec = json.loads(str(rc["model"]))
-        theta = weights.load(Path(str(rc["model-file"])))
+        cfg = mt.config_from_dict(json.loads(str(rc["meta-train"])))
         out = Path(str(rc["out"]))
-        nodes = wait_nodes(grid, int(rc["sites"]))
-        replies = grid.send_and_receive([Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes])
-        node_of = {int(r.content.config_records["site"]["client"]): r.metadata.src_node_id for r in replies}
-        ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
-        lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
-        cfg_dict = dataclasses.asdict(cfg)
-
-        def execute(tasks: list[mt.MetaTask]) -> list:
-            return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
-                            [node_of[t.client] for t in tasks], runtime.timeout())
-
-        ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
         out.mkdir(parents=True, exist_ok=True)
-        st = run_rounds(mt.MetaStrategy(ctx, lam0), cfg.rounds, ckpt, ServerLog(out / "server.log"), execute,
-                        runtime.policy())
-        weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
-        write_history(out / "history.csv", st.history)
+        log = ServerLog(out, cfg.rounds)
+        try:
+            serve(grid, rc, cfg, log, Message, RecordDict)
+        except FedL2PError as e:  # a round failed the policy, too few sites came: the run fails, with its reason
+            log.end("failed", str(e))
+            raise
+        log.end("completed")
 
     return app
 
 
+def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDict) -> None:
+    """The federation's rounds: wait for the sites, learn who they are, run the round loop, write lambda. The
+    failure policy is the run config's runtime (each site receives it whole and computes on its own device)."""
+    runtime = run_config_runtime(rc)
+    spec = json.loads(str(rc["model"]))
+    theta = weights.load(Path(str(rc["model-file"])))
+    out = Path(str(rc["out"]))
+    nodes = wait_nodes(grid, int(rc["sites"]))
+    node_of, names = site_names(grid.send_and_receive(
+        [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]))
+    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
+    lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    cfg_dict = dataclasses.asdict(cfg)
+
+    def execute(tasks: list[mt.MetaTask]) -> list:
+        return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
+                        [node_of[t.client] for t in tasks], runtime.timeout())
+
+    strategy = mt.MetaStrategy(ctx, lam0)
+    strategy.names = names
+    ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
+    st = run_rounds(strategy, cfg.rounds, ckpt, log, execute, runtime.policy(), observers=(log.round,))
+    weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
+    write_atomic(out / "history.csv", lambda path: write_history(path, st.history))
+
+
+def run_config_runtime(rc) -> Runtime:
+    """The runtime a run config carries (one written before the runtime had its own entry carried the failure policy
+    in its meta-train settings)."""
+    return Runtime.from_dict(json.loads(str(rc["runtime"])) if "runtime" in rc else json.loads(str(rc["meta-train"])))
+
+
 if importlib.util.find_spec("flwr") is not None:  # the apps exist where the flower extra is installed
     server_app = _server_app()  # separate assignments: `flwr run` finds components by reading this file's AST
-    client_app = _client_app()
+    client_app = build_client_app()

@@ -114,7 +114,7 @@ class ClientRun:
         """Fine-tuning under a hand-made method's strategy at `factor` x its LR."""
         key = (method.name, factor)
         if key not in self.trials:
-            s = method.fixed(factor, self.setup.cfg.base_lr, self.harness.n_bn, self.harness.n_params)
+            s = method.fixed(factor, self.setup.cfg.base_lr, self.harness.n_bn, self.harness.n_params, self.harness.model)
             self.trials[key] = self.harness.finetune(self.client, s, self.seed)
         return self.trials[key]
 

@@ -181,6 +181,10 @@ class MetaStrategy:
         self.ctx, self.lam0, self.cfg = ctx, lam0, ctx.cfg
         self.label = f"meta-train ({self.cfg.variant()})"
         self.seen = ctx.part.pool(False)
+        self.names: dict[int, str] = {}  # a deployment's site names by client id (logs and history name sites so)
+
+    def name(self, c: int) -> str:
+        return self.names.get(c, f"client {c}")
 
     def initial_state(self) -> LoopState:
         lam0 = self.lam0
@@ -199,11 +203,11 @@ class MetaStrategy:
         keep, dropped = [], []
         for c, r in zip((t.client for t in tasks), results):
             why = reject_reason(lam, r.lam, r.n, self.train_size(c)) if isinstance(r, ClientResult) else "not a client result"
-            (dropped.append(f"client {c}: {why}") if why else keep.append((c, r)))
+            (dropped.append(f"{self.name(c)}: {why}") if why else keep.append((c, r)))
         if self.cfg.norm_bound and len(keep) > 1:
             norms = update_norms(lam, [r.lam for _, r in keep])
             bound = self.cfg.norm_bound * float(np.median(norms))
-            dropped += [f"client {c}: update norm {m:.3g} > {bound:.3g} (--norm-bound x median)"
+            dropped += [f"{self.name(c)}: update norm {m:.3g} > {bound:.3g} (--norm-bound x median)"
                         for (c, _), m in zip(keep, norms) if m > bound]
             keep = [cr for cr, m in zip(keep, norms) if m <= bound]
         return [r for _, r in keep], dropped
@@ -226,7 +230,7 @@ class MetaStrategy:
         results, dropped = self.accepted(lam, tasks, [d.result for d in done])
         if not results:
             raise FedL2PError(f"meta-train round {rnd + 1}: every reply was dropped ({'; '.join(dropped)})")
-        rec = _record(rnd, results, timer) | {"sampled": " ".join(map(str, sampled))} | self.ctx.snapshot(lam)
+        rec = _record(rnd, results, timer) | {"sampled": " ".join(self.names.get(c, str(c)) for c in sampled)} | self.ctx.snapshot(lam)
         if dropped:
             rec["dropped"] = "; ".join(dropped)
         if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best

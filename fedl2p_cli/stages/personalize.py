@@ -7,7 +7,7 @@ over clients, seeds and rows on the personalisation harness (stages/harness.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,7 @@ class Setup:
     partition_id: str
     table: StatsTable
     dev: torch.device
+    model: torch.nn.Module | None = None  # the harness's model, once it is built (a hand-made method's tensors read it)
 
     @property
     def pool(self) -> str:
@@ -338,7 +339,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, pre_art.id)
         h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
-        r = evaluate_pool(setup, h, rows, clients, progress or NoProgress())
+        r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
-from .. import device
+from .. import device, plugins
+from ..algorithms import local as local_algos
+from ..algorithms.local import LocalConfig
 from ..runtime import Runtime
-from ..algorithms.local import LocalConfig, algorithms
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
@@ -26,6 +27,12 @@ from ..io.partition_h5 import Partition
 from ..models import registry
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
+
+
+def algorithms() -> dict[str, local_algos.PretrainAlgo]:
+    """The pretraining algorithms, built-ins and plugins loaded first."""
+    plugins.ensure()
+    return local_algos.algorithms()
 
 
 def check(cfg: PretrainConfig, runtime: Runtime) -> None:
