@@ -317,7 +317,8 @@ def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDi
 def run_config_runtime(rc) -> Runtime:
     """The runtime a run config carries (one written before the runtime had its own entry carried the failure policy
     in its meta-train settings)."""
-    return Runtime.from_dict(json.loads(str(rc["runtime"])) if "runtime" in rc else json.loads(str(rc["meta-train"])))
+    sent = json.loads(str(rc["runtime"])) if "runtime" in rc else {}
+    return Runtime.from_dict(sent or json.loads(str(rc["meta-train"])))
 
 
 if importlib.util.find_spec("flwr") is not None:  # the apps exist where the flower extra is installed
