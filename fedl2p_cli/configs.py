@@ -16,41 +16,35 @@ PFLOrder = Literal["first", "second"]
 PFLOuter = Literal["adam", "sgd"]
 SCHEMES = get_args(Scheme)
 DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
-MODEL_HELP = ("small-cnn | resnet18-cifar | resnet18 (ImageNet layout) | resnet18-speech (1-channel log-mel "
-              "spectrograms) | package.module:factory (any torch nn.Module; its BatchNorm1d/2d layers become mixing BN, "
-              "checked to give the same outputs).<plugin-models>")
+MODEL_HELP = ("small-cnn | resnet18-cifar | resnet18 | resnet18-speech | package.module:factory (any nn.Module with "
+              "BatchNorm).<plugin-models>")
 
 
 @dataclass(kw_only=True)
 class PartitionConfig:
     """`fedl2p partition`: how a dataset is split into clients."""
-    dataset: str = opt("fmnist-c", "fmnist | fmnist-c (generated corruption domains) | fmnist-r (rotation domains: 10 "
-                       "angles 0..180, CAFeMe's RMNIST analogue) | digits | digits-c | cifar10 | cifar10-c | image-folder | "
-                       "speechcommands (the official Speech Commands V2 folder, 12 classes, one client per speaker) | "
-                       "speech-synth (the same task spoken by synthetic espeak-ng speakers, generated here: not the real "
-                       "dataset).<plugin-datasets>")
+    dataset: str = opt("fmnist-c", "fmnist | fmnist-c | fmnist-r | digits | digits-c | cifar10 | cifar10-c | "
+                                   "image-folder | speechcommands | speech-synth.<plugin-datasets>")
     alpha: float = opt(0.1, "Dirichlet concentration of each client's label mix (> 0; 1000 is ~IID, 0.1 very skewed).",
                        POSITIVE)
     # added after partitions existed: left out of the id at their defaults, so existing partitions keep theirs
-    scheme: Scheme = opt("dirichlet", "dirichlet = each client's labels ~ Dir(alpha) (FedL2P) | shards = each client "
-                         "holds --shard-classes classes in equal amounts (pFedLA's non-IID.1, CAFeMe's shards; --alpha "
-                         "unused).", identity_default=True)
+    scheme: Scheme = opt("dirichlet", "dirichlet = each client's labels ~ Dir(alpha) (FedL2P) | shards = "
+                                      "--shard-classes classes per client in equal amounts.", identity_default=True)
     shard_classes: int = opt(4, "Classes per client with --scheme shards (pFedLA: 4; CAFeMe: 2).", between(1),
                              identity_default=True)
-    clients: int = opt(70, "Number of clients, split evenly across domains (speech: the speakers with the most clips, "
-                       "seen ones from the training speakers, unseen ones from the held-out speakers).", AT_LEAST_1)
+    clients: int = opt(70, "Number of clients, split evenly across domains (speech: one per speaker, the speakers with "
+                           "the most clips).", AT_LEAST_1)
     samples_per_client: int = opt(200, "Samples per client (equal for every client, as in the paper).", between(3))
     val_fraction: float = opt(0.2, "Share of each client's non-test samples held out for validation.", BELOW_1)
     test_fraction: float = opt(0.2, "Share of each client's samples held out for testing.",
                                between(0, 1, lo_open=True, hi_open=True))
-    unseen_fraction: float = opt(0.2, "Share of each domain's clients put in the unseen pool (never meta-trained on); "
-                                 "speech: the share of --clients that are held-out (validation and test list) speakers.",
+    unseen_fraction: float = opt(0.2, "Share of each domain's clients in the unseen pool, never trained on (speech: "
+                                      "share of held-out speakers).",
                                  BELOW_1)
     unseen_domains: list[str] = opt([], "Comma-separated domains whose clients are all unseen.")
-    corruptions: list[str] | None = opt(None, "Comma-separated domains: generated corruptions for fmnist-c/digits-c "
-                                        "(default clean,gaussian_noise,gaussian_blur,contrast,brightness,invert,pixelate), "
-                                        "rotations rotate<degrees> (fmnist-r default rotate0,rotate20,...,rotate180) or "
-                                        "CIFAR-10-C types.")
+    corruptions: list[str] | None = opt(None, "Comma-separated domains: corruptions (fmnist-c, digits-c), "
+                                              "rotate<degrees> (fmnist-r) or CIFAR-10-C types. Defaults: "
+                                              "docs/guide/data.md.")
     severity: int = opt(3, "Corruption severity 1..5.", between(1, 5))
     # per-domain overrides of alpha, samples_per_client and severity ({domain: value}; a domain not named takes the
     # global value): clients of different domains with different label skew, size or shift (the planted-signal cell)
@@ -66,19 +60,14 @@ class PartitionConfig:
                            "uses 128 x 128, 32 keeps the CPU benchmark practical).", between(8, 256), identity_default=True)
     image_size: int | None = opt(None, "image-folder: resize every image to N x N pixels (default: keep the images' "
                                  "size; they must all share one).", between(4))
-    normalize: Normalize = opt("source", "Normalisation of generated domains (fmnist-c, digits-c, --corruptions): source = the "
-                               "source dataset's constants, as the model's pretraining images are normalised, so the "
-                               "clean domain is the pretraining distribution and each corruption is its shift alone | "
-                               "partition = the mean and SD of this partition's own corrupted images (before 2026-11-24 "
-                               "the only behaviour; kept to rebuild those artifacts under their ids: it shifts every "
-                               "domain, the clean one too).")
+    normalize: Normalize = opt("source", "Normalisation of generated domains: source = the source dataset's constants "
+                                         "| partition = this partition's own mean and SD.")
     seed: int = opt(0, "Seed of every random draw; the same seed gives an identical partition.", NON_NEGATIVE)
     data_dir: str | None = opt(None, "Where the dataset files are (docs/guide/data.md lists each dataset's layout).",
                                option="--data-dir", envvar="FEDL2P_DATA", path=True)  # a location, not the identity
     download: bool = opt(False, "Allow torchvision to download the dataset when it is not found.")
-    exclude: str | None = opt(None, "A partition artifact id whose source images these clients must not get (e.g. the "
-                              "partition a model was pretrained on, so that personalising it to these clients uses images "
-                              "it never saw).", option="--exclude")
+    exclude: str | None = opt(None, "A partition id whose source images these clients must not get (e.g. the model's "
+                                    "pretraining partition).", option="--exclude")
 
     def speakers(self) -> tuple[int, int]:
         """Seen and unseen speakers of a speech partition: --clients in all, round(--clients x --unseen-fraction)
@@ -128,25 +117,20 @@ class MetaTrainConfig:
     nets: Nets = opt("both", "both | bnnet (LRs fixed at --base-lr) | lrnet (beta fixed at --beta).")
     local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
     patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
-    input_norm: InputNorm = opt("none", "none = raw xi and x as the paper | standardize = z-score every input feature "
-                                "over the seen clients (not in the paper; the mean/SD are stored with lambda).")
+    input_norm: InputNorm = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored "
+                                        "over the seen clients (stored with lambda).")
     meta_opt: MetaOpt = opt("fedavg", "Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
                             "Adam on the mean client change (Reddi et al. 2021; not in the paper).")
     server_lr: float = opt(1e-3, "Step size of --meta-opt fedadam.", POSITIVE)
-    keep: Keep = opt("best", "Which lambda the artifact keeps: best = the paper's, the broadcast lambda of the round whose "
-                     "sampled clients had the lowest mean validation loss | last = the final aggregate (not in the paper: "
-                     "with few clients per round and domains of unequal difficulty, 'best' mostly picks the round that "
-                     "sampled easy clients).")
+    keep: Keep = opt("best", "Which lambda to keep: best = the round with the lowest mean validation loss (the paper) "
+                             "| last = the final aggregate.")
     seed: int = opt(0, "Seed (meta-net init, sampling, batches).", NON_NEGATIVE)
     # untrusted replies (not in the paper); left out of the artifact id at their defaults (added later)
-    norm_bound: float = opt(0.0, "Not in the paper: drop a client whose lambda moved more than this many times the "
-                            "round's median move (0: no bound). Replies with other tensors, shapes or dtypes, non-finite "
-                            "values or an impossible sample count are always dropped; every drop is named in "
-                            "history.csv's `dropped` column.", NON_NEGATIVE, identity_default=True)
-    aggregator: Aggregator = opt("mean", "How the server combines the clients' lambdas: mean (the paper's FedAvg, "
-                                 "weighted by samples) | median (coordinate-wise) | trimmed-mean (coordinate-wise, 20% "
-                                 "cut at each end). The last two are not in the paper: they bound what a few hostile "
-                                 "sites can do.", option="--aggregate", identity_default=True)
+    norm_bound: float = opt(0.0, "Drop a client whose lambda moved more than K times the round's median move (0: no "
+                                 "bound). Not in the paper.", NON_NEGATIVE, identity_default=True)
+    aggregator: Aggregator = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | "
+                                         "median | trimmed-mean (20% cut at each end).", option="--aggregate",
+                                 identity_default=True)
 
     def family(self) -> str:
         """The learned method (methods.Learned.family) its artifact belongs to: L2P with --local, else FedL2P."""
@@ -209,9 +193,8 @@ class MetaTrainConfig:
 @dataclass(kw_only=True)
 class PFLConfig:
     """`fedl2p pfl-train`: another personalised-FL system trained on the seen clients."""
-    algo: str = opt("pfedla", "pfedla (per-client hypernetworks aggregate every layer over all clients; CVPR 2022 "
-                        "Alg. 1) | heurpfedla (the same, the --k layers with the largest self-weight kept local; Alg. 2) | "
-                        "cafeme (federated modulator gating a MAML-trained base model; SDM 2024).<plugin-systems>")
+    algo: str = opt("pfedla", "pfedla (pFedLA, CVPR 2022) | heurpfedla (its --k layers kept local) | cafeme (CAFeMe, "
+                              "SDM 2024).<plugin-systems>")
     model: str = opt("small-cnn", "Base model: " + MODEL_HELP)
     rounds: int = opt(100, "Communication rounds (pFedLA paper: 600 for 10 clients; CAFeMe: 1000).", AT_LEAST_1)
     fraction: float = opt(1.0, "Share of the seen clients per round (pFedLA: 1.0 with 10 clients; CAFeMe: 5 clients of "
@@ -223,15 +206,14 @@ class PFLConfig:
     hn_lr: float = opt(5e-3, "pFedLA: SGD step of the hypernetworks and embeddings (authors' re-implementation default; "
                        "the paper leaves it to its supplement).", POSITIVE)
     embed_dim: int = opt(100, "pFedLA: client embedding size (ours, as the public re-implementation).", AT_LEAST_1)
-    hn_hidden: int = opt(100, "pFedLA: width of the hypernetwork's three hidden layers (ours, as the public "
-                         "re-implementation); one linear head per layer outputs a softmax over the clients.", AT_LEAST_1)
+    hn_hidden: int = opt(100, "pFedLA: width of the hypernetwork's three hidden layers.", AT_LEAST_1)
     k: int = opt(1, "HeurpFedLA: layers kept local (paper: 1).", AT_LEAST_1)
     steps: int = opt(5, "CAFeMe: inner personalisation steps S per round (paper: 5).", AT_LEAST_1)
     outer_lr: float = opt(1e-3, "CAFeMe: outer step beta (authors' code: Adam at 1e-3).", POSITIVE)
-    order: PFLOrder = opt("first", "CAFeMe inner gradients: first = no graph through the inner steps (the authors' code) "
-                          "| second = differentiate through them (the paper's MAML objective; slower).")
-    outer: PFLOuter = opt("adam", "CAFeMe outer step: adam = the authors' code (Adam, moments kept per client across "
-                          "rounds; the paper allows any optimiser, e.g. Adam) | sgd = the plain step of Alg. 1 line 8.")
+    order: PFLOrder = opt("first", "CAFeMe inner gradients: first = no graph through the inner steps (authors' code) | "
+                                   "second = through them (slower).")
+    outer: PFLOuter = opt("adam", "CAFeMe outer step: adam = Adam with per-client moments (authors' code) | sgd = the "
+                                  "plain step of Alg. 1 line 8.")
     eval_every: int = opt(10, "Rounds between validation-accuracy records in history.csv.", AT_LEAST_1)
     seed: int = opt(0, "Seed (init, sampling, batches).", NON_NEGATIVE)
 
@@ -240,32 +222,22 @@ class PFLConfig:
 class PersonalizeConfig:
     """`fedl2p personalize`: which clients, which methods, and the fine-tuning budget every method shares."""
     unseen: bool = opt(False, "Evaluate the unseen pool (clients never used in meta-training).", flag=True)
-    methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated: ft-bnc (beta=1), ft-bng (beta=0), ft-bni (batch statistics), ft-tuned "
-                             "(each client picks the best of {BN C, BN G, BN I} x {LR/10, LR, LR x10} and no fine-tuning "
-                             "on its own validation split; not in the paper, a stronger baseline), and meta-net variants "
-                             "by name (fedl2p, l2p, fedl2p-fomaml, fedl2p-bnnet, fedl2p-lrnet-b1, ...; the newest artifact "
-                             "of that variant), and the other personalised-FL systems pfedla, heurpfedla, cafeme (the "
-                             "newest `fedl2p pfl-train` artifact on this partition).<plugin-methods>")
+    methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated methods: ft-bnc, ft-bng, ft-bni, ft-tuned, meta-train "
+                                              "variants (fedl2p-fomaml, ...), pfedla, heurpfedla, "
+                                              "cafeme.<plugin-methods>")
     # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
-    pfl_steps: int = opt(50, "CAFeMe: personalisation steps (Alg. 2) of every evaluated client before testing (paper: "
-                         "50). pFedLA/HeurpFedLA are evaluated as trained (their Alg. 1 output) and have no model for "
-                         "unseen clients (N/A).", AT_LEAST_1, identity_default=True)
+    pfl_steps: int = opt(50, "CAFeMe: personalisation steps of every evaluated client before testing (paper: 50).",
+                         AT_LEAST_1, identity_default=True)
     epochs: int = opt(5, "Fine-tuning epochs, the same budget for every method.", AT_LEAST_1, option="--epochs", short="-e")
     batch_size: int = opt(32, "Fine-tuning batch size (also the test batch size of BN I).", between(2))
     base_lr: float = opt(1e-3, "Learning rate of the FT baselines.", POSITIVE)
     seeds: list[int] = opt([0, 1, 2], "Comma-separated seeds; the table reports mean ± SD over them.", NON_NEGATIVE)
-    client_bn: ClientBNMode = opt("precise", "Client BN statistics used at test time by every method that mixes them "
-                                  "(BN C, FedL2P's beta): precise = recomputed after fine-tuning by one no-grad pass over "
-                                  "the client's train data under the same beta (PreciseBN; consistent, not in the paper) | "
-                                  "running = the paper's momentum-0.1 running statistics (started from stats.h5; stale for "
-                                  "layers >= 2).")
+    client_bn: ClientBNMode = opt("precise", "Client BN statistics at test time, for every method: precise = "
+                                             "recomputed after fine-tuning (not in the paper) | running = the paper's.")
     # the learned methods' test-time statistics (see core.finetune.personalized_accuracy); added later
-    eval_stats: EvalStats = opt("running", "Test-time statistics of the learned methods (FedL2P and its ablations): "
-                                "running = beta mixes the client's statistics with the pretrained ones (the paper's "
-                                "inference) | test-batch = beta mixes each test batch's statistics, as in training (not in "
-                                "the paper: gives a learned beta the transductive access to test batches that FT (BN I) "
-                                "has; with beta 1 it is BN I's evaluation). Its methods are named with a '-tbs' suffix. "
-                                "The FT baselines are unaffected.", identity_default=True)
+    eval_stats: EvalStats = opt("running", "Learned methods' test-time BN statistics: running = beta mixes the "
+                                           "client's (the paper) | test-batch = each test batch's (-tbs).",
+                                identity_default=True)
 
 
 @dataclass(kw_only=True)
@@ -295,6 +267,5 @@ class DecomposeConfig:
                              "meta-train's --beta-init (the beta every client starts from).", UNIT)
     eta_scales: list[float] = opt([], "Comma-separated factors: also the learned strategy with every learned LR times "
                                   "each (does the pool want more or less fine-tuning than it was given?).", POSITIVE)
-    layer_betas: list[float] = opt([], "Comma-separated beta values: also the learned strategy with one BN layer's "
-                                   "beta set to each value, every layer in turn, the rest learned (is each layer's "
-                                   "learned beta the best there, given the rest?).", UNIT, identity_default=True)
+    layer_betas: list[float] = opt([], "Comma-separated betas: also re-run the learned strategy with one BN layer's "
+                                       "beta at each value, layer by layer.", UNIT, identity_default=True)

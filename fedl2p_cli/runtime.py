@@ -22,7 +22,6 @@ from .core.settings import Engine, RoundPolicy
 
 ROUNDS = "rounds"  # `scope` of the options that the commands running federated rounds (pretrain, meta-train) take
 
-_SAME = " The artifact is the same either way (bit for bit; a runtime option, never part of its id)."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,22 +30,18 @@ class Runtime:
     deterministic: bool = opt(False, "cuDNN's deterministic kernels and torch.use_deterministic_algorithms.", cli=False)
     threads: int = opt(1, "Torch CPU threads of this process (worker processes and ClientApps: one each).", AT_LEAST_1,
                        cli=False)
-    workers: int = opt(1, "Processes that run a round's clients in parallel, one torch thread each (spawned once per "
-                       "run; each loads the data once). Use up to the number of cores; see "
-                       "docs/guide/threads-devices.md." + _SAME, AT_LEAST_1, scope=ROUNDS)
-    engine: Engine = opt("local", "Where the round's client updates run: local = this process (or --workers processes) "
-                         "| flower = Flower ClientApps in Flower's simulation runtime (Message API; --workers at a time; "
-                         "needs pip install 'fedl2p[flower]')." + _SAME, scope=ROUNDS)
-    gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25 runs "
-                                 "four ClientApps per GPU, on every GPU Ray sees). Not part of the artifact's id.", UNIT,
+    workers: int = opt(1, "Processes running a round's clients in parallel, one torch thread each; the same artifact "
+                          "as with 1 (not part of its id).", AT_LEAST_1, scope=ROUNDS)
+    engine: Engine = opt("local", "Where client updates run: local = this process or --workers processes | flower = "
+                                  "Flower simulation (pip install 'fedl2p[flower]').", scope=ROUNDS)
+    gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "
+                                      "four per GPU). Not part of the artifact's id.", UNIT,
                                  scope=ROUNDS)
     # the failure policy: what a round does when clients fail (RoundPolicy)
-    round_timeout: float = opt(0.0, "Seconds a round waits for its clients' replies (0: no limit). A client that gives "
-                               "none, fails or whose worker process dies is named in history.csv's `failed` column; "
-                               "--min-answers decides whether the round goes on.", NON_NEGATIVE, scope=ROUNDS)
-    min_answers: float = opt(1.0, "Share of a round's sampled clients that must answer for it to aggregate what arrived "
-                             "(1: all of them, as the papers assume). Too few: the round is sampled afresh, up to "
-                             "--round-retries times, then the run stops with one line.", FRACTION, scope=ROUNDS)
+    round_timeout: float = opt(0.0, "Seconds a round waits for its clients' replies (0: no limit); a client without "
+                                    "one is named in history.csv's `failed` column.", NON_NEGATIVE, scope=ROUNDS)
+    min_answers: float = opt(1.0, "Share of a round's sampled clients that must answer (1: all); with fewer the round "
+                                  "is re-sampled, up to --round-retries times.", FRACTION, scope=ROUNDS)
     round_retries: int = opt(0, "Fresh samples of a round whose clients answered too few (see --min-answers).",
                              NON_NEGATIVE, scope=ROUNDS)
     plugins: tuple[str, ...] = opt((), "The plugin modules a worker process or Flower site loads before it builds "

@@ -32,33 +32,25 @@ def _global(ctx: typer.Context,
             version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                          help="Print fedl2p's version and exit."),
             plugin: Optional[list[str]] = typer.Option(None, "--plugin", metavar="MODULE",
-                                                       help="Load a plugin module (repeatable): its register(registry) adds "
-                                                       "models, datasets, methods, pFL systems or pretraining algorithms. "
-                                                       "Installed plugins (entry point group fedl2p.plugins) and "
-                                                       "FEDL2P_PLUGINS's load without it. See docs/guide/extending.md."),
+                                                       help="Load a plugin module (repeatable) that adds models, "
+                                                            "datasets, methods or pFL systems. See "
+                                                            "docs/guide/extending.md."),
             threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
-                                        help="Torch CPU threads per process. Default 1: torch's default (every core) slows "
-                                        "small models down a lot when another process is busy, and the small CNN is no "
-                                        "faster with two. Raise it for big models on an idle machine; use --workers to "
-                                        "spread a round's clients over cores instead."),
+                                        help="Torch CPU threads per process (default 1: fastest for small models on a "
+                                             "busy machine). See docs/guide/threads-devices.md."),
             device: Optional[str] = typer.Option(None, "--device", envvar="FEDL2P_DEVICE", show_default="auto",
-                                                 help="Where every stage computes: auto (the first CUDA GPU when one is "
-                                                 "present, else the CPU), cpu, cuda or cuda:N. A pipeline file's top-level "
-                                                 "`device` key applies when this is not given. Not part of an artifact's id; "
-                                                 "its manifest records it (computed_on). GPU results agree with the CPU's to "
-                                                 "float32 rounding, not bit for bit."),
+                                                 help="Where every stage computes: auto (a CUDA GPU if present, else "
+                                                      "the CPU), cpu, cuda or cuda:N. Not part of artifact ids."),
             deterministic: bool = typer.Option(False, "--deterministic", envvar="FEDL2P_DETERMINISTIC",
                                                help="cuDNN's deterministic kernels and torch.use_deterministic_algorithms: "
                                                "a GPU run repeats bit for bit (a little slower). CPU runs always do."),
             lock_timeout: Optional[float] = typer.Option(None, "--lock-timeout", envvar="FEDL2P_LOCK_TIMEOUT", min=0,
                                                          show_default="no limit",
-                                                         help="Seconds to wait while another fedl2p process builds the same "
-                                                         "artifact (two pipelines sharing a partition, a script run twice); "
-                                                         "then its artifact is reused. 0 refuses at once."),
+                                                         help="Seconds to wait while another fedl2p process builds the "
+                                                              "same artifact, then reuse it; 0 refuses at once."),
             track: Optional[str] = typer.Option(None, "--track", envvar="FEDL2P_TRACK", show_default="off",
-                                                help="Log every round of pretrain, meta-train and pfl-train and each "
-                                                "artifact's metrics to tensorboard or mlflow (extras [tensorboard], "
-                                                "[mlflow]). Not part of any artifact's id; the manifest names the run."),
+                                                help="Log every round and each artifact's metrics to tensorboard or "
+                                                     "mlflow (extras of those names). Not part of any artifact's id."),
             track_uri: Optional[str] = typer.Option(None, "--track-uri", envvar="FEDL2P_TRACK_URI",
                                                     show_default="./runs or ./mlruns",
                                                     help="Where --track logs: a local folder (the default: nothing is "
@@ -99,13 +91,33 @@ app.add_typer(artifacts.app, name="artifacts", short_help="See what the store ho
 app.add_typer(flower.app, name="flower", short_help="Deploy meta-training across real sites with Flower.")
 
 
+def _for_terminal(cmd) -> None:
+    """Ready the click command tree for Rich's help: markup parsed under every typer version, every help text escaped
+    (so `pip install 'fedl2p[flower]'` keeps its `[flower]`), and no value placeholder (`<bool>`) shown for a flag."""
+    if hasattr(cmd, "rich_markup_mode"):
+        cmd.rich_markup_mode = "rich"
+    for attr in ("help", "short_help", "epilog"):
+        if getattr(cmd, attr, None):
+            setattr(cmd, attr, escape(getattr(cmd, attr)))
+    help_option = cmd.get_help_option(cmd.context_class(cmd))
+    for param in [*cmd.params, *([help_option] if help_option is not None else [])]:
+        if getattr(param, "help", None):
+            param.help = escape(param.help)
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(cmd, "commands", {}).values():
+        _for_terminal(sub)
+
+
 def run_cli(argv: list[str] | None = None) -> int:
     """Run the command line and return its exit code. The one place where errors become what the user sees:
     a problem the user can fix is one line and exit 2, a bug one line and exit 1 (the traceback with
     FEDL2P_DEBUG=1). Tests call this in-process; `main` is the console entry point."""
     debug = bool(os.environ.get("FEDL2P_DEBUG"))
     try:
-        app(argv, prog_name="fedl2p")
+        command = typer.main.get_command(app)
+        _for_terminal(command)
+        command(argv, prog_name="fedl2p")
     except SystemExit as e:  # click's own exit: 0, or 2 for a usage error it has printed
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except USER_ERRORS as e:

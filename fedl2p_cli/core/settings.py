@@ -36,65 +36,41 @@ class MetaConfig:
     base_lr: float = opt(1e-3, "Base fine-tuning LR: initial eta~ and the LR when LRNet is off.", POSITIVE)
     q: int = opt(3, "Q: Neumann-series terms of the inverse-Hessian approximation (Alg. 2).", NON_NEGATIVE)
     psi: float = opt(0.1, "psi: Neumann step size (Alg. 2).", POSITIVE)
-    psi_power: int = opt(DEFAULT_PSI_POWER, "N > 0: estimate the top eigenvalue of the training-loss Hessian by N "
-                         "power iterations (N extra Hessian-vector products) and use psi = min(--psi, 0.5/lambda_max), so "
-                         "the Neumann series converges. 0: the paper's fixed psi, which diverges where psi * lambda_max "
-                         "> 2 (measured lambda_max 60-560 on small-cnn clients: the series then flips the sign of the "
-                         "eta~ hypergradient and eta~ runs away). Variant suffix -psifixed at 0.", NON_NEGATIVE)
-    eta_bound: float = opt(DEFAULT_ETA_BOUND, "IFT only: after each meta-step keep every eta~ within [base LR / B, base "
-                           "LR x B] (0: unbounded, the paper). Why: the converged IFT hypergradient of eta~ under Eq. 9-10 "
-                           "is ~ dL_V/dtheta . dL_T/dtheta per tensor, positive whenever training and validation gradients "
-                           "agree, so eta~ falls at the clip rate every step (measured: x0.73 in 3 rounds on the planted "
-                           "cell) and would turn negative (gradient ascent). Not in the paper. Variant suffix -etab<B> "
-                           "when not the default.", NON_NEGATIVE)
-    scale_by_psi: bool = opt(True, "Multiply p by psi as Lorraine et al. do (then p -> H^-1 v). --no-scale-by-psi: the "
-                             "paper's Alg. 2, whose unscaled p is ~lambda_max times H^-1 v once psi ~ 1/lambda_max. "
-                             "Variant suffix -unscaled.")
+    psi_power: int = opt(DEFAULT_PSI_POWER, "Power iterations for the top Hessian eigenvalue; psi = min(--psi, "
+                                            "0.5/lambda_max). 0: the paper's fixed psi. See docs/explanation/ift.md.",
+                                            NON_NEGATIVE)
+    eta_bound: float = opt(DEFAULT_ETA_BOUND, "IFT only: keep every eta~ within [base LR / B, base LR x B] after each "
+                                              "meta-step; 0: unbounded (the paper). See docs/explanation/ift.md.",
+                                              NON_NEGATIVE)
+    scale_by_psi: bool = opt(True, "Multiply the Neumann sum p by psi (Lorraine et al.), so p -> H^-1 v; "
+                                   "--no-scale-by-psi: the paper's Alg. 2.")
     meta_grad: MetaGrad = opt("ift", "ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F).")
-    hessian: Hessian = opt("fo", "fo: Hessian of CE at theta' with the inner gradient held constant (second order, "
-                           "~10x an SGD step) | exact: full Hessian of L_T of Eq. 9-10 (third order, ~30-40x).")
+    hessian: Hessian = opt("fo", "fo = Hessian of CE at theta', inner gradient held constant (~10x an SGD step) | "
+                                 "exact = full Hessian of Eq. 9-10 (~30-40x).")
     fixed_beta: float = opt(1.0, "Fixed beta when BNNet is off (1: client statistics, 0: pretrained).", UNIT, option="--beta")
     lr_bnnet: float = opt(DEFAULT_META_LR["bnnet"], "SGD learning rate of BNNet.", NON_NEGATIVE)
     lr_lrnet: float = opt(DEFAULT_META_LR["lrnet"], "SGD learning rate of LRNet.", NON_NEGATIVE)
     lr_eta: float = opt(DEFAULT_META_LR["eta"], "SGD learning rate of eta~.", NON_NEGATIVE)
-    client_bn: ClientBNMode = opt("precise", "Client BN statistics for the validation loss after fine-tuning: precise = "
-                                  "recomputed under the fine-tuned weights and the same beta (consistent with evaluation; "
-                                  "not in the paper) | running = the paper's momentum-0.1 running statistics (stale for "
-                                  "layers >= 2).")
-    hidden_bias: HiddenBias = opt("paper", "Meta-net init: paper = every bias the constant 0.5 (BNNet) / 1.0 (LRNet), as "
-                                  "App. E and the authors' code | zero = hidden biases 0 (an ablation: input weights then "
-                                  "receive almost no gradient).")
+    client_bn: ClientBNMode = opt("precise", "Client BN statistics after fine-tuning: precise = recomputed under the "
+                                             "fine-tuned weights (not in the paper) | running = the paper's.")
+    hidden_bias: HiddenBias = opt("paper", "Meta-net biases: paper = every bias 0.5 (BNNet) / 1.0 (LRNet), as App. E | "
+                                           "zero = hidden biases 0 (an ablation).")
     # the options below were added after artifacts existed: left out of the artifact id at their defaults
-    beta_init: float = opt(0.5, "Constant of every BNNet bias, so every client's initial beta (App. E: 0.5). Another "
-                           "value is not in the paper: where the best fixed beta is near 1 (BN C) the meta-gradient moves "
-                           "beta too slowly from 0.5 in a small budget; starting near it lets clients move away from it "
-                           "instead.", UNIT, identity_default=True)
-    init_gain: float = opt(0.1, "Xavier gain of the meta-nets' weights (App. E: 0.1). Another value is not in the paper: "
-                           "at 0.1 an output moves by ~1e-3 per unit of input, so every client gets the same beta and eta "
-                           "to 3-5 decimals and the input weights must grow ~100x before the meta-nets can tell clients "
-                           "apart; a larger gain starts them input-sensitive.", POSITIVE, identity_default=True)
-    ift_at: IftAt = opt("star", "Where the IFT differentiates L_T of Eq. 9-10: star = at theta* with one more in-graph "
-                        "step on a fresh train batch (this project's first reading) | last-step = the last fine-tuning "
-                        "step, L_T(theta_prev) with theta' = theta* on that step's batch, as the authors' code and the "
-                        "paper's 'theta* = theta'' (Sec. 3.3); with --hessian fo it reuses that step's gradient, one "
-                        "forward-backward fewer per hypergradient.", identity_default=True)
-    val_stats: EvalStats = opt("running", "BN statistics of the validation loss the meta-nets learn on: running = beta "
-                               "mixes the client's statistics (the paper's inference) | test-batch = beta mixes each "
-                               "validation batch's own statistics (not in the paper): meta-nets for `fedl2p personalize "
-                               "--eval-stats test-batch`, which evaluates that way. Variant suffix -valtbs.",
+    beta_init: float = opt(0.5, "Every client's initial beta, BNNet's bias constant (App. E: 0.5). Try 0.9 where BN C "
+                                "beats BN G. See docs/method/fedl2p.md.", UNIT, identity_default=True)
+    init_gain: float = opt(0.1, "Xavier gain of the meta-nets' weights (App. E: 0.1); a larger gain lets them tell "
+                                "clients apart from the start.", POSITIVE, identity_default=True)
+    ift_at: IftAt = opt("star", "Where the IFT differentiates L_T (Eq. 9-10): star = at theta* plus one step | "
+                                "last-step = the last fine-tuning step (authors' code).", identity_default=True)
+    val_stats: EvalStats = opt("running", "Validation-loss BN statistics: running = beta mixes the client's (the "
+                                          "paper) | test-batch = each batch's, for --eval-stats test-batch.",
                                identity_default=True)
-    eta_nonneg: bool = opt(False, "Clamp eta~ at 0 (straight-through), so no learned LR is negative: a tensor the "
-                           "meta-gradient pushes below 0 is frozen (counted as sparsity) instead of moved uphill by "
-                           "gradient ascent. Not in the paper (the authors' eta~ is unconstrained). Variant suffix -etapos.",
+    eta_nonneg: bool = opt(False, "Clamp eta~ at 0 (straight-through): a tensor pushed below 0 is frozen instead of "
+                                  "trained by gradient ascent. Not in the paper.",
                            flag=True, identity_default=True)
-    beta_output: BetaOutput = opt("ste-clamp", "How BNNet's output becomes beta in [0, 1]: ste-clamp = clamped, with a "
-                                  "straight-through (identity) gradient (App. E) | sigmoid = a logistic output, which "
-                                  "App. E reports trying (the same solution, more slowly); its output bias starts at "
-                                  "logit(--beta-init). Not the paper's default. Why offered: the clamp passes gradient on "
-                                  "however far past 1 an output runs (raw BNNet outputs of 2-8 on the planted cell), a "
-                                  "sigmoid's fades as it saturates. Measured there it is not better: beta moves ~4x more "
-                                  "slowly (slope <= 1/4), and with --lr-bnnet x4 the kinds' beta split less than under "
-                                  "the clamp. Variant suffix -sigmoid.", identity_default=True)
+    beta_output: BetaOutput = opt("ste-clamp", "How BNNet's output becomes beta: ste-clamp = clamp to [0, 1], "
+                                               "straight-through gradient (App. E) | sigmoid = a logistic output.",
+                                               identity_default=True)
 
     @property
     def meta_lrs(self) -> dict[str, float]:
