@@ -42,7 +42,9 @@ def _names(p) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join((text or "").split()).replace("|", "\\|")
+    """One table cell: `|` escaped, and outside code spans `<x>` shown as text rather than read as HTML."""
+    parts = " ".join((text or "").split()).replace("|", "\\|").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;").replace(">", "&gt;") for i, p in enumerate(parts))
 
 
 def _env(p) -> str:
