@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[test,tensorboard,mlflow]'  # the trackers' extras: their tests skip without them
+	$(BIN)/pip install -q -e '.[test,tensorboard,mlflow,docs]'  # trackers and docs: their tests skip without them
 	touch $(STAMP)
 
 data: $(STAMP)  # Fashion-MNIST (Debian's dataset-fashion-mnist, as `fedl2p` itself installs it when missing) and espeak-ng
