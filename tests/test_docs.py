@@ -24,11 +24,15 @@ def quoted_commands() -> list[tuple[str, str]]:
     """(where, the words after `fedl2p`) for every command line in a code block or an inline code span."""
     out = []
     for f in DOCS:
-        in_block = False
+        in_block, pending = False, ""
         for n, line in enumerate(f.read_text().splitlines(), 1):
             if line.strip().startswith("```"):
                 in_block = not in_block
                 continue
+            if in_block and line.rstrip().endswith("\\"):  # a command continued on the next line: check it whole
+                pending += line.rstrip()[:-1] + " "
+                continue
+            line, pending = pending + line, ""
             spans = [line] if in_block else re.findall(r"`([^`]+)`", line)
             for span in spans:
                 m = COMMAND.search(span)
