@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
-from .core.settings import DEFAULT_ETA_BOUND, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode, EvalStats, MetaConfig
+from .core.settings import DEFAULT_ETA_BOUND, DEFAULT_ETA_GRAD, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode, EvalStats, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -156,6 +156,8 @@ class MetaTrainConfig:
                 name += "-unscaled"
             if self.meta.eta_bound != DEFAULT_ETA_BOUND:
                 name += f"-etab{self.meta.eta_bound:g}"
+            if self.meta.eta_grad != DEFAULT_ETA_GRAD:
+                name += f"-eta{self.meta.eta_grad}"
         if self.input_norm == "standardize":
             name += "-std"
         if self.meta_opt == "fedadam":

@@ -271,3 +271,21 @@ def test_default_ift_neumann_series_converges_on_a_real_client(tiny_store):
     lam_max = hypergrad.top_eigenvalue(hvp, [torch.randn(t.shape, generator=gen) for t in theta.values()], 30)
     assert cfg.psi * lam_max > 2  # a fixed psi diverges on this client
     assert 0 < mg.psi * lam_max < 2, (mg.psi, lam_max)
+
+
+def test_default_ift_moves_the_learned_lrs_as_the_last_step_says(tiny_store):
+    """Why eta~ fell under the converged series: the IFT treats theta* as a stationary point of L_T, which an LR does
+    not move, so its LR term is only the bias of an unconverged theta* (on the planted cell it lowered every LR, round
+    after round, while the validation loss rose). The default (--eta-grad last-step) takes the learned LRs'
+    meta-gradient through the last fine-tuning step, theta* = theta_prev - eta g: on a real client eta~'s is then
+    exactly FOMAML+'s (computed independently, by differentiating that step in-graph), which --eta-grad ift's is not."""
+    from dataclasses import replace
+    cfg = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01)
+    ctx, lam, hyper, data, ft, beta, eta, gen = _first_finetune(tiny_store, cfg)
+
+    def eta_grad(c):
+        return fedl2p_alg.meta_gradient(ctx.model, ft, lam, hyper, data, c, torch.Generator().manual_seed(1)).grads["eta"]
+
+    unrolled = eta_grad(replace(cfg, meta_grad="fomaml"))  # the same validation batch: drawn first from the same seed
+    torch.testing.assert_close(eta_grad(cfg), unrolled, rtol=1e-4, atol=1e-7)
+    assert not torch.allclose(eta_grad(replace(cfg, eta_grad="ift")), unrolled, rtol=0.1)

@@ -60,7 +60,8 @@ def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data
     return ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
                              cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
                              theta_train=ft.prev_params if last else None,
-                             inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats)
+                             inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
+                             eta_step=ft.last_grad if cfg.eta_grad == "last-step" else None)
 
 
 def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:

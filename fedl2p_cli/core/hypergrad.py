@@ -96,7 +96,7 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
                       val_batch: Batch, bn: ClientBN, q: int = 3, psi: float = 0.1,
                       scale_by_psi: bool = False, hessian: str = "exact", psi_power: int = 0,
                       theta_train: Params | None = None, inner_grad: list[Tensor] | None = None,
-                      val_stats: str = "running") -> MetaGrad:
+                      val_stats: str = "running", eta_step: list[Tensor] | None = None) -> MetaGrad:
     """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta.
 
     L_T's argument is theta_star unless `theta_train` is given: then L_T(theta_train) is differentiated (the
@@ -107,7 +107,13 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     dL_V/dtheta and use psi = min(psi, PSI_MARGIN/lambda_max). The series v <- (I - psi H) v diverges once psi * lambda_max > 2;
     measured on small-cnn clients lambda_max is 60-560, so the paper's psi = 0.1 multiplies v by up to ~55 per term and,
     with Q = 3 (odd), the top eigendirection's term 1 + (1-a) + (1-a)^2 + (1-a)^3 (a = psi * lambda_max) is large and
-    negative: the eta~ hypergradient then says "raise every LR" for every tensor, and eta~ runs away at the clip."""
+    negative: the eta~ hypergradient then says "raise every LR" for every tensor, and eta~ runs away at the clip.
+
+    eta_step (the `--eta-grad last-step` default; not in the paper): the last fine-tuning step's gradient g, so that
+    theta_star = theta_prev - eta * g. The learned LRs then get dL_V/deta through that step, -dL_V/dtheta . g per
+    tensor (FOMAML+'s LR gradient), and the implicit term only for beta: the IFT assumes theta_star is a stationary
+    point of L_T, which an LR does not move, so its LR term is only the bias of an unconverged theta_star (converged,
+    it is +dL_V/dtheta . dL_T/dtheta: it lowers every LR whenever training and validation gradients agree)."""
     lam_l, theta_v = _leaves(lam), _leaves(theta_star)
     theta = theta_v if theta_train is None else _leaves(theta_train)
     th, lm = list(theta.values()), list(lam_l.values())
@@ -115,7 +121,8 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     lv = val_loss(model, theta_v, beta, val_batch, bn, val_stats)
     g_all = _grad(lv, list(theta_v.values()) + lm, retain_graph=True)
     v, direct = g_all[:len(th)], g_all[len(th):]
-    lt = train_loss(model, theta, beta, eta, train_batch, hessian, inner_grad)
+    v0 = [t.detach() for t in v]
+    lt = train_loss(model, theta, beta, eta if eta_step is None else eta.detach(), train_batch, hessian, inner_grad)
     g_t = torch.autograd.grad(lt, th, create_graph=True)
     hvp = lambda u: _grad(g_t, th, grad_outputs=u, retain_graph=True)  # noqa: E731
     if psi_power > 0:
@@ -127,6 +134,9 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
         p = [a + b for a, b in zip(p, v)]
     if scale_by_psi:
         p = [psi * a for a in p]
+    if eta_step is not None and eta.requires_grad:  # d theta_star / d eta_k = -g_k: the LRs' path into L_V, through the last step
+        d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, eta_step)])
+        direct = [a + b for a, b in zip(direct, _grad(eta, lm, grad_outputs=d_eta, retain_graph=True))]
     mixed = _grad(g_t, lm, grad_outputs=p)
     grads = {k: d - m for k, d, m in zip(lam_l, direct, mixed)}
     return MetaGrad(grads, lv.item(), lt.item(), psi)

@@ -12,6 +12,7 @@ from .config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between,
 
 MetaGrad = Literal["ift", "fomaml"]
 IftAt = Literal["star", "last-step"]
+EtaGrad = Literal["last-step", "ift"]             # where the learned LRs' meta-gradient comes from under the IFT
 Hessian = Literal["fo", "exact"]
 ClientBNMode = Literal["precise", "running"]      # how the client's statistics for evaluation are obtained
 EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes with the pretrained statistics at test time
@@ -22,6 +23,7 @@ Engine = Literal["local", "flower"]
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
 DEFAULT_PSI_POWER = 5  # power iterations for psi = min(psi, 0.5/lambda_max): the Neumann series converges (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
+DEFAULT_ETA_GRAD = "last-step"  # the learned LRs' meta-gradient through the last fine-tuning step (not in the paper)
 LEGACY_IFT = {"psi_power": 0, "scale_by_psi": False}  # the paper's Alg. 2 literally: the IFT defaults before the fix
 
 
@@ -42,6 +44,8 @@ class MetaConfig:
     eta_bound: float = opt(DEFAULT_ETA_BOUND, "IFT only: keep every eta~ within [base LR / B, base LR x B] after each "
                                               "meta-step; 0: unbounded (the paper). See docs/explanation/ift.md.",
                                               NON_NEGATIVE)
+    eta_grad: EtaGrad = opt(DEFAULT_ETA_GRAD, "IFT only: the learned LRs' meta-gradient: last-step = through the last "
+                                              "fine-tuning step | ift = Alg. 2's implicit term. See docs/explanation/ift.md.")
     scale_by_psi: bool = opt(True, "Multiply the Neumann sum p by psi (Lorraine et al.), so p -> H^-1 v; "
                                    "--no-scale-by-psi: the paper's Alg. 2.")
     meta_grad: MetaGrad = opt("ift", "ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F).")

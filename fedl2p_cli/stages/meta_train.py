@@ -34,7 +34,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .pretrain import write_history
 
 NORM_PREFIX = "input_norm."
-NEW_IFT_ONLY = ("eta_bound",)  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
+NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
 
 
 def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
