@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-accuracy bench-pfl clean-artifacts
+.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-accuracy bench-pfl bench-reference clean-artifacts
 
 setup: $(STAMP)
 	@$(BIN)/python -m fedl2p_cli.data.provision || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -66,6 +66,13 @@ bench-accuracy: $(STAMP) data
 
 bench-pfl: $(STAMP) data
 	$(BIN)/python bench/pfl_compare.py
+
+# the authors' FedL2P client (a clone of royson/fedl2p: REF=path) beside `fedl2p meta-train` on the planted cell;
+# its own venv (.venv-ref: learn2learn 0.1.7, flwr 0.17 and what else their code imports); writes bench/reference.md
+bench-reference: data
+	@[ -n "$(REF)" ] || { echo "bench-reference: give the authors' repository: make bench-reference REF=path/to/fedl2p-clone"; exit 2; }
+	PY=$(PY) bash scripts/reference-venv.sh
+	.venv-ref/bin/python bench/reference.py --ref "$(REF)" $(ARGS)
 
 clean-artifacts:
 	find artifacts -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

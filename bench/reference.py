@@ -1,0 +1,348 @@
+"""`make bench-reference REF=PATH`: the authors' FedL2P client (royson/fedl2p) beside `fedl2p meta-train`, on one cell.
+
+The authors' side runs their own code, imported from the clone at --ref: their `FedL2PClassificationClient.fit()`
+(learn2learn's clone/update, their `Hypergrad` with psi 0.1 and Q 3, meta-LRs 1e-3 / 1e-3 / 1e-4, gradient clamp 1,
+learnable per-tensor LRs, their configs' BNNet and LR-net) and `evaluate()` (e epochs of fine-tuning with the learned
+LRs and beta). What is ours: the cell's partition, the pretrained model (our weights in their KLD batch-norm layers;
+the logits are compared), the clients each round samples (our sampler and seed), and the server: their FedAvg's
+average weighted by validation size, the lambda kept after the round with the lowest validation loss.
+Their `outer_loop_epochs` is set to our K: it counts epochs over a client's validation batches, so their clients take
+K x ceil(|val| / 32) meta-steps where ours take K (printed).
+
+Our side: the cell's pipeline file cut to its default-IFT meta-train runs (3 seeds), built or reused in the store,
+personalised with the cell's hand-made methods on both pools; its beta per domain, eta~'s growth and accuracy.
+
+Writes bench/reference.md and bench/reference.json. Runs in .venv-ref (scripts/reference-venv.sh builds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch.nn as nn
+
+HERE = Path(__file__).resolve().parent
+STORE = Path(os.environ.get("FEDL2P_STORE", HERE.parent / "artifacts"))
+COMMON = {"rounds", "fraction", "iterations", "epochs", "batch_size", "base_lr", "seed", "workers"}
+CLIENT = "src/apps/clients/fedl2p_classification_client.py"
+PSEEDS = [0, 1, 2]  # personalisation seeds, as in the bench
+
+
+def fail(msg: str) -> None:
+    print(f"bench-reference: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def import_reference(ref: Path):
+    """The authors' client module, or one line naming what is missing."""
+    if not (ref / CLIENT).is_file():
+        fail(f"--ref {ref}: no {CLIENT} there; give a clone of https://github.com/royson/fedl2p")
+    os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # flwr 0.17's generated protobuf code
+    sys.path.insert(0, str(ref))
+    try:
+        import src.apps.clients.fedl2p_classification_client as client
+        from src.models import model_utils
+    except ImportError as e:
+        fail(f"the authors' code needs module '{e.name}', missing in {sys.prefix}; "
+             "run `make bench-reference REF=...` (it builds .venv-ref) or pip install it")
+    return client, model_utils
+
+
+# --- our pieces, in the shapes their client asks its config for -----------------------------------------------------
+
+class Shared:
+    """What their client builds from its config: set once per cell, read by RefNet and RefData."""
+    template = None     # our pretrained model with their KLD batch norm
+    part = None         # our partition
+
+
+class RefNet(nn.Module):
+    """Their `models.net`: a module whose `.net` is our architecture with their KLDBatchNorm2d layers."""
+
+    def __init__(self, device=None, **_):
+        super().__init__()
+        self.net = copy.deepcopy(Shared.template)
+        if device is not None:
+            self.to(device)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class RefData:
+    """Their `data` class: jit transforms (identity: our tensors are normalised, the bench augments nothing) and
+    `get_dataloader` over our client's splits. Their fit asks for (train, val); our partition's val split is the val."""
+
+    def __init__(self, ckp, **_):
+        pass
+
+    @staticmethod
+    def jit_augment(x):
+        return x
+
+    jit_normalize = jit_augment
+
+    def get_dataloader(self, data_pool, cid, partition, batch_size, num_workers=0, augment=False, shuffle=False,
+                       val_ratio=None, seed=None, path=None):
+        from torch.utils.data import DataLoader, TensorDataset
+        d = Shared.part.client(int(cid))
+        load = lambda split, sh: DataLoader(TensorDataset(*split), batch_size=int(batch_size), shuffle=sh)
+        if partition == "test":
+            return load(d.test, False)
+        if data_pool == "train" and val_ratio is not None:
+            return load(d.train, shuffle), load(d.val, False)
+        return load(d.train, shuffle)
+
+
+def reference_config(cfg: dict, rounds: int, weights: Path):
+    """Their configs/cifar10/cifar_fedl2p.yaml, with the cell's rounds, e, base LR and our net and data."""
+    from config import AttrDict
+    meta_net = lambda cls, bias, args: {"class": cls, "mode": "layerwise", "args": args,
+                                        "optimizer": {"class": "torch.optim.SGD", "args": {}},
+                                        "init": {"gain_init": 0.1, "bias_init": bias}}
+    return AttrDict({
+        "seed": 0,
+        "models": {"net": {"class": "__main__.RefNet", "args": {}},
+                   "bn_net": meta_net("src.models.BNNet", 0.5, {}),
+                   "lr_net": meta_net("src.models.ClampLRNet", 1.0, {"max_limit": 1000.0})},
+        "data": {"class": "__main__.RefData", "args": {}},
+        "app": {"args": {"load_model": str(weights)}, "run": {"num_rounds": rounds},
+                "on_fit": {"start_inner_lr": cfg["base_lr"]}},
+    })
+
+
+def client_kwargs(cfg: dict, rounds: int) -> dict:
+    from config import AttrDict
+    return dict(batch_size=cfg["batch_size"], outer_loop_epochs=cfg["iterations"], inner_loop_epochs=cfg["epochs"],
+                meta_algorithm="IFT", augment_validation=False, clamp_outer_gradients=1.0,
+                meta_nets_rounds={"bn_net": rounds, "lr_net": rounds}, learnable_lrs=True,
+                hypergrad=AttrDict({"class": "src.apps.clients.client_utils.Hypergrad",
+                                    "args": {"learning_rate": 0.1, "truncate_iter": 3}}))
+
+
+def their_model(our_model, model_utils):
+    """Our pretrained model with each of its BN layers replaced by their KLDBatchNorm2d (weights and statistics)."""
+    import torch.nn as nn
+    from fedl2p_cli.core.bn import MixBN
+    m = copy.deepcopy(our_model)
+    for parent in m.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, (MixBN, nn.BatchNorm2d)):
+                setattr(parent, name, model_utils.KLDBatchNorm2d(child.num_features, eps=child.eps))
+    return m
+
+
+def logit_gap(our_model, state: dict, client_mod, model_utils, x) -> float:
+    """Max |logit difference| between our pretrained model and theirs (pretrained statistics, eval mode)."""
+    import torch
+    net = RefNet()
+    model_utils.copy_pretrain_to_kld({k: v for k, v in state.items()}, net)
+    model_utils.set_kld_bn_mode(net, True)
+    with torch.no_grad():
+        return float((our_model.eval()(x) - net.eval()(x)).abs().max())
+
+
+# --- the authors' federation --------------------------------------------------------------------------------------
+
+def params_mean(replies):
+    """Their FedAvg: the mean of the meta-net parameters weighted by each client's validation size."""
+    total = sum(n for _, n, _ in replies)
+    return [sum(p[i] * (n / total) for p, n, _ in replies) for i in range(len(replies[0][0]))]
+
+
+def run_reference(client_mod, config, kwargs: dict, seen: list[int], cfg: dict, seed: int, log) -> dict:
+    import numpy as np
+    import torch
+    from fedl2p_cli.engine.loop import sample_clients
+    rounds, n_eta = config.app.run.num_rounds, None
+    make = lambda c: client_mod.FedL2PClassificationClient(str(c), type("Ckp", (), {"config": config})(), **kwargs)
+    torch.manual_seed(seed)
+    params = make(seen[0]).get_parameters()
+    n_eta = make(seen[0]).no_of_learnable_layers
+    eta0 = np.array([float(p) for p in params[-n_eta:]])
+    best, history = (float("inf"), 0, params), []
+    for rnd in range(rounds):
+        replies = []
+        for c in sample_clients(seen, cfg["fraction"], seed, rnd):
+            torch.manual_seed(seed * 100003 + rnd * 1009 + c)  # each client's batch order, reproducibly
+            cl = make(c)
+            p, n, res = cl.fit(params, {"current_round": rnd + 1, "inner_lr": cfg["base_lr"], "bn_net_lr": 1e-3,
+                                        "lr_net_lr": 1e-3}, num_workers=0)
+            replies.append((p, n, res))
+        loss = sum(r["fed_query_loss"] * n for _, n, r in replies) / sum(n for _, n, _ in replies)
+        params = params_mean(replies)
+        eta = np.array([float(p) for p in params[-n_eta:]]) / eta0
+        history.append({"round": rnd + 1, "val_loss": loss, "eta_x": float(eta.mean()), "eta_min": float(eta.min()),
+                        "eta_max": float(eta.max()), "finite": bool(np.isfinite(loss))})
+        if np.isfinite(loss) and loss < best[0]:
+            best = (loss, rnd + 1, params)
+        log(f"  authors' code, seed {seed}, round {rnd + 1}/{rounds}: val {loss:.4f}, eta~ x{eta.mean():.3g} "
+            f"({eta.min():.3g}-{eta.max():.3g})")
+    steps = client_mod.epochs_to_batches(cfg["iterations"], len(Shared.part.client(seen[0]).val[1]), cfg["batch_size"])
+    return {"history": history, "kept_round": best[1], "kept": best[2], "meta_steps_first_client": steps}
+
+
+def evaluate_reference(client_mod, config, kwargs: dict, params, clients: list[int], cfg: dict) -> dict:
+    """Their evaluate() on each client at personalisation seeds PSEEDS: test accuracy after e epochs and beta."""
+    import numpy as np
+    import torch
+    acc, betas = np.zeros((len(PSEEDS), len(clients))), {}
+    rc = {"current_round": config.app.run.num_rounds, "standard_learning": False, "full_eval": True,
+          "finetune_epochs": [cfg["epochs"]], "eval_epochs": [cfg["epochs"]], "lr": cfg["base_lr"]}
+    for s, ps in enumerate(PSEEDS):
+        for j, c in enumerate(clients):
+            torch.manual_seed(ps * 100003 + c)
+            cl = client_mod.FedL2PClassificationClient(str(c), type("Ckp", (), {"config": config})(), **kwargs)
+            _, _, m = cl.evaluate(params, rc, num_workers=0)
+            acc[s, j] = m[f"test_acc_{cfg['epochs']}:"]
+            betas[c] = [m[k] for k in sorted(k for k in m if k.startswith("layer") and k.endswith("_beta"))]
+    return {"acc": acc, "beta": betas}
+
+
+# --- our side ---------------------------------------------------------------------------------------------------------
+
+def ours(cell: str) -> dict:
+    """Build or reuse the cell's default-IFT meta-train runs and their personalisation; read what the table shows."""
+    import numpy as np
+    import accuracy
+    from fedl2p_cli.cli.render import RichProgress
+    from fedl2p_cli.stages import personalize as pers_stage
+    from fedl2p_cli.stages import pipeline
+    s = accuracy.sections(cell)
+    s["meta-train"] = [m for m in s["meta-train"] if set(m) <= COMMON]
+    res = pipeline.run(pipeline.Pipeline(f"reference-{cell}", s, pipeline.Store(STORE)), None, RichProgress)
+    store = pipeline.Store(STORE)
+    out = {"meta": [], "pools": {}}
+    for r in res:
+        if r.stage == "meta-train":
+            h = list(csv.DictReader(open(r.artifact.file("history.csv"))))
+            met = r.artifact.metrics
+            out["meta"].append({"id": r.artifact.id, "eta_x": float(h[-1]["etatilde_x"]),
+                                "eta_max": max(float(x["etatilde_x"]) for x in h), "kept_round": met.get("kept_round"),
+                                "diverged": met.get("diverged"), "first": float(h[0]["val_loss"]),
+                                "last": float(h[-1]["val_loss"])})
+        if r.stage == "personalize":
+            _, x = pers_stage.load(store, r.artifact.id)
+            learned = pers_stage.learned_rows(r.artifact, x)
+            acc = {m: x.acc_after[x.methods.index(m)].mean(axis=1) for m in x.methods}  # per seed: the pool mean
+            beta = np.stack([x.beta[m] for m in learned])  # [meta seeds, clients, B]
+            out["pools"][x.pool] = {"acc": {m: acc[m].tolist() for m in x.methods}, "learned": learned,
+                                    "beta": beta, "domain": x.domain, "client": x.client}
+            out["partition"] = r.artifact.parents["partition"]
+            out["pretrain"] = r.artifact.parents["pretrain"]
+    return out
+
+
+# --- the report -------------------------------------------------------------------------------------------------------
+
+def beta_by_domain(beta, domains, names) -> dict[str, str]:
+    import numpy as np
+    return {names[d]: "/".join(f"{v:.2f}" for v in np.nanmean(beta[..., np.asarray(domains) == d, :].reshape(-1, beta.shape[-1]), axis=0))
+            for d in sorted(set(int(v) for v in domains))}
+
+
+def pm(vals) -> str:
+    import numpy as np
+    v = 100 * np.asarray(vals, dtype=float)
+    return f"{v.mean():.2f} ± {v.std():.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", type=Path, required=True, help="a clone of the authors' repository (royson/fedl2p)")
+    ap.add_argument("--cell", default="planted", help="the bench cell (bench/accuracy.py's cells); default planted")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="meta-train seeds of the authors' side")
+    a = ap.parse_args(argv)
+    client_mod, model_utils = import_reference(a.ref.resolve())
+    import numpy as np
+    import torch
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(HERE))
+    import accuracy
+    if a.cell not in accuracy.CELLS:
+        fail(f"--cell {a.cell}: choose one of {', '.join(accuracy.CELLS)}")
+    t0 = time.time()
+    print(f"[ours] {a.cell}: default-IFT meta-train (3 seeds) and personalisation, built or reused in {STORE}", flush=True)
+    our = ours(a.cell)
+    cfg = next(m for m in accuracy.sections(a.cell)["meta-train"] if set(m) <= COMMON)
+    from fedl2p_cli.stages import partition as partition_stage
+    from fedl2p_cli.stages import pretrain as pretrain_stage
+    from fedl2p_cli.artifacts import Store
+    store = Store(STORE)
+    _, part = partition_stage.load(store, our["partition"])
+    _, model, state = pretrain_stage.load(store, our["pretrain"])
+    Shared.part, Shared.template = part, their_model(model, model_utils)
+    weights = HERE / ".reference-weights.pt"
+    torch.save({k: v.clone() for k, v in state.items()}, weights)
+    seen, unseen = part.pool(False), part.pool(True)
+    gap = logit_gap(model, state, client_mod, model_utils, part.client(seen[0]).test[0][:64])
+    print(f"[reference] our pretrained model in their KLD batch norm: max |logit difference| {gap:.2g}", flush=True)
+    rounds = int(cfg["rounds"])
+    config, kwargs = reference_config(cfg, rounds, weights), client_kwargs(cfg, rounds)
+    theirs = []
+    for seed in a.seeds:
+        print(f"[reference] authors' client, meta-train seed {seed}: {rounds} rounds", flush=True)
+        run = run_reference(client_mod, config, kwargs, seen, cfg, seed, lambda m: print(m, flush=True))
+        ev = {pool: evaluate_reference(client_mod, config, kwargs, run["kept"], cl, cfg)
+              for pool, cl in (("seen", seen), ("unseen", unseen))}
+        theirs.append((run, ev))
+    weights.unlink(missing_ok=True)
+    names = part.domain_names
+    report = render(a, cfg, our, theirs, names, part, gap, time.time() - t0)
+    (HERE / "reference.md").write_text(report)
+    print(report)
+
+
+def render(a, cfg: dict, our: dict, theirs: list, names: list[str], part, gap: float, secs: float) -> str:
+    import numpy as np
+    pools = ("seen", "unseen")
+    lines = [f"# bench-reference: the authors' FedL2P client beside `fedl2p meta-train` (cell {a.cell})", "",
+             f"Max |logit difference| of the pretrained model in their batch norm: {gap:.2g}. "
+             f"Their clients' meta-steps per round (first seen client): {theirs[0][0]['meta_steps_first_client']}; "
+             f"ours: K = {cfg['iterations']}.", ""]
+    doms = sorted(set(int(d) for d in part.domain))
+    head = "| | " + " | ".join(f"β {names[d]} (per BN layer)" for d in doms) + " | η̃ after the last round (× start) | end | kept round | " + " | ".join(f"{p} acc. (%)" for p in pools) + " |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    # the authors' side
+    th_beta = {}
+    for p in pools:
+        b = np.stack([np.array([ev[p]["beta"][c] for c in (part.pool(p == "unseen"))]) for _, ev in theirs])
+        th_beta[p] = b
+    seen_dom = part.domain[part.pool(False)]
+    tb = beta_by_domain(th_beta["seen"], seen_dom, names)
+    eta = [r["history"][-1]["eta_x"] for r, _ in theirs]
+    ends = ["stable" if all(h["finite"] for h in r["history"]) else "NaN" for r, _ in theirs]
+    acc = {p: [ev[p]["acc"].mean() for _, ev in theirs] for p in pools}
+    lines.append("| authors' code (IFT) | " + " | ".join(tb.get(names[d], "–") for d in doms) + " | "
+                 + " / ".join(f"{e:.2f}" for e in eta) + " | " + " / ".join(ends) + " | "
+                 + " / ".join(str(r["kept_round"]) for r, _ in theirs) + " | " + " | ".join(pm(acc[p]) for p in pools) + " |")
+    ob = beta_by_domain(our["pools"]["seen"]["beta"], our["pools"]["seen"]["domain"], names)
+    om = our["meta"]
+    oacc = {p: [np.mean(our["pools"][p]["acc"][m]) for m in our["pools"][p]["learned"]] for p in pools}
+    lines.append("| `fedl2p meta-train` (defaults) | " + " | ".join(ob.get(names[d], "–") for d in doms) + " | "
+                 + " / ".join(f"{m['eta_x']:.2f}" for m in om) + " | "
+                 + " / ".join("diverged" if m["diverged"] else "stable" for m in om) + " | "
+                 + " / ".join(str(m["kept_round"]) for m in om) + " | " + " | ".join(pm(oacc[p]) for p in pools) + " |")
+    for m in ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned"):
+        if m in our["pools"]["seen"]["acc"]:
+            lines.append(f"| {m} (same clients, ours) | " + " | ".join("" for _ in doms) + " | | | | "
+                         + " | ".join(pm(our["pools"][p]["acc"][m]) for p in pools) + " |")
+    lines += ["", "β: mean over the seen clients of each domain and the meta-train seeds. η̃ and kept round: per "
+              "meta-train seed. Accuracy: mean ± SD over meta-train seeds of the mean over personalisation seeds "
+              "(hand-made rows: over personalisation seeds).", f"Run time: {secs / 60:.0f} min.", ""]
+    json.dump({"cell": a.cell, "gap": gap, "theirs": [{"history": r["history"], "kept_round": r["kept_round"],
+               "acc": {p: ev[p]["acc"].tolist() for p in pools}, "beta": {p: {str(c): v for c, v in ev[p]["beta"].items()} for p in pools}}
+               for r, ev in theirs], "ours": {"meta": om, "acc": {p: our["pools"][p]["acc"] for p in pools}}},
+              open(HERE / "reference.json", "w"), indent=1)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
