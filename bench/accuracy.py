@@ -23,6 +23,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -47,22 +48,25 @@ SHIFTED = ("feature", "planted")  # cells personalising the clean model to clien
 # --beta-init 0.9 (binit, every cell) and, on feature-shift cells, the other personalised-FL systems (pfl). Each
 # personalises the hand-made baselines with it: its rows join the cell's table (same clients, seeds and batches).
 GROUPS = ("extras", "binit", "pfl")
+# the keys of a [[meta-train]] table at the default variant (every other key names an option): `--default-ift` keeps these
+DEFAULT_KEYS = {"rounds", "fraction", "iterations", "epochs", "batch_size", "base_lr", "seed", "workers"}
 
 
 def pipeline_file(cell: str, group: str | None = None) -> Path:
     return BENCH / (f"{cell}.{group}.toml" if group else f"{cell}.toml")
 
 
-def sections(cell: str, full: bool = True, group: str | None = None) -> dict:
-    """The sections of a cell's pipeline file (without its learning and personalisation when not `full`). Meta-train
-    workers (not part of any id) follow the process: 2, or 1 inside the cells' pool (a daemon may not start processes)."""
+def sections(cell: str, full: bool = True, group: str | None = None, default_ift: bool = False) -> dict:
+    """The sections of a cell's pipeline file (without its learning and personalisation when not `full`; with only its
+    default-variant meta-train runs when `default_ift`). Meta-train workers (not part of any id) follow the process: 2,
+    or 1 inside the cells' pool (a daemon may not start processes)."""
     from fedl2p_cli.stages.pipeline_files import resolve
     s = resolve(pipeline_file(cell, group))  # its extends chain applied
     s = {k: v for k, v in s.items() if k not in ("name", "description")}
     if not full:
         return {k: v for k, v in s.items() if k not in ("meta-train", "pfl", "personalize")}
     workers = 1 if mp.current_process().daemon else 2
-    s["meta-train"] = [m | {"workers": workers} for m in s.get("meta-train", [])]
+    s["meta-train"] = [m | {"workers": workers} for m in s.get("meta-train", []) if not default_ift or set(m) <= DEFAULT_KEYS]
     return s
 
 
@@ -100,9 +104,9 @@ def _run(label: str, secs: dict) -> None:
     print(f"[{label}] done in {time.time() - t0:.0f} s", flush=True)
 
 
-def run_cell(cell: str, full: bool = True) -> None:
-    _run(cell, sections(cell, full))
-    if full:
+def run_cell(cell: str, full: bool = True, default_ift: bool = False) -> None:
+    _run(cell, sections(cell, full, default_ift=default_ift))
+    if full and not default_ift:
         run_extras(cell)
 
 
@@ -143,13 +147,13 @@ def oracle(candidates: np.ndarray) -> tuple[float, float]:
     return float(per_seed.mean()), float(per_seed.std())
 
 
-def collect(cell: str) -> list[dict] | None:
-    """The finished cell's rows (one per pool), or None if it is not complete."""
+def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
+    """The finished cell's rows (one per pool), or None if it is not complete (`default_ift`: of its default-IFT run)."""
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     rows = []
-    secs = sections(cell)
+    secs = sections(cell, default_ift=default_ift)
     want = {k: v for k, v in secs["partition"].items() if k != "exclude"}
 
     from fedl2p_cli.stages.partition import PartitionConfig, generates
@@ -167,7 +171,11 @@ def collect(cell: str) -> list[dict] | None:
     arts = [a for a in store.iter("personalize") if ours(a)]
     n_meta = len(secs["meta-train"])  # the main file's variants: a personalisation of other ones is not this cell's
     for art in arts:
-        if "ft-tuned" not in art.config.get("methods", []) or sum(k.startswith("meta-train:") for k in art.parents) != n_meta:
+        metas = [v for k, v in art.parents.items() if k.startswith("meta-train:")]
+        if "ft-tuned" not in art.config.get("methods", []) or len(metas) != n_meta:
+            continue
+        if default_ift and not all(re.fullmatch(r"fedl2p(-seed\d+)?", store.load("meta-train", i, verify=False).metrics["variant"])
+                                   for i in metas):
             continue
         _, r = pers_stage.load(store, art.id)
         s = json.loads(art.file("summary.json").read_text())
@@ -404,6 +412,41 @@ def beta_report(done: list[list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def meta_runs(personalize_id: str) -> list[dict]:
+    """Each learned row's meta-train run, from its history.csv: eta~ after the last round and at most (x its start),
+    the round whose lambda was kept, divergence, and the sampled clients' validation loss in the first and last round."""
+    import csv
+    from fedl2p_cli.artifacts import Store
+    store = Store(STORE)
+    out = []
+    for k, i in store.load("personalize", personalize_id, verify=False).parents.items():
+        if not k.startswith("meta-train:"):
+            continue
+        art = store.load("meta-train", i, verify=False)
+        h = list(csv.DictReader(open(art.file("history.csv"))))
+        eta = [float(x["etatilde_x"]) for x in h]
+        out.append({"variant": art.metrics["variant"], "id": i, "eta_last": eta[-1] if eta else float("nan"),
+                    "eta_max": max(eta, default=float("nan")), "eta_min": min(eta, default=float("nan")),
+                    "kept_round": art.metrics.get("kept_round"), "rounds_run": art.metrics.get("rounds_run"),
+                    "diverged": art.metrics.get("diverged"), "val_first": float(h[0]["val_loss"]) if h else float("nan"),
+                    "val_last": float(h[-1]["val_loss"]) if h else float("nan")})
+    return out
+
+
+def runs_report(done: list[list[dict]]) -> str:
+    """One line per cell and meta-train seed: how the default IFT's learning went."""
+    lines = ["The meta-train runs: η̃ (mean over tensors, × its start) after the last round and its range over the rounds, "
+             "the round whose λ was kept, and the sampled clients' mean validation loss in the first and last round.", "",
+             "| cell | run | η̃ last (min–max) | kept round | end | val. loss first → last |", "|---|---|---|---|---|---|"]
+    for cell in done:
+        r = cell[0]
+        for m in r["runs"]:
+            end = f"diverged: {m['diverged']}" if m["diverged"] else f"stable, {m['rounds_run']} rounds"
+            lines.append(f"| {r['cell']} | {m['variant']} | {m['eta_last']:.2f} ({m['eta_min']:.2f}–{m['eta_max']:.2f}) | "
+                         f"{m['kept_round']} | {end} | {m['val_first']:.3f} → {m['val_last']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def speech_beta(r: dict) -> list[str]:
     """β per BN layer on a speaker cell (mean over the pool's clients and the meta-train seeds)."""
     out = []
@@ -421,6 +464,8 @@ def main() -> None:
     ap.add_argument("cells", nargs="*", default=list(CELLS), help=f"cells to run: {', '.join(CELLS)}")
     ap.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
     ap.add_argument("--report-only", action="store_true", help="only write the report from finished cells")
+    ap.add_argument("--default-ift", action="store_true", help="only each cell's default-IFT meta-train runs, with the "
+                    "hand-made methods on the same clients and batches: bench/accuracy-ift.md")
     ap.add_argument("--new-only", action="store_true", help="on finished cells, run only the groups every cell shares "
                     "(the beta-init variant; the other personalised-FL systems on feature-shift cells)")
     args = ap.parse_args()
@@ -436,17 +481,22 @@ def main() -> None:
             run_cell("ls-1000", False)
         if args.jobs == 1 or len(args.cells) == 1:  # in this process: its meta-trains may use worker processes
             for c in args.cells:
-                run_cell(c, True)
+                run_cell(c, True, args.default_ift)
         else:
             with ctx.Pool(args.jobs) as pool:
-                pool.starmap(run_cell, [(c, True) for c in args.cells], chunksize=1)
+                pool.starmap(run_cell, [(c, True, args.default_ift) for c in args.cells], chunksize=1)
     done, central = [], {}
     for c in CELLS:
-        rows = collect(c)
+        rows = collect(c, args.default_ift)
         if rows is None:
             print(f"[{c}] not complete; left out of the report")
             continue
         for r in rows:
+            if args.default_ift:  # the learning runs themselves; the cell's other measurements do not depend on them
+                if r["kind"] in SHIFTED and r["pool"] == "seen":
+                    r["ari"] = cluster_rows(c, r)
+                r["runs"] = meta_runs(r["personalize"])
+                continue
             if r["kind"] in SHIFTED and r["pool"] == "seen":
                 r["ari"] = cluster_rows(c, r)
                 cache = HERE / f".sweep-lrs-{r['personalize']}.json"  # a pure function of the artifact: computed once
@@ -467,8 +517,11 @@ def main() -> None:
                 "(10 epochs), pooled seen test sets:\n\n| α | FedAvg | central |\n|---|---|---|\n"
         text += "".join(f"| {r['alpha']:g} | {100 * r['pretrain_seen_acc']:.2f} | {100 * r['central_acc']:.2f} |\n" for r in ls)
     text += "\n" + beta_report(done)
-    (HERE / "accuracy.md").write_text(text)
-    (HERE / "accuracy.json").write_text(json.dumps([r for cell in done for r in cell], indent=2, default=float))
+    if args.default_ift:
+        text += "\n" + runs_report(done)
+    out = "accuracy-ift" if args.default_ift else "accuracy"
+    (HERE / f"{out}.md").write_text(text)
+    (HERE / f"{out}.json").write_text(json.dumps([r for cell in done for r in cell], indent=2, default=float))
     print(text)
 
 

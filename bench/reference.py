@@ -109,10 +109,10 @@ def reference_config(cfg: dict, rounds: int, weights: Path):
                                         "init": {"gain_init": 0.1, "bias_init": bias}}
     return AttrDict({
         "seed": 0,
-        "models": {"net": {"class": "__main__.RefNet", "args": {}},
+        "models": {"net": {"class": f"{__name__}.RefNet", "args": {}},
                    "bn_net": meta_net("src.models.BNNet", 0.5, {}),
                    "lr_net": meta_net("src.models.ClampLRNet", 1.0, {"max_limit": 1000.0})},
-        "data": {"class": "__main__.RefData", "args": {}},
+        "data": {"class": f"{__name__}.RefData", "args": {}},
         "app": {"args": {"load_model": str(weights)}, "run": {"num_rounds": rounds},
                 "on_fit": {"start_inner_lr": cfg["base_lr"]}},
     })
