@@ -60,7 +60,7 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
     return {"variant": variant, "method": meta, "mean": s["methods"][meta]["mean"], "sd": s["methods"][meta]["sd"],
             "best_ft": s["best_baseline"], "best_ft_mean": s["methods"][s["best_baseline"]]["mean"],
             "vs_best_ft": float(diff.mean()), "vs_best_ft_sd": float(diff.std()), "beta_per_domain": per_dom,
-            "personalize": art.id}
+            "personalize": art.id, "run": accuracy.meta_runs(art.id)[0]}
 
 
 def main() -> None:
@@ -78,14 +78,18 @@ def main() -> None:
     accuracy.prerequisites(args.cell)  # once, before the variants' processes would race for the build locks
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         rows = pool.starmap(run_variant, [(args.cell, v, args.pool, args.eval_stats) for v in variants], chunksize=1)
-    print("\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) |\n|---|---|---|---|---|")
+    print("\n| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) | η̃ last (min–max), × start | kept round "
+          "| end |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         v = ",".join(f"{k}={x}" for k, x in r["variant"].items())
         if "error" in r:
-            print(f"| {v} | FAILED: {r['error']} | | | |")
+            print(f"| {v} | FAILED: {r['error']} | | | | | | |")
             continue
+        m = r["run"]
+        end = f"diverged: {m['diverged']}" if m["diverged"] else "stable"
         print(f"| {v} | {r['method']} | {100 * r['mean']:.2f} ± {100 * r['sd']:.2f} | {r['best_ft']} {100 * r['best_ft_mean']:.2f} "
-              f"| {100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f} |")
+              f"| {100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f} | {m['eta_last']:.2f} ({m['eta_min']:.2f}–"
+              f"{m['eta_max']:.2f}) | {m['kept_round']} | {end} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 

@@ -166,7 +166,7 @@ def run_reference(client_mod, config, kwargs: dict, seen: list[int], cfg: dict, 
     torch.manual_seed(seed)
     params = make(seen[0]).get_parameters()
     n_eta = make(seen[0]).no_of_learnable_layers
-    eta0 = np.array([float(p) for p in params[-n_eta:]])
+    eta0 = np.array([float(np.ravel(p)[0]) for p in params[-n_eta:]])
     best, history = (float("inf"), 0, params), []
     for rnd in range(rounds):
         replies = []
@@ -178,7 +178,7 @@ def run_reference(client_mod, config, kwargs: dict, seen: list[int], cfg: dict, 
             replies.append((p, n, res))
         loss = sum(r["fed_query_loss"] * n for _, n, r in replies) / sum(n for _, n, _ in replies)
         params = params_mean(replies)
-        eta = np.array([float(p) for p in params[-n_eta:]]) / eta0
+        eta = np.array([float(np.ravel(p)[0]) for p in params[-n_eta:]]) / eta0
         history.append({"round": rnd + 1, "val_loss": loss, "eta_x": float(eta.mean()), "eta_min": float(eta.min()),
                         "eta_max": float(eta.max()), "finite": bool(np.isfinite(loss))})
         if np.isfinite(loss) and loss < best[0]:
