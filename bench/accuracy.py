@@ -511,7 +511,7 @@ def main() -> None:
                 r["central_acc"] = central[key]
         done.append(rows)
     text = report(done)
-    ls = [r for cell in done for r in cell if r["kind"] == "label" and r["pool"] == "seen"]
+    ls = [r for cell in done for r in cell if r["kind"] == "label" and r["pool"] == "seen" and "central_acc" in r]
     if ls:
         text += "\nPretrained global model (FedAvg) vs the same model trained centrally on the same seen clients' images " \
                 "(10 epochs), pooled seen test sets:\n\n| α | FedAvg | central |\n|---|---|---|\n"
