@@ -492,13 +492,12 @@ def main() -> None:
             print(f"[{c}] not complete; left out of the report")
             continue
         for r in rows:
+            if r["kind"] in SHIFTED and r["pool"] == "seen":
+                r["ari"] = cluster_rows(c, r)
             if args.default_ift:  # the learning runs themselves; the cell's other measurements do not depend on them
-                if r["kind"] in SHIFTED and r["pool"] == "seen":
-                    r["ari"] = cluster_rows(c, r)
                 r["runs"] = meta_runs(r["personalize"])
                 continue
             if r["kind"] in SHIFTED and r["pool"] == "seen":
-                r["ari"] = cluster_rows(c, r)
                 cache = HERE / f".sweep-lrs-{r['personalize']}.json"  # a pure function of the artifact: computed once
                 if not cache.is_file():
                     cache.write_text(json.dumps(beta_sweep(r["personalize"])))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import json
 import os
 import sys
@@ -30,7 +29,6 @@ import torch.nn as nn
 
 HERE = Path(__file__).resolve().parent
 STORE = Path(os.environ.get("FEDL2P_STORE", HERE.parent / "artifacts"))
-COMMON = {"rounds", "fraction", "iterations", "epochs", "batch_size", "base_lr", "seed", "workers"}
 CLIENT = "src/apps/clients/fedl2p_classification_client.py"
 PSEEDS = [0, 1, 2]  # personalisation seeds, as in the bench
 
@@ -215,20 +213,13 @@ def ours(cell: str) -> dict:
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import personalize as pers_stage
     from fedl2p_cli.stages import pipeline
-    s = accuracy.sections(cell)
-    s["meta-train"] = [m for m in s["meta-train"] if set(m) <= COMMON]
+    s = accuracy.sections(cell, default_ift=True)
     res = pipeline.run(pipeline.Pipeline(f"reference-{cell}", s, pipeline.Store(STORE)), None, RichProgress)
     store = pipeline.Store(STORE)
-    out = {"meta": [], "pools": {}}
+    out = {"pools": {}}
     for r in res:
-        if r.stage == "meta-train":
-            h = list(csv.DictReader(open(r.artifact.file("history.csv"))))
-            met = r.artifact.metrics
-            out["meta"].append({"id": r.artifact.id, "eta_x": float(h[-1]["etatilde_x"]),
-                                "eta_max": max(float(x["etatilde_x"]) for x in h), "kept_round": met.get("kept_round"),
-                                "diverged": met.get("diverged"), "first": float(h[0]["val_loss"]),
-                                "last": float(h[-1]["val_loss"])})
-        if r.stage == "personalize":
+        if r.stage == "personalize":  # each pool's personalisation has the same meta-train parents
+            out["meta"] = accuracy.meta_runs(r.artifact.id)
             _, x = pers_stage.load(store, r.artifact.id)
             learned = pers_stage.learned_rows(r.artifact, x)
             acc = {m: x.acc_after[x.methods.index(m)].mean(axis=1) for m in x.methods}  # per seed: the pool mean
@@ -271,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     print(f"[ours] {a.cell}: default-IFT meta-train (3 seeds) and personalisation, built or reused in {STORE}", flush=True)
     our = ours(a.cell)
-    cfg = next(m for m in accuracy.sections(a.cell)["meta-train"] if set(m) <= COMMON)
+    cfg = accuracy.sections(a.cell, default_ift=True)["meta-train"][0]
     from fedl2p_cli.stages import partition as partition_stage
     from fedl2p_cli.stages import pretrain as pretrain_stage
     from fedl2p_cli.artifacts import Store
@@ -327,7 +318,7 @@ def render(a, cfg: dict, our: dict, theirs: list, names: list[str], part, gap: f
     om = our["meta"]
     oacc = {p: [np.mean(our["pools"][p]["acc"][m]) for m in our["pools"][p]["learned"]] for p in pools}
     lines.append("| `fedl2p meta-train` (defaults) | " + " | ".join(ob.get(names[d], "–") for d in doms) + " | "
-                 + " / ".join(f"{m['eta_x']:.2f}" for m in om) + " | "
+                 + " / ".join(f"{m['eta_last']:.2f}" for m in om) + " | "
                  + " / ".join("diverged" if m["diverged"] else "stable" for m in om) + " | "
                  + " / ".join(str(m["kept_round"]) for m in om) + " | " + " | ".join(pm(oacc[p]) for p in pools) + " |")
     for m in ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned"):
