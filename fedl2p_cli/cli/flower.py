@@ -150,11 +150,25 @@ def gateway(
     keyfile: Optional[Path] = typer.Option(None, help="Its private key (server.key)."),
     ca: Optional[Path] = typer.Option(None, help="The CA certificate that signed it (ca.crt); none of the three: an "
                                       "insecure loopback trial."),
+    max_body: int = typer.Option(64, min=1, help="Largest request body in MiB, refused (413) before it is read."),
+    header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a connection may take to send a request's "
+                                         "head (and its TLS handshake)."),
+    idle_timeout: float = typer.Option(60.0, min=0.1, help="Seconds an idle connection, or a stalled body, is kept."),
+    max_connections: int = typer.Option(128, min=1, help="Connections served at once; more are answered 503."),
+    host_name: Optional[str] = typer.Option(None, help="Serve only requests whose Host header names this host "
+                                            "(the name the sites connect to); others get 400."),
+    allow_self_registration: bool = typer.Option(False, "--allow-self-registration", help="Also forward "
+                                                 "register-node/unregister-node: only for an insecure trial, where "
+                                                 "SuperNodes have no registered key."),
+    access_log: Optional[Path] = typer.Option(None, help="Append the access log (a line per request) to this file "
+                                              "instead of standard output."),
 ) -> None:
-    """Expose only the SuperLink's Fleet API to the network: forward /v1/fleet/ requests to the SuperLink on
-    loopback and answer every other path (Control API: key registration, runs; ServerAppIo API) with 404."""
-    from ..stages import flower_gateway
-    flower_gateway.serve(listen, superlink, certfile, keyfile, ca)
+    """Expose only the SuperLink's Fleet API to the network: forward the Fleet endpoints a site needs (POST, exact
+    paths) to the SuperLink on loopback, and answer everything else here (Control and ServerAppIo APIs included)."""
+    from ..deploy import gateway as gw
+    limits = gw.Limits(max_body=max_body * gw.MiB, header_timeout=header_timeout, idle_timeout=idle_timeout,
+                       max_connections=max_connections)
+    gw.serve(listen, superlink, certfile, keyfile, ca, limits, host_name, allow_self_registration, access_log)
 
 
 @app.command("run")
