@@ -220,3 +220,20 @@ def test_decide_matches_bytes_and_forwards_the_constant():
     assert fr.decide(b"POST", b"/v1/fleet/../control/list-runs", b"x", routes).status == 404
     assert fr.decide(b"POST", b"http://x/v1/fleet/get-run", b"x", routes).status == 400
     assert len(routes) == 10 and len(fr.allowlist(True)) == 12
+
+
+def test_sites_are_a_closed_list():
+    """A node naming a site outside the run's site names is not sampled and is named; two nodes claiming one site
+    are one line naming both; without site names, more nodes than sites is refused."""
+    from fedl2p_cli.errors import FedL2PError
+    from fedl2p_cli.stages.flower_app import Site, federation
+    a, b, x = Site(11, 3, "hospital-a"), Site(12, 5, "hospital-b"), Site(99, 7, "stranger")
+    said = []
+    assert federation([a, x, b], 2, ["hospital-a", "hospital-b"], said.append) == [a, b]
+    assert len(said) == 1 and "SuperNode 99 (site 'stranger', client 7) is not one of the run's sites" in said[0]
+    for twin in (Site(13, 3, "hospital-c"), Site(13, 8, "hospital-a")):
+        with pytest.raises(FedL2PError, match="two SuperNodes claim one site: node 11 .* and node 13"):
+            federation([a, b, twin], 2, None, said.append)
+    with pytest.raises(FedL2PError, match="3 SuperNodes are connected and the run config has 2 sites"):
+        federation([a, b, x], 2, None, said.append)
+    assert federation([a, b], 2, None, said.append) == [a, b]

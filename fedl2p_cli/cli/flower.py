@@ -77,13 +77,16 @@ def run_config(
     rt: Runtime,
     out: Path = typer.Option(..., help="Folder for run.toml, the model copy the ServerApp sends, and the run's results."),
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
+    site_names: Optional[str] = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
+                                             "SuperNodes' node-config site-name): any other node is not sampled."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes
     OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
     meta_stage.check(cfg, rt)
-    rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out, rt)
+    names = options.csv_list(site_names, "--site-names") if site_names is not None else None
+    rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out, rt, names)
     text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items())  # JSON strings and ints are valid TOML
     (out / "run.toml").write_text(text)
     render.console.print(f"run config: {out / 'run.toml'}")
