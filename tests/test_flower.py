@@ -269,6 +269,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
             last = r.stderr.strip().splitlines()[-1]  # the command's own last word, after flwr's
             assert r.returncode == 1 and last.startswith("run failed: round 2: too few clients answered"), r.stderr[-2000:]
             assert f"{names[sites[-1]]}: " in last, last
+            assert "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:]  # the reason, not the ServerApp's frames
             assert len(history.strip().splitlines()) == 2 and not (out / "lambda.safetensors").exists(), history
             assert "run failed: round 2: too few" in (out / "server.log").read_text()
             return

@@ -237,3 +237,13 @@ def test_sites_are_a_closed_list():
     with pytest.raises(FedL2PError, match="3 SuperNodes are connected and the run config has 2 sites"):
         federation([a, b, x], 2, None, said.append)
     assert federation([a, b], 2, None, said.append) == [a, b]
+
+
+def test_flower_run_drops_only_the_tracebacks_of_its_own_one_line_failures():
+    from fedl2p_cli.cli.flower import quiet_own_tracebacks
+    ours = ["ERROR :     ServerApp raised an exception\n", "Traceback (most recent call last):\n",
+            '  File "x.py", line 1, in main\n', "    serve()\n",
+            "fedl2p_cli.errors.FedL2PError: round 2: too few clients answered\n", "run failed: round 2\n"]
+    bug = ["Traceback (most recent call last):\n", '  File "y.py", line 2, in f\n', "ZeroDivisionError: division\n"]
+    assert list(quiet_own_tracebacks(ours)) == [ours[0], ours[-1]]
+    assert list(quiet_own_tracebacks(bug + ["done\n"])) == bug + ["done\n"]

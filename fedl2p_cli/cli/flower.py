@@ -186,6 +186,7 @@ def run(
     run's outcome: 0 when it completed, 1 with the reason when it failed (a round without --min-answers' sites)."""
     import shutil
     import subprocess
+    import sys
     app_dir = app_dir or APP
     if not (app_dir / "pyproject.toml").is_file():
         raise FedL2PError(f"--app {app_dir} is not a Flower app folder (no pyproject.toml)")
@@ -197,7 +198,11 @@ def run(
     (out / "status.json").unlink(missing_ok=True)
     cmd = [flwr, "run", str(app_dir), *([connection] if connection else []), "--run-config",
            str((out / "run.toml").resolve()), "--stream"]
-    code = subprocess.run(cmd).returncode
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in quiet_own_tracebacks(proc.stdout):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    code = proc.returncode
     try:
         status = json.loads((out / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -207,3 +212,22 @@ def run(
         render.err_console.print(f"[red]run {status['status']}:[/red] {status['reason']}", highlight=False)
         raise typer.Exit(1)
     render.console.print(f"run completed: {out / 'lambda.safetensors'}, {out / 'history.csv'}")
+
+
+def quiet_own_tracebacks(lines):
+    """flwr's streamed log, less the tracebacks of this package's own one-line failures (a round without enough
+    sites, a site claimed twice): their reason is this command's last line, so 20 lines of ServerApp frames before
+    it only hide it. Any other traceback (a bug) passes whole."""
+    held: list[str] = []
+    for line in lines:
+        if held:
+            held.append(line)
+            if line[:1] not in (" ", "\t", "") and not line.startswith("Traceback"):  # the exception's own line
+                if "FedL2PError" not in line:
+                    yield from held
+                held = []
+        elif "Traceback (most recent call last):" in line:
+            held = [line]
+        else:
+            yield line
+    yield from held

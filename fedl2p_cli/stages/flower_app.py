@@ -66,6 +66,7 @@ def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites
                           f"{', '.join(site_names)}")
     art, model, state = pretrain_stage.load(store, pretrain_ref)
     out.mkdir(parents=True, exist_ok=True)
+    (out / ".gitignore").write_text("# weights, checkpoints and results of a deployment: never committed\n*\n")
     weights.save(out / "model.safetensors", state, {"pretrain": art.id})
     c = art.config
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
@@ -92,13 +93,15 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     if not path.is_file():
         raise FedL2PError(f"site-dir '{folder}' has no {SITE_FILE}")
     t, meta = weights.load_with_meta(path)
+    client = weights.raw_metadata(path).get("client", meta.get("client"))  # as documented, or as export-site wrote
     want = {"x_train": torch.float32, "y_train": torch.int64, "x_val": torch.float32, "y_val": torch.int64}
     bad = [f"{k} ({t[k].dtype if k in t else 'missing'})" for k, d in want.items() if k not in t or t[k].dtype != d]
-    if bad or "client" not in meta:
-        raise FedL2PError(f"{path} is not a site file: {', '.join(bad) or 'no client id in its metadata'} (see "
-                          "docs/deployment.md, 'A site's data')")
+    if not bad and not str(client).isdigit():
+        bad = [f"metadata 'client' ({client!r}: an integer as a string)"]
+    if bad:
+        raise FedL2PError(f"{path} is not a site file: {', '.join(bad)} (see docs/deployment.md, 'A site's data')")
     empty = (t["x_train"][:0], t["y_train"][:0])
-    return int(meta["client"]), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
+    return int(client), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
 
 
 def site_name(node_config) -> str:
