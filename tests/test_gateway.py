@@ -63,11 +63,16 @@ class Running:
             asyncio.set_event_loop(self.loop)
             g = gw.Gateway(up, False, fr.allowlist(kw.get("self_registration", False)), limits,
                            gw.AccessLog(self.out), kw.get("host_name"))
-            self.task = self.loop.create_task(gw.run("127.0.0.1", self.port, g, None, ready.set))
+            self.task = self.loop.create_task(gw.run("127.0.0.1", self.port, g, kw.get("tls"), ready.set))
             try:
                 self.loop.run_until_complete(self.task)
             except asyncio.CancelledError:
                 pass
+            rest = asyncio.all_tasks(self.loop)  # open connections: cancelled and awaited, so none is left pending
+            for t in rest:
+                t.cancel()
+            self.loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            self.loop.close()
 
         self.thread = threading.Thread(target=main, daemon=True)
         self.thread.start()
@@ -247,3 +252,26 @@ def test_flower_run_drops_only_the_tracebacks_of_its_own_one_line_failures():
     bug = ["Traceback (most recent call last):\n", '  File "y.py", line 2, in f\n', "ZeroDivisionError: division\n"]
     assert list(quiet_own_tracebacks(ours)) == [ours[0], ours[-1]]
     assert list(quiet_own_tracebacks(bug + ["done\n"])) == bug + ["done\n"]
+
+
+def test_tls_handshakes_that_fail_are_one_log_line_and_tls_calls_pass(upstream, tmp_path):
+    pytest.importorskip("cryptography")
+    import ssl
+
+    from fedl2p_cli.stages import flower_certs
+    flower_certs.make(tmp_path, 1, ["127.0.0.1"])
+    g = Running(upstream, LIMITS, tls=gw.server_tls(tmp_path / "server.pem", tmp_path / "server.key"))
+    try:
+        assert g.send(request(b"/v1/fleet/get-run")) == b""  # plain HTTP on the TLS port
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as s:  # a client that never says hello
+            assert read_all(s) == b""
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(request(b"/v1/fleet/get-run") + request(b"/v1/fleet/../control/list-runs"))
+            reply = read_all(s)
+        assert reply.count(b"HTTP/1.1 200") == 1 and b"HTTP/1.1 404" in reply
+        lines = g.out.getvalue().splitlines()
+        assert sum("TLS handshake failed" in ln for ln in lines) == 2, lines
+    finally:
+        g.stop()

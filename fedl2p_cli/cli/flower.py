@@ -14,12 +14,22 @@ from . import options, render
 from ..runtime import Runtime
 from .generate import config_command
 
-app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `fedl2p flower app DIR` writes the Flower "
-                  "app, `flwr run DIR` runs it against a SuperLink "
+app = typer.Typer(help="Deploy FedL2P meta-training with Flower: `fedl2p flower run-config` writes a run, "
+                  "`fedl2p flower gateway` exposes only the Fleet API, `fedl2p flower run` runs it against a SuperLink "
                   "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
                   "authentication (`credentials` makes test credentials for a trial); Flower's insecure mode "
                   "(--insecure) sends everything in clear and lets anyone join: loopback only.", no_args_is_help=True)
 flower_app = options.Lazy("fedl2p_cli.stages.flower_app")
+# what the server and the sites' operators run outside the store: no model, dataset or method, so neither plugins nor
+# torch are loaded (the gateway is a long-lived process facing the network: it stays small)
+NO_PIECES = {"app", "credentials", "keygen", "gateway", "run"}
+
+
+@app.callback()
+def _pieces(ctx: typer.Context) -> None:
+    from .generate import load_pieces
+    if ctx.invoked_subcommand not in NO_PIECES:
+        load_pieces(ctx)
 meta_stage = options.Lazy("fedl2p_cli.stages.meta_train")
 
 
@@ -153,7 +163,7 @@ def gateway(
     keyfile: Optional[Path] = typer.Option(None, help="Its private key (server.key)."),
     ca: Optional[Path] = typer.Option(None, help="The CA certificate that signed it (ca.crt); none of the three: an "
                                       "insecure loopback trial."),
-    max_body: int = typer.Option(64, min=1, help="Largest request body in MiB, refused (413) before it is read."),
+    max_body: int = typer.Option(4, min=1, help="Largest request body in MiB, refused (413) before it is read."),
     header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a connection may take to send a request's "
                                          "head (and its TLS handshake)."),
     idle_timeout: float = typer.Option(60.0, min=0.1, help="Seconds an idle connection, or a stalled body, is kept."),

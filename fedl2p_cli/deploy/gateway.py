@@ -41,7 +41,7 @@ HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"
 @dataclass(frozen=True)
 class Limits:
     """Bounds applied to every request before it is forwarded (`fedl2p flower gateway --help` documents each)."""
-    max_body: int = 64 * MiB
+    max_body: int = 4 * MiB
     header_timeout: float = 10.0
     idle_timeout: float = 60.0
     max_connections: int = 128
@@ -89,6 +89,7 @@ class Gateway:
         self.routes, self.limits, self.log, self.host_name = routes, limits, log, host_name
         self.client = httpx.AsyncClient(base_url=upstream, verify=verify, timeout=limits.upstream_timeout)
         self.active = 0
+        self.tls: ssl.SSLContext | None = None  # set by `run`: the handshake happens here, so it is bounded and logged
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
@@ -99,6 +100,8 @@ class Gateway:
             return
         self.active += 1
         try:
+            if self.tls is not None and not await self._handshake(writer, peer):
+                return
             await self._serve(reader, writer, peer)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
             pass  # the peer went away or stalled: nothing to answer
@@ -107,6 +110,17 @@ class Gateway:
         finally:
             self.active -= 1
             await _close(writer)
+
+    async def _handshake(self, writer, peer: str) -> bool:
+        """TLS on the accepted connection, within `header_timeout`; a failure (plain HTTP on the TLS port, a client
+        that never speaks, a bad client hello) is one log line."""
+        try:
+            await writer.start_tls(self.tls, ssl_handshake_timeout=self.limits.header_timeout)
+            return True
+        except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as e:
+            why = getattr(e, "reason", None)
+            self.log.line(f"{peer} TLS handshake failed: {type(e).__name__}" + (f": {why}" if why else ""))
+            return False
 
     async def _serve(self, reader, writer, peer: str) -> None:
         """Requests on one connection, in turn: the head, the decision (before a byte of the body is read), the body,
@@ -256,8 +270,8 @@ def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
 
 async def run(host: str, port: int, gateway: Gateway, tls: ssl.SSLContext | None,
               ready: Callable[[], None] = lambda: None) -> None:
-    server = await asyncio.start_server(gateway.connection, host, port, ssl=tls, limit=gateway.limits.max_header,
-                                        ssl_handshake_timeout=gateway.limits.header_timeout if tls else None)
+    gateway.tls = tls
+    server = await asyncio.start_server(gateway.connection, host, port, limit=gateway.limits.max_header)
     ready()
     async with server:
         await server.serve_forever()
