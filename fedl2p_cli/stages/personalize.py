@@ -339,6 +339,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, pre_art.id)
         h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
+        methods.check.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
