@@ -282,8 +282,10 @@ def check_available(records: list[dict], what: str) -> None:
 
 
 def _importable(module: str) -> bool:
+    """Whether `module`'s top-level package is installed, without importing anything (find_spec of a dotted name
+    imports its parents: an artifact's text must not run code)."""
     import importlib.util
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module.split(".")[0]) is not None
     except (ImportError, ValueError):
         return False

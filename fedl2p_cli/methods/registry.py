@@ -66,9 +66,11 @@ class HandMade(Method):
         """Its Strategy at `factor` x its LR; LR 0 for the parameter tensors of `model` its `tensors` leaves out."""
         import torch
         from ..core.finetune import Strategy
+        from . import check
+        check.rate(self)
         lr = torch.full((n_p,), base_lr * self.lr_factor * factor)
         if self.tensors is not None:
-            chosen = set(self.tensors(model))
+            chosen = check.tensors(self, model)
             lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()], dtype=lr.dtype)
         return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
 
