@@ -218,10 +218,14 @@ def _entry_points() -> None:
             _register(plugin, _register_fn(obj, module))
         except PluginError as e:
             BROKEN.append(str(e))
-            warn(f"{e}; its pieces are unavailable (pip uninstall {plugin.dist} to silence this)")
+            if not os.environ.get(_WARNED):  # once: not again in each worker process this one starts
+                warn(f"{e}; its pieces are unavailable (pip uninstall {plugin.dist} to silence this)")
+    if BROKEN:
+        os.environ[_WARNED] = "1"
 
 
 BROKEN: list[str] = []  # the installed plugins that failed to load, one line each
+_WARNED = "FEDL2P_BROKEN_PLUGINS_WARNED"
 
 
 def warn(line: str) -> None:
