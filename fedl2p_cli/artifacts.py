@@ -302,7 +302,9 @@ class Store:
         except (OSError, json.JSONDecodeError) as e:
             raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and re-run `fedl2p {stage}`") from None
 
-    def load(self, stage: str, ref: str | None = None, verify: bool = True) -> Artifact:
+    def load(self, stage: str, ref: str | None = None, verify: bool = True, plugins: bool = True) -> Artifact:
+        """The artifact, its files verified (`verify`) and, with `plugins`, the plugins it was made with loaded here
+        (what reads only its files, such as a report, needs none)."""
         aid = self.resolve(stage, ref)
         manifest = self._manifest(stage, aid)
         art = Artifact(self.root / stage / aid, manifest)
@@ -310,7 +312,7 @@ class Store:
             raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads {SCHEMA_VERSION}; re-run `fedl2p {stage}`")
         if verify:
             self.verify(art)
-            if manifest.get("plugins"):
+            if plugins and manifest.get("plugins"):
                 from .plugins import check_available
                 check_available(manifest["plugins"], f"artifact {stage}/{aid}")
         return art

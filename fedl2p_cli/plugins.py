@@ -201,6 +201,8 @@ def load_module(spec: str, how: str = "--plugin") -> Plugin:
 
 
 def _entry_points() -> None:
+    """Every installed plugin. One that fails (to import, or in register) is left out with a warning: a command that
+    needs none of its pieces runs, one that does finds its piece unknown (store inspection, --help, `run tiny`)."""
     for ep in sorted(md.entry_points(group=GROUP), key=lambda e: (e.value, e.name)):
         module = ep.value.partition(":")[0].strip()
         if module in _LOADED or module == BUILTIN:
@@ -208,11 +210,27 @@ def _entry_points() -> None:
         dist = getattr(ep, "dist", None)
         plugin = Plugin(module, dist.name if dist else None, dist.version if dist else None)
         try:
-            obj = ep.load()
-        except Exception as e:  # noqa: BLE001
-            raise PluginError(f"plugin '{module}' (entry point '{ep.name}' of {plugin.dist}) failed to import: "
-                              f"{e.__class__.__name__}: {e}") from None
-        _register(plugin, _register_fn(obj, module))
+            try:
+                obj = ep.load()
+            except Exception as e:  # noqa: BLE001
+                raise PluginError(f"plugin '{module}' (entry point '{ep.name}' of {plugin.dist}) failed to import: "
+                                  f"{e.__class__.__name__}: {e}") from None
+            _register(plugin, _register_fn(obj, module))
+        except PluginError as e:
+            BROKEN.append(str(e))
+            if not os.environ.get(_WARNED):  # once: not again in each worker process this one starts
+                warn(f"{e}; its pieces are unavailable (pip uninstall {plugin.dist} to silence this)")
+    if BROKEN:
+        os.environ[_WARNED] = "1"
+
+
+BROKEN: list[str] = []  # the installed plugins that failed to load, one line each
+_WARNED = "FEDL2P_BROKEN_PLUGINS_WARNED"
+
+
+def warn(line: str) -> None:
+    import sys
+    print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def from_env() -> list[str]:

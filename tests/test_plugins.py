@@ -6,6 +6,7 @@ a subprocess: a plugin's registration is per process, and the suite's own proces
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -146,3 +147,30 @@ def test_a_model_without_batchnorm_is_refused_and_nothing_written(site):
 def test_the_manifest_of_a_builtin_artifact_names_no_plugin(site):
     art = site["store"].load("partition", site["partition"])
     assert "plugins" not in art.manifest and json.loads((art.path / "manifest.json").read_text())["id"] == art.id
+
+
+def test_a_broken_installed_plugin_warns_where_none_of_its_pieces_is_needed(site, tmp_path):
+    """An installed plugin with a mistyped entry point stopped every command (`artifacts list` and `run tiny`
+    included); now one warning line, and the command runs (issue 51)."""
+    broken = tmp_path / "broken"
+    info = broken / "fedl2p_tp_typo-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fedl2p-tp-typo\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[fedl2p.plugins]\ntypo = tp_tpyo_mistyped\n")
+    r = cli(["artifacts", "list"], broken, store=site["store"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 0 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("warning: plugin 'tp_tpyo_mistyped' (entry point 'typo' of fedl2p-tp-typo) failed to "
+                               "import: ModuleNotFoundError") and site["partition"] in r.stdout
+
+
+def test_a_report_opens_without_the_plugins_its_artifacts_were_made_with(site, tmp_path):
+    store = Store(tmp_path / "s")
+    shutil.copytree(site["store"].root, store.root)
+    r = cli(["pretrain", "--model", "tp-net", "--rounds", "1", "--fraction", "1"], site["installed"], store=store)
+    assert r.returncode == 0, r.stderr
+    pre = store.load("pretrain", verify=False).id
+    r = cli(["report", pre], None, store=store)  # the plugin uninstalled: the page reads files only
+    assert r.returncode == 0 and "wrote report artifact" in r.stdout, r.stderr
+    r = cli(["report", pre], None, store=store)
+    assert r.returncode == 0 and "reused report artifact" in r.stdout, r.stderr

@@ -25,11 +25,11 @@ def allowed_modules() -> list[str]:
 
 
 def allow(ref: str | None) -> None:
-    """The user named `ref` (a model `package.module:factory`, or a module): its module may be imported here and in
-    the workers this process starts. A registered model's name allows nothing (the registry holds its code)."""
+    """The user named `ref` (a model `package.module:factory`, or a module with --allow-import): its module may be
+    imported here and in the workers this process starts."""
     if not ref:
         return
-    module = ref.partition(":")[0] if ":" in ref else ref
+    module = ref.partition(":")[0]
     have = allowed_modules()
     if module not in have:
         os.environ[ENV] = ",".join([*have, module])

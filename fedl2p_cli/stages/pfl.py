@@ -48,7 +48,8 @@ def identity(cfg: PFLConfig) -> dict:
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
         progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
-    guard.allow(cfg.model)  # named by the user
+    if ":" in cfg.model:  # named by the user
+        guard.allow(cfg.model)
     check(cfg)
     runtime = runtime or Runtime()
     part_art, part = partition_stage.load(store, partition_ref)

@@ -183,7 +183,8 @@ def write_history(path: Path, history: list[dict]) -> None:
 def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
         progress: Progress | None = None, plot: bool = True, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     runtime = runtime or Runtime()
-    guard.allow(cfg.model)  # named by the user (--model, a pipeline's model): the later stages may build it
+    if ":" in cfg.model:  # named by the user (--model, a pipeline's model): the later stages may build it
+        guard.allow(cfg.model)
     check(cfg, runtime)
     if cfg.init:
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None

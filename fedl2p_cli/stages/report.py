@@ -69,7 +69,7 @@ def find(store: Store, ref: str) -> Artifact:
         raise ArtifactError(f"no artifact with id '{ref}' in {store.root} (see `fedl2p artifacts list`)")
     if len(hits) > 1:
         raise ArtifactError(f"id prefix '{ref}' is ambiguous: {', '.join(f'{s}/{i}' for s, i in hits)}")
-    return store.load(*hits[0])
+    return store.load(*hits[0], plugins=False)  # a report reads files: the plugins that made them need not be here
 
 
 def lineage(store: Store, art: Artifact) -> list[Artifact]:
@@ -81,9 +81,9 @@ def lineage(store: Store, art: Artifact) -> list[Artifact]:
         if a.id in out:
             continue
         out[a.id] = a
-        todo += [store.load(k.split(":")[0], v) for k, v in a.parents.items()]
+        todo += [store.load(k.split(":")[0], v, plugins=False) for k, v in a.parents.items()]
         if a.stage == "partition" and a.config.get("exclude"):
-            todo.append(store.load("partition", a.config["exclude"]))
+            todo.append(store.load("partition", a.config["exclude"], plugins=False))
     return sorted(out.values(), key=lambda a: (STAGES.index(a.stage), a.age))
 
 
@@ -121,6 +121,7 @@ def run(sections: list[Section], store: Store, force: bool = False) -> tuple[Art
     def build(draft: Draft) -> None:
         draft.path("report.html").write_text(render(sections, store), encoding="utf-8")
         draft.metrics = {"sections": [s.name for s in sections], "artifacts": len(parents)}
+        draft.plugins = []  # a page: opening it again needs none of the plugins its artifacts were made with
 
     return build_or_reuse(store, "report", config, parents, build, force)
 
@@ -214,7 +215,7 @@ def pool_detail_html(store: Store, a: Artifact) -> str:
     side = [H.table(["method", *doms], [[methods.label(m), *[f"{100 * v['per_domain'][d]:.2f}" if d in v["per_domain"]
                                                               else "—" for d in doms]] for m, v in s["methods"].items()],
                     f"Accuracy (%) per domain, {s['pool']} clients")]
-    names = stats_h5.read(store.load("stats", a.parents["stats"]).file("stats.h5")).param_names
+    names = stats_h5.read(store.load("stats", a.parents["stats"], plugins=False).file("stats.h5")).param_names
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
             title, cols, brows = beta_table(m, v["beta_per_domain"])
