@@ -31,3 +31,19 @@ def test_the_steps_create_the_state_folder_and_name_the_sites():
     text = DOC.read_text()
     assert "mkdir -p -m 700 ~/fedl2p-state" in text.split("flower-superlink --ssl-ca-certfile")[0]
     assert "--site-names" in text and "fedl2p flower app flower_app" not in text
+
+
+def test_a_site_imports_only_the_modules_it_allows(monkeypatch):
+    """The server's run config names the model and plugins; a site imports none of them unless it allows it."""
+    import pytest
+
+    from fedl2p_cli.errors import FedL2PError
+    monkeypatch.delenv("FEDL2P_ALLOW_IMPORT", raising=False)
+    builtin = {"model": "cnn", "plugins": []}
+    assert flower_app.site_code(builtin, {}) == []
+    foreign = {"model": "evil.payload:build", "plugins": ["evil_plugin"]}
+    with pytest.raises(FedL2PError, match="import evil_plugin, evil.payload: if the site trusts it"):
+        flower_app.site_code(foreign, {})
+    assert flower_app.site_code(foreign, {"allow-import": "evil_plugin,evil"}) == ["evil_plugin"]
+    monkeypatch.setenv("FEDL2P_ALLOW_IMPORT", "evil_plugin,evil.payload")
+    assert flower_app.site_code(foreign, {}) == ["evil_plugin"]

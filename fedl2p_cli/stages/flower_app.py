@@ -109,12 +109,29 @@ def site_name(node_config) -> str:
     return str(node_config.get("site-name") or Path(str(node_config["site-dir"])).resolve().name)
 
 
-def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, runtime: Runtime):
+def site_code(spec: dict, node_config) -> list[str]:
+    """The run's plugins, after checking that the site itself allows every module the run config asks it to import
+    (its plugins, a `package.module:factory` model): node-config `allow-import` (comma-separated modules) or the
+    site's FEDL2P_ALLOW_IMPORT. A server's text never chooses the code a site runs."""
+    from ..models import guard
+    mine = [m.strip() for m in str(node_config.get("allow-import", "")).split(",") if m.strip()]
+    mine += guard.allowed_modules()
+    model = str(spec["model"])
+    asked = [*spec.get("plugins", []), *([model.partition(":")[0]] if ":" in model else [])]
+    missing = [m for m in dict.fromkeys(asked) if not any(m == a or m.startswith(a + ".") for a in mine)]
+    if missing:
+        raise FedL2PError(f"the run asks this site to import {', '.join(missing)}: if the site trusts it, start its "
+                          f"SuperNode with --node-config \"allow-import='{','.join(missing)}'\"")
+    return list(spec.get("plugins", []))
+
+
+def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, runtime: Runtime,
+                node_config=None):
     """One site's meta-train client update, from its own data and statistics, on the runtime's device (the site's own:
     `site_runtime`). The reply goes back from the CPU."""
     runtime.apply(threads=1)
     dev = runtime.torch_device
-    plugins.load(spec.get("plugins", []), "the run config's plugins")  # a site knows the server's models
+    plugins.load(site_code(spec, node_config or {}), "the run config's plugins")  # a site knows the server's models
     c, data = load_site(folder)
     model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])
     set_state(model, theta)
@@ -154,7 +171,7 @@ def build_client_app(reply=None):
     def train(msg, context):
         spec, theta, lam, rnd, cfg_dict, sent = unrecord(msg.content)
         done = site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict,
-                           site_runtime(sent, context.node_config))
+                           site_runtime(sent, context.node_config), context.node_config)
         if reply is not None:
             done = reply(done, lam, context.node_config)
         return Message(records(done), reply_to=msg)
