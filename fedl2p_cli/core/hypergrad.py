@@ -120,7 +120,9 @@ def spectral_radius_estimate(h: Tensor) -> Tensor:
     if m == 0:
         return h.new_zeros(())
     t = h[:m, :m]
-    return torch.linalg.eigvalsh((t + t.T) / 2).abs().max()
+    finite = torch.isfinite(t).all()  # a diverged fine-tuning: NaN on to the meta-gradient, which reports it
+    est = torch.linalg.eigvalsh(torch.where(finite, (t + t.T) / 2, 0.0)).abs().max()
+    return torch.where(finite, est, float("nan"))
 
 
 def neumann_coefficients(h: Tensor, psi: Tensor, q: int) -> Tensor:
