@@ -61,7 +61,8 @@ def _global(ctx: typer.Context,
     from .generate import fill_plugin_help
     LOCK_WAIT.timeout = lock_timeout
     plugins.load(plugin or [])
-    fill_plugin_help(ctx.find_root().command, plugins.pieces())
+    render.plugin_notes()
+    fill_plugin_help(ctx.find_root().command, plugins.current().pieces())
     tracking.use(track, track_uri)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .. import plugins
-from ..errors import DataError, FedL2PError
+from ..errors import DataError
 
 if TYPE_CHECKING:
     from ..configs import PartitionConfig
@@ -48,29 +48,12 @@ class Source:
         return self.images_of or self.name
 
 
-_SOURCES: dict[str, Source] = {}
-
-
-def add(source: Source, plugin: Any = None) -> None:
-    """Called by plugins.Registry.add_dataset (which refuses a name already taken)."""
-    if not callable(source.load):
-        raise plugins.PluginError(f"dataset '{source.name}': its load is not callable")
-    _SOURCES[source.name] = source
-
-
-def sources() -> dict[str, Source]:
-    plugins.ensure()
-    return _SOURCES
-
-
 def names() -> tuple[str, ...]:
-    return tuple(sources())
+    return tuple(plugins.current().names("dataset"))
 
 
 def get(name: str) -> Source:
-    if name not in sources():
-        raise FedL2PError(f"unknown dataset '{name}' (--dataset); choose one of: {', '.join(_SOURCES)}")
-    return _SOURCES[name]
+    return plugins.current().get("dataset", name)
 
 
 def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":

@@ -39,7 +39,7 @@ STAGES = (None, "meta-train", "pfl")  # rows in this order: no artifact (hand-ma
 
 def fixed(m: str) -> bool:
     """A hand-made method: one strategy for every client (the registry's HandMade)."""
-    return isinstance(methods.get(m), methods.HandMade)
+    return isinstance(methods.find(m), methods.HandMade)
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Setup:
             given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
             out += [method_of(a).prepare(self, a) for a in given]
             for m in self.cfg.methods:
-                kind = methods.get(m)
+                kind = methods.find(m)
                 if (kind.trained_by if kind else "meta-train") == stage and not any(stands_for(a, m) for a in given):
                     out.append(self.requested(m, kind))
         return list({r.name: r for r in out}.values())
@@ -187,7 +187,7 @@ def stands_for(art: Artifact, name: str) -> bool:
     """A requested name that an artifact given by id answers: its own name (variant, algorithm), or the learned
     method it belongs to (`--methods fedl2p --meta ID` of any fedl2p variant)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
-    return name == own or method_of(art) is methods.get(name)
+    return name == own or method_of(art) is methods.find(name)
 
 
 def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress) -> results_h5.Results:
@@ -261,7 +261,7 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
                 diff = np.nanmean(r.acc_after[i] - r.acc_after[bi], axis=0)  # per client, over seeds
                 rows[m]["vs_best_baseline"] = float(np.nanmean(diff))
                 rows[m]["clients_better"] = float(np.mean(diff[~np.isnan(diff)] > 0))
-    tuned = next((m for m in r.methods if isinstance(methods.get(m), methods.Tuned)), None)
+    tuned = next((m for m in r.methods if isinstance(methods.find(m), methods.Tuned)), None)
     if tuned is not None:
         ti = r.methods.index(tuned)
         for i, m in enumerate(r.methods):
