@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .data.datasets import Dataset, channel_stats
     from .device import to_host
     from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
-    from .engine.rounds import Failed, RoundStrategy, Task, in_process, run_rounds
+    from .engine.rounds import Failed, RoundObserver, RoundStrategy, Task, in_process, run_rounds
     from .io.partition_h5 import Partition
     from .runtime import Runtime
     from .stages.common import Progress
@@ -62,6 +62,7 @@ _LAZY = {
     "generator": ("engine.loop", "generator"), "group_of": ("engine.loop", "group_of"), "nest": ("engine.loop", "nest"),
     "sample_clients": ("engine.loop", "sample_clients"),
     "Failed": ("engine.rounds", "Failed"), "RoundStrategy": ("engine.rounds", "RoundStrategy"),
+    "RoundObserver": ("engine.rounds", "RoundObserver"),
     "Task": ("engine.rounds", "Task"), "in_process": ("engine.rounds", "in_process"),
     "run_rounds": ("engine.rounds", "run_rounds"),
     "Partition": ("io.partition_h5", "Partition"), "Runtime": ("runtime", "Runtime"),
@@ -171,7 +172,7 @@ __all__ = [
     "Setup", "Row", "ClientContext", "Client", "Trial",
     # what a pFL system or a pretraining algorithm is handed and uses
     "PFLConfig", "PartitionConfig", "Partition", "ClientData", "Runtime", "Progress", "Checkpoint", "Draft", "Artifact",
-    "TrainedSystem", "RoundStrategy", "Task", "Failed", "LoopState", "Timer", "run_rounds", "in_process",
+    "TrainedSystem", "RoundStrategy", "Task", "Failed", "LoopState", "Timer", "RoundObserver", "run_rounds", "in_process",
     "sample_clients", "generator", "batch_stream", "nest", "group_of",
     "build_model", "is_batchnorm", "get_state", "set_state", "evaluate", "epochs_of_batches", "mean_loss",
     "weighted_average", "LocalConfig", "sgd_client", "to_device", "to_host", "save_weights", "load_weights",
