@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-accuracy bench-pfl bench-reference clean-artifacts
+.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-gateway bench-accuracy bench-pfl bench-reference clean-artifacts
 
 setup: $(STAMP)
 	@$(BIN)/python -m fedl2p_cli.data.provision || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -61,6 +61,9 @@ bench: $(STAMP) data
 
 bench-gpu: $(STAMP)  # needs a CUDA GPU (prints a line and exits without one); writes bench/gpu.json
 	$(BIN)/python bench/gpu.py
+
+bench-gateway: $(FLVENV)/.installed  # the Fleet gateway: memory under a 256 MB body, requests/s vs the SuperLink
+	$(FLVENV)/bin/python bench/gateway.py $(ARGS)
 
 bench-accuracy: $(STAMP) data
 	$(BIN)/python bench/accuracy.py

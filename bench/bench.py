@@ -122,15 +122,40 @@ def _hyper_setup(name: str):
     return m, theta, lam, hyper, batch, bn, Strategy(beta, eta)
 
 
+DEFAULT_IFT = "--meta-grad ift --hessian fo --ift-at star --q 3 --psi-power 3 --scale-by-psi --eta-grad last-step"
+
+
+def default_meta_gradient(m, theta_prev, after, grad, lam, hyper, batch, bn):
+    """`fedl2p meta-train`'s default meta-gradient (DEFAULT_IFT, MetaConfig's values) after the fine-tuning step
+    theta_prev -> after with gradient `grad`, as `algorithms.fedl2p.meta_gradient` calls it."""
+    from fedl2p_cli.core.hypergrad import ift_hypergradient
+    from fedl2p_cli.core.settings import MetaConfig
+    c = MetaConfig()
+    assert (c.meta_grad, c.hessian, c.ift_at, c.q, c.psi_power, c.scale_by_psi, c.eta_grad) == \
+        ("ift", "fo", "star", 3, 3, True, "last-step"), "DEFAULT_IFT no longer names the defaults"
+    return lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, c.q, c.psi, c.scale_by_psi, c.hessian,
+                                     c.psi_power, val_stats=c.val_stats, eta_step=list(grad))
+
+
+def products(fn) -> dict:
+    """First-order gradients and second-order (Hessian-vector, mixed) products of one call (bench/counting.py)."""
+    from counting import count_backward
+    with count_backward() as c:
+        fn()
+    return {"first_order": c.first_order, "second_order": c.second_order}
+
+
 def bench_hypergrad(name: str) -> dict:
-    """The hypergradient (fo, exact; fo with --ift-at last-step) and FOMAML+ / one of *our* beta-mixed SGD steps, timed
-    in turns (see `interleaved`: timing them one after the other let the machine's drift bias the ratios by up to
-    30% on ResNet-18); peak RSS after the first fo and after the first exact hypergradient."""
+    """The default meta-gradient (DEFAULT_IFT), the hypergradient (fo, exact; fo with --ift-at last-step, all at the
+    paper's fixed psi) and FOMAML+ / one of *our* beta-mixed SGD steps, timed in turns (see `interleaved`: timing them
+    one after the other let the machine's drift bias the ratios by up to 30% on ResNet-18); the default's and FOMAML+'s
+    counts of backward passes; peak RSS after the first fo and after the first exact hypergradient."""
     from fedl2p_cli.core.finetune import ClientBN, sgd_step, step_with_grad
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     m, theta, lam, hyper, batch, bn, s = _hyper_setup(name)
     after, _, grad = step_with_grad(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var)))
     fns = {"sgd": lambda: sgd_step(m, theta, *batch, s, ClientBN(list(bn.mean), list(bn.var))),
+           "hypergrad_default": default_meta_gradient(m, theta, after, grad, lam, hyper, batch, bn),
            "hypergrad_fo": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="fo"),
            "hypergrad_exact": lambda: ift_hypergradient(m, theta, lam, hyper, batch, batch, bn, hessian="exact"),
            "hypergrad_fo_laststep": lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, hessian="fo",
@@ -141,6 +166,8 @@ def bench_hypergrad(name: str) -> dict:
         out[f"rss_before_{hess}_mb"] = peak_rss_mb()
         fns[f"hypergrad_{hess}"]()
         out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
+    out |= {"default_ift": DEFAULT_IFT, "hypergrad_default_products": products(fns["hypergrad_default"]),
+            "fomaml_products": products(fns["fomaml"])}
     t = interleaved(fns, 10 if name == "small-cnn" else 2)
     return out | {"sgd_step_s": t["sgd"], **{f"{k}_ratio": v / t["sgd"] for k, v in t.items() if k != "sgd"}}
 
@@ -245,9 +272,11 @@ def bench_client_round() -> dict:
         cfg = MetaConfig(iterations=1, epochs=5, batch_size=32, base_lr=0.01, **kw)
         return lambda: client_update(m, theta, lam, xi, xs, bn0, data, cfg, torch.Generator().manual_seed(0))
 
-    t = interleaved({"plain_finetune": plain_finetune, "ift_fo": ours(), "ift_fo_laststep": ours(ift_at="last-step"),
-                     "fomaml": ours(meta_grad="fomaml")}, 11)
-    return {"train_samples": len(yt), "plain_finetune_s": t["plain_finetune"],
+    fns = {"plain_finetune": plain_finetune, "ift_fo": ours(), "ift_fo_laststep": ours(ift_at="last-step"),
+           "fomaml": ours(meta_grad="fomaml")}
+    counts = {f"{k}_products": products(fns[k]) for k in ("ift_fo", "fomaml")}
+    t = interleaved(fns, 11)
+    return {"train_samples": len(yt), "plain_finetune_s": t["plain_finetune"], "default_ift": DEFAULT_IFT, **counts,
             **{f"{k}_round_s": v for k, v in t.items() if k != "plain_finetune"}, "peak_rss_mb": peak_rss_mb()}
 
 
@@ -385,7 +414,7 @@ def main() -> None:
 def show(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
-    t = Table(title="fedl2p bench (ratios measured in one run)")
+    t = Table(title="fedl2p bench (ratios measured in one run)", caption=f"default meta-gradient: fedl2p meta-train {DEFAULT_IFT}")
     t.add_column("measure")
     t.add_column("value", justify="right")
     t.add_column("goal", justify="right")
@@ -399,6 +428,9 @@ def show(r: dict) -> None:
     add("engine overhead per pretraining round", g("engine", "engine_overhead_fraction"), "< 0.10", "{:.1%}")
     add("stats throughput / plain forward", g("stats", "stats_throughput_vs_forward"), ">= 0.8", "{:.2f}")
     for key, label in (("hypergrad_small", "small-cnn"), ("hypergrad_resnet18", "resnet18-cifar")):
+        add(f"default meta-gradient / SGD step, {label}", g(key, "hypergrad_default_ratio"), "<= 12", "{:.1f}x")
+        n = g(key, "hypergrad_default_products")
+        add("  its second-order products (first-order gradients)", n and f"{n['second_order']} ({n['first_order']})", "4", "{}")
         add(f"hypergradient fo / SGD step, {label}", g(key, "hypergrad_fo_ratio"), "<= 12", "{:.1f}x")
         add(f"hypergradient fo, --ift-at last-step / SGD step, {label}", g(key, "hypergrad_fo_laststep_ratio"), "<= 8", "{:.1f}x")
         add(f"hypergradient exact / SGD step, {label}", g(key, "hypergrad_exact_ratio"), "", "{:.1f}x")
@@ -415,7 +447,7 @@ def show(r: dict) -> None:
     cr = r.get("client_round") or {}
     if "plain_finetune_s" in cr:
         add(f"plain PyTorch fine-tuning, e=5 on {cr['train_samples']} samples (s)", cr["plain_finetune_s"], "", "{:.3f}")
-        for k, label in (("ift_fo", "IFT fo"), ("ift_fo_laststep", "IFT fo, --ift-at last-step"), ("fomaml", "FOMAML+")):
+        for k, label in (("ift_fo", "default IFT"), ("ift_fo_laststep", "IFT fo, --ift-at last-step"), ("fomaml", "FOMAML+")):
             add(f"  whole client round, K=1, {label} (s)", cr[f"{k}_round_s"], "", "{:.3f}")
             add("    ÷ plain fine-tuning", cr[f"{k}_round_s"] / cr["plain_finetune_s"], "", "{:.2f}x")
     for k, v in (r.get("workers", {}).get("workers") or {}).items():

@@ -225,9 +225,10 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     rt = Runtime(round_timeout=60.0 if lost else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(store, tiny_store["pretrain"].id, cfg,
-                                                                      len(sites), out, rt)))
-    fed = Loopback(tmp_path, secure, gateway=secure, database=tmp_path / "state.db" if restarted else None)
+    extra = mode == "tls-auth-gateway"  # a registered node that is not one of the run's sites
+    (out / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(
+        store, tiny_store["pretrain"].id, cfg, len(sites), out, rt, [names[c] for c in sites] if extra else None)))
+    fed = Loopback(tmp_path, secure, gateway=secure, database=tmp_path / "state.db" if restarted else None, sites=4)
     app = REPO / ("tests/flower_rehearsal" if fault in ("nan", "shape", "scale100") else "fedl2p_cli/flower_app")
     run_cmd = [str(fed.bin / "fedl2p"), "flower", "run", str(out), "--app", str(app), "--connection", "loopback"]
     try:
@@ -243,8 +244,17 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
             reg, ls = fed.register(3, via="sites-address"), fed.flwr("ls", "sites-address")
             assert reg.returncode != 0 and "404" in reg.stdout + reg.stderr, reg.stdout[-2000:] + reg.stderr[-2000:]
             assert ls.returncode != 0 or "404" in ls.stdout + ls.stderr, ls.stdout[-2000:]
+            # nor through any spelling of a path around the Fleet API (tests/test_gateway.py has the whole list)
+            for target in (b"/v1/fleet/../control/register-node", b"/v1/fleet/%2e%2e/control/list-runs",
+                           b"http://x/v1/fleet/../control/stop-run", b"/v1/fleet/register-node"):
+                assert _through_gateway(fed, target) in (400, 404), target
             # and an unregistered SuperNode (the right CA and address, no registered key) is refused
-            fed.start_node(9, tmp_path / f"site{sites[0]}", "intruder", key=3, retries=2)
+            fed.start_node(9, tmp_path / f"site{sites[0]}", "intruder", key=4, retries=2)
+        if extra:  # registered by the operator, but not named in the run config's site names: never sampled
+            other = part.pool(False)[2]
+            flower_app.export_site(part.client(other), other, tmp_path / f"site{other}")
+            assert fed.register(3).returncode == 0
+            fed.start_node(3, tmp_path / f"site{other}", "hospital-x")
         if killed or restarted:
             reached = _crash_after_a_round(fed, run_cmd, out, *(["superlink"] if restarted else []))
             assert 1 <= reached < rounds and not (out / "lambda.safetensors").exists()
@@ -259,6 +269,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
             last = r.stderr.strip().splitlines()[-1]  # the command's own last word, after flwr's
             assert r.returncode == 1 and last.startswith("run failed: round 2: too few clients answered"), r.stderr[-2000:]
             assert f"{names[sites[-1]]}: " in last, last
+            assert "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:]  # the reason, not the ServerApp's frames
             assert len(history.strip().splitlines()) == 2 and not (out / "lambda.safetensors").exists(), history
             assert "run failed: round 2: too few" in (out / "server.log").read_text()
             return
@@ -278,6 +289,12 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
         elif fault:  # every round dropped the third site's reply, named with its reason
             why = {"nan": "eta is not finite", "shape": "torch.float32", "scale100": "--norm-bound"}[fault]
             assert history.count(f"{names[sites[2]]}: ") == rounds and why in history, history
+        if extra:
+            assert "(site 'hospital-x', client" in log and "not one of the run's sites" in log, log
+            assert "hospital-x" not in history, history
+            access = fed.log("gateway").read_text()
+            assert " POST /v1/fleet/pull-messages 200 " in access and "Traceback" not in access, access[-2000:]
+            assert " /v1/fleet/../control/register-node 404 " in access, access[-2000:]
         if secure:  # the unregistered SuperNode was refused (Flower's exit code 305), and gave up
             intruder = fed.procs["node9"]
             assert intruder.wait(timeout=120) != 0, fed.log("node9").read_text()[-2000:]
@@ -305,6 +322,20 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6)
     assert not torch.equal(want["bnnet.2.bias"], lam0["bnnet.2.bias"])  # a comparison of two learned lambdas
+
+
+def _through_gateway(fed, target: bytes) -> int:
+    """The status the gateway answers a stranger (who holds the public CA) for one raw request."""
+    import socket
+    import ssl
+
+    from .gateway_attacks import request
+    ctx = ssl.create_default_context(cafile=str(fed.certs / "ca.crt"))
+    with socket.create_connection(("127.0.0.1", fed.fleet), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        s.sendall(request(target))
+        reply = s.recv(4096)
+    return int(reply.split(b" ", 2)[1])
 
 
 def test_a_site_that_errs_or_stays_silent_is_a_failed_client():

@@ -216,20 +216,93 @@ def test_fomaml_against_finite_differences(setup, val_stats):
         assert abs(fd - got[i].item()) < 1e-7 + 1e-4 * abs(fd), (i, fd, got[i].item())
 
 
-def test_power_iteration_psi_is_the_neumann_series_at_one_over_lambda_max(setup):
-    """psi_power: the result equals the dense formula with psi = PSI_MARGIN/lambda_max, lambda_max from torch.linalg.eigvalsh
-    of the dense Hessian (independent of the power iteration)."""
+def dense_ritz_max(H, v, m):
+    """max |Ritz value| of H on span{v, Hv, .., H^(m-1) v}, by a dense QR of those vectors (independent of
+    core.hypergrad.krylov)."""
+    cols = [v / v.norm()]
+    for _ in range(m - 1):
+        w = H @ cols[-1]
+        cols.append(w / w.norm())
+    q, _ = torch.linalg.qr(torch.stack(cols, 1))
+    return torch.linalg.eigvalsh(q.T @ H @ q).abs().max().item()
+
+
+@pytest.mark.parametrize("q,n", [(0, 1), (0, 2), (3, 3), (3, 5), (1, 4)])
+def test_krylov_lambda_max_is_rayleigh_ritz_never_above_eigvalsh(setup, q, n):
+    """--psi-power N: lambda_max is the largest |Ritz value| on the Krylov space of the max(Q, N) products the IFT
+    makes from dL_V/dtheta (read back from the psi it used, PSI_MARGIN / estimate). Against a dense QR of that space,
+    never above the dense eigendecomposition's max |eigenvalue|, never below the power iteration's Rayleigh quotient
+    with as many products."""
+    model, theta, lam, hyper, tb, vb, bn, (H, J, v, direct) = setup
+    m = max(q, n)
+    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=q, psi=1e6, hessian="exact", psi_power=n)
+    est = hypergrad.PSI_MARGIN / got.psi
+    assert est == pytest.approx(dense_ritz_max(H, v, m), rel=1e-9)
+    assert est <= torch.linalg.eigvalsh(H).abs().max().item() * (1 + 1e-12)
+    u = torch.linalg.matrix_power(H, m - 1) @ v
+    assert est >= abs(u @ H @ u / (u @ u)).item() * (1 - 1e-12)
+
+
+def test_krylov_lambda_max_converges_to_eigvalsh(setup):
+    """With enough products the estimate is the dense eigendecomposition's max |eigenvalue| (the Krylov space
+    outgrows the parameter count: Arnoldi's breakdown leaves the estimate exact), and the result is the dense
+    formula at psi = PSI_MARGIN / lambda_max."""
     model, theta, lam, hyper, tb, vb, bn, (H, J, v, direct) = setup
     lam_max = torch.linalg.eigvalsh(H).abs().max().item()
     psi = hypergrad.PSI_MARGIN / lam_max
     assert psi < 10.0  # the cap min(10, PSI_MARGIN/lambda_max) is not what decides here
+    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=3, psi=10.0, hessian="exact",
+                            psi_power=H.shape[0] + 5)
+    assert got.psi == pytest.approx(psi, rel=1e-9)
+    torch.testing.assert_close(flat(got.grads), neumann_oracle((H, J, v, direct), psi=psi), rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("hessian", ["exact", "fo"])
+def test_default_ift_matches_dense_formula(setup, hessian):
+    """The default IFT (MetaConfig's --psi-power, --scale-by-psi, --eta-grad last-step), psi's cap lifted so that the
+    Krylov estimate decides it: p = psi * sum_{k<=Q} (I - psi H)^k v with psi = PSI_MARGIN / the dense Rayleigh-Ritz
+    value on {v, .., H^(Q-1) v}, for BNNet, LRNet and eta~ separately."""
+    from fedl2p_cli.core.settings import MetaConfig
+    cfg = MetaConfig()
+    model, theta_prev, lam, hyper, tb, vb, bn, _ = setup
+    beta0, eta0 = (t.detach() for t in hyper(lam))
+    g = [torch.randn_like(t) for t in theta_prev.values()]
+    theta_star = {k: t - e * gk for (k, t), e, gk in zip(theta_prev.items(), eta0, g)}
+    H, J, v, _ = dense_pieces(model, theta_star, lam, lambda l: (hyper(l)[0], eta0), tb, vb, bn, hessian)
+
+    def lv_through_step(l):
+        beta, eta = hyper(unflat(l, lam))
+        return o_val(model, {k: t - e * gk for (k, t), e, gk in zip(theta_prev.items(), eta, g)}, beta, vb, bn)
+
+    direct = torch.autograd.functional.jacobian(lv_through_step, flat(lam))
+    psi = hypergrad.PSI_MARGIN / dense_ritz_max(H, v, max(cfg.q, cfg.psi_power))
     p, vv = v.clone(), v.clone()
-    for _ in range(3):
+    for _ in range(cfg.q):
         vv = vv - psi * H @ vv
         p = p + vv
-    oracle = direct - J.T @ p
-    got = ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=3, psi=10.0, hessian="exact", psi_power=200)
-    assert torch.allclose(flat(got.grads), oracle, rtol=1e-4, atol=1e-8)
+    want = direct - J.T @ (psi * p)
+    got = ift_hypergradient(model, theta_star, lam, hyper, tb, vb, bn, cfg.q, 10.0, cfg.scale_by_psi, hessian,
+                            cfg.psi_power, eta_step=g)
+    assert got.psi == pytest.approx(psi, rel=1e-9) and psi < 10.0
+    g_all = flat(got.grads)
+    for group in ("bnnet", "lrnet", "eta"):
+        mask = torch.cat([torch.full((t.numel(),), k.startswith(group)) for k, t in lam.items()])
+        assert want[mask].abs().max() > 1e-8, group
+        torch.testing.assert_close(g_all[mask], want[mask], rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("q,n", [(3, 3), (3, 5), (3, 0), (5, 3)])
+def test_the_ift_makes_max_q_n_plus_one_second_order_products(setup, q, n):
+    """One Krylov space serves lambda_max and the Neumann series: max(Q, N) Hessian-vector products and the mixed
+    one, counted by wrapping torch.autograd.grad (bench/counting.py). The default (Q = 3 = N) makes the paper's 4."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from counting import count_backward
+    model, theta, lam, hyper, tb, vb, bn, _ = setup
+    with count_backward() as counts:
+        ift_hypergradient(model, theta, lam, hyper, tb, vb, bn, q=q, psi_power=n, scale_by_psi=True, hessian="fo")
+    assert counts.second_order == max(q, n) + 1
 
 
 @pytest.mark.parametrize("hessian", ["exact", "fo"])

@@ -268,9 +268,36 @@ def test_default_ift_neumann_series_converges_on_a_real_client(tiny_store):
     lt = hypergrad.train_loss(ctx.model, theta, beta, eta, (xt[ti], yt[ti]), cfg.hessian)
     g = torch.autograd.grad(lt, list(theta.values()), create_graph=True)
     hvp = lambda u: hypergrad._grad(g, list(theta.values()), grad_outputs=u, retain_graph=True)  # noqa: E731
-    lam_max = hypergrad.top_eigenvalue(hvp, [torch.randn(t.shape, generator=gen) for t in theta.values()], 30)
+    lam_max = power_iteration(hvp, [torch.randn(t.shape, generator=gen) for t in theta.values()], 30)
     assert cfg.psi * lam_max > 2  # a fixed psi diverges on this client
     assert 0 < mg.psi * lam_max < 2, (mg.psi, lam_max)
+
+
+def power_iteration(hvp, v, iters: int) -> float:
+    """|Rayleigh quotient| after `iters` power iterations: a lambda_max independent of core.hypergrad's Krylov code."""
+    est = 0.0
+    for _ in range(iters):
+        n = torch.sqrt(sum((a * a).sum() for a in v))
+        v = [a / n for a in v]
+        hv = hvp(v)
+        est = float(sum((a * b).sum() for a, b in zip(v, hv)))
+        v = hv
+    return abs(est)
+
+
+def test_default_client_round_makes_k_times_q_plus_one_second_order_products(tiny_store):
+    """The paper's count: K (Q + 1) Hessian-vector and mixed products per client round (here K = 2, Q = 3: 8),
+    counted by wrapping torch.autograd.grad (bench/counting.py) around a whole default client update."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from counting import count_backward
+    cfg = fedl2p_alg.MetaConfig(iterations=2, epochs=1, batch_size=16, base_lr=0.01)
+    ctx, lam, hyper, data, ft, beta, eta, gen = _first_finetune(tiny_store, cfg)
+    c = ctx.part.pool(False)[0]
+    with count_backward() as counts:
+        fedl2p_alg.client_update(ctx.model, ctx.theta_g, lam, *ctx.inputs(c), ctx.stats.client_bn(c), data, cfg, gen)
+    assert counts.second_order == cfg.iterations * (cfg.q + 1), counts
 
 
 def test_default_ift_moves_the_learned_lrs_as_the_last_step_says(tiny_store):

@@ -200,7 +200,7 @@ DEFAULTS = [  # (config, field, default, where it is documented)
     (MetaConfig, "q", 3, "Q: Alg. 2; DESIGN.md §3"),
     (MetaConfig, "psi", 0.1, "psi: Alg. 2; DESIGN.md §3"),
     (MetaConfig, "scale_by_psi", True, "p scaled by psi so the converged series approximates H^-1 v; docs/method/fedl2p.md"),
-    (MetaConfig, "psi_power", 5, "psi = min(psi, 1/lambda_max): the series converges; docs/method/fedl2p.md"),
+    (MetaConfig, "psi_power", 3, "psi = min(psi, 0.5/lambda_max), lambda_max from the series' Krylov space; docs/explanation/ift.md"),
     (MetaConfig, "eta_bound", 10.0, "eta~ within [base LR / 10, x 10] under the IFT; docs/method/fedl2p.md"),
     (MetaConfig, "meta_grad", "ift", "the paper's IFT (FOMAML+ is App. F's variant)"),
     (MetaConfig, "hessian", "fo", "meta-train --hessian help; README 'meta-train'"),

@@ -14,12 +14,22 @@ from . import options, render
 from ..runtime import Runtime
 from .generate import config_command
 
-app = typer.Typer(help="Prepare a Flower deployment of FedL2P meta-training: `fedl2p flower app DIR` writes the Flower "
-                  "app, `flwr run DIR` runs it against a SuperLink "
+app = typer.Typer(help="Deploy FedL2P meta-training with Flower: `fedl2p flower run-config` writes a run, "
+                  "`fedl2p flower gateway` exposes only the Fleet API, `fedl2p flower run` runs it against a SuperLink "
                   "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
                   "authentication (`credentials` makes test credentials for a trial); Flower's insecure mode "
                   "(--insecure) sends everything in clear and lets anyone join: loopback only.", no_args_is_help=True)
 flower_app = options.Lazy("fedl2p_cli.stages.flower_app")
+# what the server and the sites' operators run outside the store: no model, dataset or method, so neither plugins nor
+# torch are loaded (the gateway is a long-lived process facing the network: it stays small)
+NO_PIECES = {"app", "credentials", "keygen", "gateway", "run"}
+
+
+@app.callback()
+def _pieces(ctx: typer.Context) -> None:
+    from .generate import load_pieces
+    if ctx.invoked_subcommand not in NO_PIECES:
+        load_pieces(ctx)
 meta_stage = options.Lazy("fedl2p_cli.stages.meta_train")
 
 
@@ -77,13 +87,16 @@ def run_config(
     rt: Runtime,
     out: Path = typer.Option(..., help="Folder for run.toml, the model copy the ServerApp sends, and the run's results."),
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
+    site_names: Optional[str] = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
+                                             "SuperNodes' node-config site-name): any other node is not sampled."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes
     OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
     meta_stage.check(cfg, rt)
-    rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out, rt)
+    names = options.csv_list(site_names, "--site-names") if site_names is not None else None
+    rc = flower_app.run_config(options.store(store), pretrain, cfg, sites, out, rt, names)
     text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items())  # JSON strings and ints are valid TOML
     (out / "run.toml").write_text(text)
     render.console.print(f"run config: {out / 'run.toml'}")
@@ -150,11 +163,25 @@ def gateway(
     keyfile: Optional[Path] = typer.Option(None, help="Its private key (server.key)."),
     ca: Optional[Path] = typer.Option(None, help="The CA certificate that signed it (ca.crt); none of the three: an "
                                       "insecure loopback trial."),
+    max_body: int = typer.Option(4, min=1, help="Largest request body in MiB, refused (413) before it is read."),
+    header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a connection may take to send a request's "
+                                         "head (and its TLS handshake)."),
+    idle_timeout: float = typer.Option(60.0, min=0.1, help="Seconds an idle connection, or a stalled body, is kept."),
+    max_connections: int = typer.Option(128, min=1, help="Connections served at once; more are answered 503."),
+    host_name: Optional[str] = typer.Option(None, help="Serve only requests whose Host header names this host "
+                                            "(the name the sites connect to); others get 400."),
+    allow_self_registration: bool = typer.Option(False, "--allow-self-registration", help="Also forward "
+                                                 "register-node/unregister-node: only for an insecure trial, where "
+                                                 "SuperNodes have no registered key."),
+    access_log: Optional[Path] = typer.Option(None, help="Append the access log (a line per request) to this file "
+                                              "instead of standard output."),
 ) -> None:
-    """Expose only the SuperLink's Fleet API to the network: forward /v1/fleet/ requests to the SuperLink on
-    loopback and answer every other path (Control API: key registration, runs; ServerAppIo API) with 404."""
-    from ..stages import flower_gateway
-    flower_gateway.serve(listen, superlink, certfile, keyfile, ca)
+    """Expose only the SuperLink's Fleet API to the network: forward the Fleet endpoints a site needs (POST, exact
+    paths) to the SuperLink on loopback, and answer everything else here (Control and ServerAppIo APIs included)."""
+    from ..deploy import gateway as gw
+    limits = gw.Limits(max_body=max_body * gw.MiB, header_timeout=header_timeout, idle_timeout=idle_timeout,
+                       max_connections=max_connections)
+    gw.serve(listen, superlink, certfile, keyfile, ca, limits, host_name, allow_self_registration, access_log)
 
 
 @app.command("run")
@@ -169,6 +196,7 @@ def run(
     run's outcome: 0 when it completed, 1 with the reason when it failed (a round without --min-answers' sites)."""
     import shutil
     import subprocess
+    import sys
     app_dir = app_dir or APP
     if not (app_dir / "pyproject.toml").is_file():
         raise FedL2PError(f"--app {app_dir} is not a Flower app folder (no pyproject.toml)")
@@ -180,7 +208,11 @@ def run(
     (out / "status.json").unlink(missing_ok=True)
     cmd = [flwr, "run", str(app_dir), *([connection] if connection else []), "--run-config",
            str((out / "run.toml").resolve()), "--stream"]
-    code = subprocess.run(cmd).returncode
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in quiet_own_tracebacks(proc.stdout):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    code = proc.returncode
     try:
         status = json.loads((out / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -190,3 +222,22 @@ def run(
         render.err_console.print(f"[red]run {status['status']}:[/red] {status['reason']}", highlight=False)
         raise typer.Exit(1)
     render.console.print(f"run completed: {out / 'lambda.safetensors'}, {out / 'history.csv'}")
+
+
+def quiet_own_tracebacks(lines):
+    """flwr's streamed log, less the tracebacks of this package's own one-line failures (a round without enough
+    sites, a site claimed twice): their reason is this command's last line, so 20 lines of ServerApp frames before
+    it only hide it. Any other traceback (a bug) passes whole."""
+    held: list[str] = []
+    for line in lines:
+        if held:
+            held.append(line)
+            if line[:1] not in (" ", "\t", "") and not line.startswith("Traceback"):  # the exception's own line
+                if "FedL2PError" not in line:
+                    yield from held
+                held = []
+        elif "Traceback (most recent call last):" in line:
+            held = [line]
+        else:
+            yield line
+    yield from held

@@ -125,6 +125,15 @@ PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<pl
                 "<plugin-systems>": "system", "<plugin-methods>": "method"}
 
 
+def load_pieces(ctx) -> None:
+    """Load the built-in pieces and the plugins (`--plugin`, entry points), and name them in the stages' help."""
+    from .. import plugins
+    from .render import plugin_notes
+    plugins.load(ctx.find_root().obj["plugin"])
+    plugin_notes()
+    fill_plugin_help(ctx.find_root().command, plugins.current().pieces())
+
+
 def fill_plugin_help(cmd: Any, pieces: dict[str, list[str]]) -> None:
     """Each option's `<plugin-KIND>` mark in its help becomes the plugins' pieces of that kind ({kind: ["name (plugin)",
     ...]}), or nothing: a plugin's model, dataset or method is listed where the built-in ones are."""

@@ -57,12 +57,11 @@ def _global(ctx: typer.Context,
                                                     "sent anywhere) or an MLflow server URI.")) -> None:
     """--device, --deterministic and --threads become each command's Runtime (cli/options.py `runtime`)."""
     from ..artifacts import LOCK_WAIT
-    from .. import plugins
-    from .generate import fill_plugin_help
+    from .generate import load_pieces
     LOCK_WAIT.timeout = lock_timeout
-    plugins.load(plugin or [])
-    render.plugin_notes()
-    fill_plugin_help(ctx.find_root().command, plugins.current().pieces())
+    ctx.obj = {"plugin": plugin or []}
+    if ctx.invoked_subcommand != "flower":  # `flower` loads them for the commands that need pieces (cli/flower.py)
+        load_pieces(ctx)
     tracking.use(track, track_uri)
 
 

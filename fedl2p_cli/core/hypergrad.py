@@ -6,7 +6,8 @@ Validation loss: L_V(theta, lambda) = CE(f_{theta, beta}(x_v), y_v) with evaluat
 Hypergradient at the fine-tuned theta*:
     v = p = dL_V/dtheta;  Q times: v <- v - psi * H_T v,  p <- p + v;   g = dL_V/dlambda - p . d2L_T/dlambda dtheta
 The paper's Alg. 2 returns p unscaled; Lorraine et al. multiply it by psi (then p -> H^-1 v as Q grows):
-`scale_by_psi` selects that.
+`scale_by_psi` selects that. p is a polynomial of degree Q in H_T applied to v, so it is computed as a combination of an
+orthonormal basis of the Krylov space {v, H_T v, .., H_T^Q v} (Arnoldi): the same Q products also estimate lambda_max.
 
 `hessian="exact"` differentiates Eq. 9-10 literally, so H_T v is third order (L_T contains a gradient).
 `hessian="fo"` holds the inner gradient g = grad CE(theta) constant (in theta and beta; eta still multiplies it):
@@ -50,10 +51,10 @@ def _grad(out: Tensor, inputs: list[Tensor], **kw) -> list[Tensor]:
 
 
 HESSIANS = get_args(Hessian)
-# psi_power's psi = PSI_MARGIN / lambda_max-estimate: a few power iterations from dL_V/dtheta underestimate lambda_max
-# (measured on a tiny-store client: 1.07 after 5 iterations against 2.19), and the series converges only while
-# psi * lambda_max < 2, so the margin keeps it convergent for estimates down to a quarter of the true value
+# psi_power's psi = PSI_MARGIN / lambda_max-estimate. The series converges only while psi * lambda_max < 2, so the
+# margin keeps it convergent for estimates down to a quarter of the true value; the Krylov estimate is never above it
 PSI_MARGIN = 0.5
+BREAKDOWN = 100  # Arnoldi: a residual below this many roundings of |H q| is no new direction
 
 
 def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch: Batch, hessian: str = "exact",
@@ -78,18 +79,63 @@ def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: Cl
     return ce_loss(model, theta, x, y, inference_policy(beta, bn, stats))
 
 
-def top_eigenvalue(hvp: Callable[[list[Tensor]], list[Tensor]], v0: list[Tensor], iters: int) -> float:
-    """Power iteration for the largest-magnitude eigenvalue of H (Rayleigh quotient), started from v0."""
-    v, est = v0, 0.0
-    for _ in range(iters):
-        n = torch.sqrt(sum((a * a).sum() for a in v))
-        if not torch.isfinite(n) or n == 0:
-            break
-        v = [a / n for a in v]
-        hv = hvp(v)
-        est = float(sum((a * b).sum() for a, b in zip(v, hv)))
-        v = hv
-    return abs(est)
+def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
+    return sum((x * y).sum() for x, y in zip(a, b))
+
+
+def krylov(hvp: Callable[[list[Tensor]], list[Tensor]], v: list[Tensor], m: int
+           ) -> tuple[list[list[Tensor]], Tensor, Tensor]:
+    """Arnoldi (Lanczos with full reorthogonalisation) from v, m products with H: an orthonormal basis q_0..q_m of
+    {v, Hv, .., H^m v}, its (m+1) x m Hessenberg matrix h (float64) with H q_j = sum_i h[i, j] q_i, and |v|.
+    Each vector is normalised as it is made, so nothing grows like lambda_max^k; two Gram-Schmidt passes keep the
+    basis orthonormal ("twice is enough"). Where H q_j lies in the span already (to BREAKDOWN x rounding), q_{j+1} is
+    zero and so is every later vector: the relation still holds. Every coefficient stays a tensor (no host sync)."""
+    eps = torch.finfo(v[0].dtype).eps
+    norm = torch.sqrt(_dot(v, v))
+    basis = [[t * _inverse(norm, norm > 0) for t in v]]
+    h = v[0].new_zeros(m + 1, m, dtype=torch.float64)
+    for j in range(m):
+        w = hvp(basis[j])
+        scale = torch.sqrt(_dot(w, w))
+        for _ in range(2):
+            for i, q in enumerate(basis):
+                c = _dot(q, w)
+                h[i, j] += c
+                w = [a - c * b for a, b in zip(w, q)]
+        beta = torch.sqrt(_dot(w, w))
+        new = beta > BREAKDOWN * eps * scale
+        h[j + 1, j] = torch.where(new, beta, 0.0)
+        basis.append([a * _inverse(beta, new) for a in w])
+    return basis, h, norm
+
+
+def _inverse(x: Tensor, ok: Tensor) -> Tensor:
+    return torch.where(ok, 1 / torch.where(ok, x, 1.0), 0.0)
+
+
+def spectral_radius_estimate(h: Tensor) -> Tensor:
+    """max |Ritz value| of H on the Krylov space of Arnoldi's h ((m+1) x m): Rayleigh-Ritz, so never above max |eig H|
+    (up to rounding), and for the same products never below the power iteration's Rayleigh quotient."""
+    m = h.shape[1]
+    if m == 0:
+        return h.new_zeros(())
+    t = h[:m, :m]
+    return torch.linalg.eigvalsh((t + t.T) / 2).abs().max()
+
+
+def neumann_coefficients(h: Tensor, psi: Tensor, q: int) -> Tensor:
+    """c with sum_{k<=q} (I - psi H)^k q_0 = sum_i c_i q_i, for q <= m: H^k q_0 = Q_{m+1} H_sq^k e_1 with H_sq the
+    Hessenberg matrix padded by a zero column (the product that column would need never enters a degree <= m)."""
+    m = h.shape[1]
+    assert q <= m, (q, m)
+    hs = torch.cat([h, h.new_zeros(m + 1, 1)], dim=1)
+    u = h.new_zeros(m + 1)
+    u[0] = 1.0
+    c = u.clone()
+    for _ in range(q):
+        u = u - psi * (hs @ u)
+        c = c + u
+    return c
 
 
 def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: HyperFn, train_batch: Batch,
@@ -103,8 +149,10 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     "last step" reading, theta_train = the parameters before the last fine-tuning step, so theta' = theta_star) while
     L_V is taken at theta_star; `inner_grad` (fo only) is that step's gradient, saving its forward-backward.
 
-    psi_power > 0 (the default; not in the paper): estimate H_T's top eigenvalue by that many power iterations from
-    dL_V/dtheta and use psi = min(psi, PSI_MARGIN/lambda_max). The series v <- (I - psi H) v diverges once psi * lambda_max > 2;
+    The Hessian-vector products: max(q, psi_power), once, from v = dL_V/dtheta (`krylov`); then the mixed product.
+    psi_power = N > 0 (the default, N = Q; not in the paper): psi = min(psi, PSI_MARGIN/lambda_max), lambda_max the
+    largest |Ritz value| on that Krylov space (N > Q buys a better estimate for N - Q more products; the series
+    reuses the first Q). The series v <- (I - psi H) v diverges once psi * lambda_max > 2;
     measured on small-cnn clients lambda_max is 60-560, so the paper's psi = 0.1 multiplies v by up to ~55 per term and,
     with Q = 3 (odd), the top eigendirection's term 1 + (1-a) + (1-a)^2 + (1-a)^3 (a = psi * lambda_max) is large and
     negative: the eta~ hypergradient then says "raise every LR" for every tensor, and eta~ runs away at the clip.
@@ -125,21 +173,19 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     lt = train_loss(model, theta, beta, eta if eta_step is None else eta.detach(), train_batch, hessian, inner_grad)
     g_t = torch.autograd.grad(lt, th, create_graph=True)
     hvp = lambda u: _grad(g_t, th, grad_outputs=u, retain_graph=True)  # noqa: E731
+    basis, h, norm = krylov(hvp, v0, max(q, psi_power))  # every Hessian-vector product this makes
+    psi_t = h.new_tensor(psi)
     if psi_power > 0:
-        psi = min(psi, PSI_MARGIN / max(top_eigenvalue(hvp, [t.detach() for t in v], psi_power), 1e-12))
-    p = [t.clone() for t in v]
-    for _ in range(q):
-        hv = hvp(v)
-        v = [a - psi * b for a, b in zip(v, hv)]
-        p = [a + b for a, b in zip(p, v)]
-    if scale_by_psi:
-        p = [psi * a for a in p]
+        psi_t = (PSI_MARGIN / spectral_radius_estimate(h).clamp_min(1e-12)).clamp_max(psi)
+    c = norm * neumann_coefficients(h, psi_t, q) * (psi_t if scale_by_psi else 1.0)
+    c = c.to(v0[0].dtype)
+    p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(th))]
     if eta_step is not None and eta.requires_grad:  # d theta_star / d eta_k = -g_k: the LRs' path into L_V, through the last step
         d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, eta_step)])
         direct = [a + b for a, b in zip(direct, _grad(eta, lm, grad_outputs=d_eta, retain_graph=True))]
     mixed = _grad(g_t, lm, grad_outputs=p)
     grads = {k: d - m for k, d, m in zip(lam_l, direct, mixed)}
-    return MetaGrad(grads, lv.item(), lt.item(), psi)
+    return MetaGrad(grads, lv.item(), lt.item(), float(psi_t))
 
 
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,

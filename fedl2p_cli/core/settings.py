@@ -21,7 +21,7 @@ BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes 
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 Engine = Literal["local", "flower"]
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
-DEFAULT_PSI_POWER = 5  # power iterations for psi = min(psi, 0.5/lambda_max): the Neumann series converges (not in the paper)
+DEFAULT_PSI_POWER = 3  # Krylov products for psi = min(psi, 0.5/lambda_max), shared with the Q = 3 series (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
 DEFAULT_ETA_GRAD = "last-step"  # the learned LRs' meta-gradient through the last fine-tuning step (not in the paper)
 LEGACY_IFT = {"psi_power": 0, "scale_by_psi": False}  # the paper's Alg. 2 literally: the IFT defaults before the fix
@@ -38,7 +38,7 @@ class MetaConfig:
     base_lr: float = opt(1e-3, "Base fine-tuning LR: initial eta~ and the LR when LRNet is off.", POSITIVE)
     q: int = opt(3, "Q: Neumann-series terms of the inverse-Hessian approximation (Alg. 2).", NON_NEGATIVE)
     psi: float = opt(0.1, "psi: Neumann step size (Alg. 2).", POSITIVE)
-    psi_power: int = opt(DEFAULT_PSI_POWER, "Power iterations for the top Hessian eigenvalue; psi = min(--psi, "
+    psi_power: int = opt(DEFAULT_PSI_POWER, "Krylov products for lambda_max (the series reuses them); psi = min(--psi, "
                                             "0.5/lambda_max). 0: the paper's fixed psi. See docs/explanation/ift.md.",
                                             NON_NEGATIVE)
     eta_bound: float = opt(DEFAULT_ETA_BOUND, "IFT only: keep every eta~ within [base LR / B, base LR x B] after each "

@@ -41,6 +41,15 @@ def load_with_meta(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise ArtifactError(f"cannot read checkpoint {path}: {e.__class__.__name__}") from None
 
 
+def raw_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's own string metadata (what any safetensors library writes with `metadata=`)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:
+        raise ArtifactError(f"cannot read {path}: {e.__class__.__name__}") from None
+
+
 def import_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A state dict trained elsewhere: safetensors, or a torch.save file read with weights_only=True."""
     if not path.is_file():

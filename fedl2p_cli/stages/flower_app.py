@@ -51,7 +51,7 @@ def export_site(data: ClientData, client: int, folder: Path) -> Path:
 
 
 def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites: int, out: Path,
-               runtime: Runtime = Runtime()) -> dict:
+               runtime: Runtime = Runtime(), site_names: list[str] | None = None) -> dict:
     """The app's run config for `flwr run --run-config`: the meta-train settings, the runtime (its failure policy; each
     site receives it whole and computes on its own device), the model's shape, and a copy of the pretrained weights
     the ServerApp sends to every site (written to `out`/model.safetensors)."""
@@ -60,17 +60,22 @@ def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites
     from . import pretrain as pretrain_stage
     if cfg.input_norm != "none" or cfg.local:
         raise FedL2PError("a deployment has no central statistics: use --input-norm none, and no --local")
+    if site_names is not None and (len(site_names) != sites or len(set(site_names)) != sites):
+        raise FedL2PError(f"--site-names must name --sites {sites} different sites, got {len(site_names)}: "
+                          f"{', '.join(site_names)}")
     art, model, state = pretrain_stage.load(store, pretrain_ref)
     out.mkdir(parents=True, exist_ok=True)
+    (out / ".gitignore").write_text("# weights, checkpoints and results of a deployment: never committed\n*\n")
     weights.save(out / "model.safetensors", state, {"pretrain": art.id})
     c = art.config
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
             "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
             "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.current().active(),
             "site_input": site_input(store, art)}
-    return {"meta-train": json.dumps(dataclasses.asdict(cfg)), "runtime": json.dumps(runtime.to_dict()),
-            "model": json.dumps(spec),
-            "model-file": str((out / "model.safetensors").resolve()), "sites": sites, "out": str(out.resolve())}
+    rc = {"meta-train": json.dumps(dataclasses.asdict(cfg)), "runtime": json.dumps(runtime.to_dict()),
+          "model": json.dumps(spec),
+          "model-file": str((out / "model.safetensors").resolve()), "sites": sites, "out": str(out.resolve())}
+    return rc | {"site-names": json.dumps(site_names) if site_names is not None else ""}
 
 
 def site_input(store, pretrain_art) -> dict:
@@ -87,13 +92,15 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     if not path.is_file():
         raise FedL2PError(f"site-dir '{folder}' has no {SITE_FILE}")
     t, meta = weights.load_with_meta(path)
+    client = weights.raw_metadata(path).get("client", meta.get("client"))  # as documented, or as export-site wrote
     want = {"x_train": torch.float32, "y_train": torch.int64, "x_val": torch.float32, "y_val": torch.int64}
     bad = [f"{k} ({t[k].dtype if k in t else 'missing'})" for k, d in want.items() if k not in t or t[k].dtype != d]
-    if bad or "client" not in meta:
-        raise FedL2PError(f"{path} is not a site file: {', '.join(bad) or 'no client id in its metadata'} (see "
-                          "docs/deployment.md, 'A site's data')")
+    if not bad and not str(client).isdigit():
+        bad = [f"metadata 'client' ({client!r}: an integer as a string)"]
+    if bad:
+        raise FedL2PError(f"{path} is not a site file: {', '.join(bad)} (see docs/deployment.md, 'A site's data')")
     empty = (t["x_train"][:0], t["y_train"][:0])
-    return int(meta["client"]), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
+    return int(client), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
 
 
 def site_name(node_config) -> str:
@@ -204,7 +211,8 @@ def server_checkpoint(out: Path, rc) -> Path:
     """The ServerApp's round checkpoints: a folder under OUT named by a hash of the run config's settings, model and
     sites, so that only a re-run of the same run config resumes from it (a changed config starts afresh)."""
     import hashlib
-    key = json.dumps({k: str(rc[k]) for k in ("meta-train", "model", "sites")}, sort_keys=True)
+    key = json.dumps({k: str(rc[k]) for k in ("meta-train", "model", "sites", "site-names") if rc.get(k, "") != ""},
+                     sort_keys=True)  # no site names: the key of a run config written before they existed
     return out / ".checkpoint" / hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -250,20 +258,72 @@ def write_atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def site_names(replies) -> tuple[dict[int, int], dict[int, str]]:
-    """The SuperNodes' answers to `query`: node id and site name by client id. Two sites holding the same client,
-    or naming themselves alike, cannot be told apart in a log: refused in one line."""
-    node_of, names = {}, {}
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """A SuperNode's answer to `query`: which site it says it is."""
+    node: int
+    client: int
+    name: str
+
+
+def sites_of(replies) -> list[Site]:
+    out = []
     for r in replies:
         if r.has_error():
             raise FedL2PError(f"a SuperNode could not say which site it is: {r.error.reason}")
         site = r.content.config_records["site"]
-        c, name = int(site["client"]), str(site["name"])
-        if c in node_of or name in names.values():
-            raise FedL2PError(f"two SuperNodes hold the same site ({name}, client {c}): give each its own site-dir "
-                              "and site-name")
-        node_of[c], names[c] = r.metadata.src_node_id, name
-    return node_of, names
+        out.append(Site(r.metadata.src_node_id, int(site["client"]), str(site["name"])))
+    return out
+
+
+def federation(found: list[Site], sites: int, allowed: list[str] | None, say) -> list[Site]:
+    """The run's sites among the SuperNodes that answered: a closed list. With the run config's site names, a node
+    naming another site is not sampled (and named through `say`); without them, more nodes than `sites` is refused
+    (which ones are the federation's cannot be told). Two nodes claiming one site (by name or by client id) cannot
+    be told apart either: one line naming both."""
+    if allowed is not None:
+        for s in found:
+            if s.name not in allowed:
+                say(f"SuperNode {s.node} (site '{s.name}', client {s.client}) is not one of the run's sites "
+                    f"({', '.join(allowed)}): not sampled")
+        found = [s for s in found if s.name in allowed]
+    for i, a in enumerate(found):
+        for b in found[i + 1:]:
+            if a.name == b.name or a.client == b.client:
+                raise FedL2PError(f"two SuperNodes claim one site: node {a.node} (site '{a.name}', client {a.client}) "
+                                  f"and node {b.node} (site '{b.name}', client {b.client}); unregister the one that "
+                                  "is not the site's (flwr supernode unregister)")
+    if allowed is None and len(found) > sites:
+        raise FedL2PError(f"{len(found)} SuperNodes are connected and the run config has {sites} sites ("
+                          f"{', '.join(f'{s.name} (node {s.node})' for s in found)}): name the run's sites with "
+                          "`fedl2p flower run-config --site-names`")
+    return found
+
+
+def site_names(found: list[Site]) -> tuple[dict[int, int], dict[int, str]]:
+    """Node id and site name by client id."""
+    return {s.client: s.node for s in found}, {s.client: s.name for s in found}
+
+
+def join(grid, rc, say, Message, RecordDict, timeout: float = 120.0) -> list[Site]:
+    """Wait until the run's sites have connected (all of `site-names`, or `sites` nodes), asking each new node once
+    which site it is."""
+    sites, allowed = int(rc["sites"]), json.loads(str(rc["site-names"])) if rc.get("site-names") else None
+    end, known = time.monotonic() + timeout, {}
+    while True:
+        new = [n for n in wait_nodes(grid, sites, max(end - time.monotonic(), 0.0)) if n not in known]
+        if new:
+            for s in sites_of(grid.send_and_receive(
+                    [Message(RecordDict(), dst_node_id=n, message_type="query") for n in new])):
+                known[s.node] = s
+        found = federation(list(known.values()), sites, allowed, lambda text: None)
+        if len(found) >= sites:
+            return federation(list(known.values()), sites, allowed, say)
+        if time.monotonic() > end:
+            missing = sorted(set(allowed or []) - {s.name for s in found})
+            raise FedL2PError(f"only {len(found)} of the run's {sites} sites connected within {timeout:.0f} s"
+                              + (f" (missing: {', '.join(missing)})" if missing else ""))
+        time.sleep(0.5)
 
 
 def _server_app():
@@ -295,9 +355,7 @@ def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDi
     spec = json.loads(str(rc["model"]))
     theta = weights.load(Path(str(rc["model-file"])))
     out = Path(str(rc["out"]))
-    nodes = wait_nodes(grid, int(rc["sites"]))
-    node_of, names = site_names(grid.send_and_receive(
-        [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]))
+    node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
     ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
     lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
     cfg_dict = dataclasses.asdict(cfg)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -337,11 +339,14 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
+        source = None if cfg.local else extend(store, ckpt, config, parents, cfg.rounds)
         if cfg.local:
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
         else:
             with open_pool(runtime, make_context, (*ids, cfg), client_task, ctx, len(part.pool(False))) as pool:
                 lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool, runtime.policy())
+            # the loop's last state, so that a run with more rounds continues from here (`extend`)
+            shutil.copyfile(ckpt.folder / Checkpoint.NAME, draft.path(STATE))
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}
         weights.save(draft.path("lambda.safetensors"), stored, {"variant": cfg.variant()})
         write_history(draft.path("history.csv"), history)
@@ -351,6 +356,8 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
                          "last_val_loss": curve[-1]["val_loss"] if curve else None,
                          "best_val_loss": min(h["val_loss"] for h in curve) if curve else None,
                          "best_round": extra.get("best_round"), "diverged": extra.get("diverged")}
+        if source is not None:
+            draft.metrics["extended_from"] = source
         if not cfg.local:
             draft.metrics["kept_round"] = kept_round(cfg, extra, len(curve))
             draft.metrics["kept"] = kept_round_text(cfg, extra, len(curve))
@@ -362,6 +369,36 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             learning_curves(curve, part.domain_names, draft.path("learning.png"))
 
     return build_or_reuse(store, "meta-train", config, parents, build, force, runtime)
+
+
+STATE = "state.safetensors"  # a federated meta-train artifact's last loop state (lambda, best, history, counters)
+
+
+def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: int) -> str | None:
+    """Start a run of `rounds` rounds from the longest shorter run of the same settings, parents and data, if the
+    store holds one (and this run has no checkpoint of its own): its last state becomes this run's checkpoint. Every
+    draw of round t is seeded by (seed, t, client) and no round depends on the total, so the result is the one a run
+    from the start gives, and the id stays the hash of the settings (`rounds` included). Returns the source's id."""
+    if (ckpt.folder / Checkpoint.NAME).is_file():
+        return None
+    same = {k: v for k, v in config.items() if k != "rounds"}
+    best: tuple[int, str] | None = None
+    for aid in store.ids("meta-train"):
+        try:
+            m = json.loads((store.root / "meta-train" / aid / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        r = m.get("config", {}).get("rounds")
+        if (m.get("parents") == parents and isinstance(r, int) and r < rounds and (best is None or r > best[0])
+                and {k: v for k, v in m["config"].items() if k != "rounds"} == same
+                and (store.root / "meta-train" / aid / STATE).is_file()):
+            best = (r, aid)
+    if best is None:
+        return None
+    art = store.load("meta-train", best[1])  # its hashes verified before its state is used
+    ckpt.folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(art.file(STATE), ckpt.folder / Checkpoint.NAME)
+    return art.id
 
 
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:

@@ -1,0 +1,40 @@
+"""`fedl2p meta-train --rounds R` on a store holding the same run with fewer rounds continues it: the result equals a
+run of R rounds from the start, under the same id."""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+from fedl2p_cli.artifacts import Store
+from fedl2p_cli.io import weights
+from fedl2p_cli.stages import meta_train
+from tests.conftest import TINY_META
+
+
+def _copy(tiny_store, dst) -> Store:
+    """The tiny store's partition, pretrain and stats artifacts (no meta-train) in a store of our own."""
+    for stage in ("partition", "pretrain", "stats"):
+        shutil.copytree(tiny_store["store"].root / stage, dst / stage)
+    return Store(dst)
+
+
+def test_more_rounds_continue_a_shorter_run_and_equal_a_run_from_the_start(tiny_store, tmp_path):
+    cfg = lambda r: meta_train.MetaTrainConfig(rounds=r, fraction=0.5, seed=5, keep="last", meta=TINY_META)  # noqa: E731
+    pre, st = tiny_store["pretrain"].id, tiny_store["stats"].id
+    scratch = _copy(tiny_store, tmp_path / "a")
+    whole, _ = meta_train.run(cfg(3), scratch, pre, st)
+    assert "extended_from" not in whole.metrics
+
+    steps = _copy(tiny_store, tmp_path / "b")
+    short, _ = meta_train.run(cfg(2), steps, pre, st)
+    longer, reused = meta_train.run(cfg(3), steps, pre, st)
+    assert not reused and longer.id == whole.id and longer.metrics["extended_from"] == short.id
+    assert longer.metrics["rounds_run"] == 3
+    a, b = (weights.load(x.file("lambda.safetensors")) for x in (whole, longer))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the shorter run is never a source for a run of other settings
+    other, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=3, fraction=0.5, seed=6, keep="last",
+                                                         meta=TINY_META), steps, pre, st)
+    assert "extended_from" not in other.metrics
