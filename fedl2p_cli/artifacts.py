@@ -128,6 +128,7 @@ class Draft:
     build_s: float | None = None  # how long the build took (not part of the id; resumed builds: the last part only)
     tracking: dict | None = None  # the experiment-tracker run that logged the build (--track; not part of the id)
     computed_on: dict | None = None  # where the work ran (Runtime.describe); None: this process's CPU
+    data: dict | None = None  # a partition's data: its fingerprint (data/fingerprint.py; in the id through the config)
 
     def path(self, name: str) -> Path:
         return self.tmp / name
@@ -147,6 +148,8 @@ class Draft:
             "metrics": self.metrics,
             "computed_on": self.computed_on or Runtime().describe(),  # where the work ran; not part of the id
         }
+        if self.data is not None:
+            manifest["data"] = self.data
         if self.plugins:  # what must be installed to load it
             manifest["plugins"] = self.plugins
         if self.build_s is not None:

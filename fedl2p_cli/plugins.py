@@ -252,6 +252,16 @@ def using(catalog: Catalog) -> Iterator[Catalog]:
         _USING.reset(token)
 
 
+def owner(kind: str, name: str) -> Plugin | None:
+    """The plugin that registered `name` as a `kind` in the current catalog (None: nobody)."""
+    return current().owner(kind, name)
+
+
+def active() -> list[str]:
+    """The current catalog's plugin modules other than the built-ins (what worker processes and sites load)."""
+    return current().active()
+
+
 def load(specs: Sequence[str], how: str = "--plugin") -> list[Plugin]:
     """The named plugins (the CLI's --plugin, a pipeline's `plugins`, a worker's list), into the current catalog."""
     catalog = current()
@@ -290,8 +300,10 @@ def check_available(records: list[dict], what: str) -> None:
 
 
 def _importable(module: str) -> bool:
+    """Whether `module`'s top-level package is installed, without importing anything (find_spec of a dotted name
+    imports its parents: an artifact's text must not run code)."""
     import importlib.util
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module.split(".")[0]) is not None
     except (ImportError, ValueError):
         return False

@@ -102,12 +102,28 @@ class Runtime:
     def describe(self) -> dict:
         """For the manifest (`computed_on`): where an artifact was computed."""
         import torch
-        d = {"device": self.device, "torch": torch.__version__, "deterministic": self.deterministic}
+        d = {"device": self.device, "torch": torch.__version__, "deterministic": self.deterministic,
+             # the CPU's kernels differ by instruction set: the same id computed on another CPU can differ in its bits
+             "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+             "threads": torch.get_num_threads()}
         if self.on_gpu:
             dev = self.torch_device
             d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,
                   "cudnn": torch.backends.cudnn.version()}
         return d
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo; elsewhere what the platform says)."""
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def round_options() -> tuple[str, ...]:

@@ -160,6 +160,8 @@ def test_move_returns_cpu_tensors_themselves_and_walks_containers():
 def test_manifest_records_where_an_artifact_was_computed(tiny_store):
     on = tiny_store["meta"].manifest["computed_on"]
     assert on["device"] == "cpu" and on["torch"] == torch.__version__ and on["deterministic"] is False
+    # the CPU and the instruction set torch dispatches to: another CPU may give other bits under the same id
+    assert on["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and on["cpu"] and on["threads"] >= 1
     assert "computed_on" not in tiny_store["meta"].config  # not part of the id
 
 

@@ -8,6 +8,7 @@ Pure numpy over scores [seeds, clients, vectors, (val, test)] in percent."""
 from __future__ import annotations
 
 import numpy as np
+from .text import signed
 
 CHOICES = ("shared", "per domain", "per client")
 
@@ -57,8 +58,8 @@ def markdown(summary: dict, lr: float, seeds: list[int], clients: int, vectors: 
              f"mean ± SD over batch-order seeds {seeds}", "",
              "| choice | chosen on validation | Δ vs shared | chosen on test (bound) | Δ vs shared (bound) |", "|---|---|---|---|---|"]
     for name, c in summary["choices"].items():
-        lines.append(f"| {name} | {f(c['val'])} | {np.mean(c['gain']):+.2f} ± {np.std(c['gain']):.2f} | {f(c['bound'])} "
-                     f"| {np.mean(c['gain_bound']):+.2f} |")
+        lines.append(f"| {name} | {f(c['val'])} | {signed(np.mean(c['gain']))} ± {np.std(c['gain']):.2f} | {f(c['bound'])} "
+                     f"| {signed(np.mean(c['gain_bound']))} |")
     lines += ["", "| domain | vector chosen per domain (each seed) | its test acc. | shared vector (each seed) | its test acc. |",
               "|---|---|---|---|---|"]
     vec = lambda vs: ", ".join(" / ".join(f"{b:g}" for b in v) for v in vs)  # noqa: E731

@@ -10,6 +10,7 @@ from ..configs import BetaGridConfig, ClustersConfig, DecomposeConfig
 from . import options, render
 from ..runtime import Runtime
 from .generate import config_command
+from ..analysis.text import signed
 
 stage = options.Lazy("fedl2p_cli.stages.analyze")
 grid_stage = options.Lazy("fedl2p_cli.stages.beta_grid")
@@ -51,7 +52,7 @@ def beta_grid(
     s = json.loads(art.file("summary.json").read_text())
     render.table(f"test accuracy (%) by how beta is chosen, LR {cfg.lr:g}, seeds {cfg.seeds}",
                  ["choice", "chosen on validation", "Δ vs shared", "chosen on test (bound)"],
-                 [[k, f"{sum(v['val']) / len(v['val']):.2f}", f"{sum(v['gain']) / len(v['gain']):+.2f}",
+                 [[k, f"{sum(v['val']) / len(v['val']):.2f}", signed(sum(v['gain']) / len(v['gain'])),
                    f"{sum(v['bound']) / len(v['bound']):.2f}"] for k, v in s["choices"].items()])
     render.artifact_line("analyze", art.id, art.path, reused)
 
@@ -72,6 +73,6 @@ def decompose(
     s = json.loads(art.file("summary.json").read_text())
     doms, cells = decompose_stage.domain_cells(s)  # one column per domain where there are several
     render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned", *doms],
-                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", f"{v['vs_learned']:+.2f}", *cells[n]]
+                 [[n, f"{v['mean']:.2f} ± {v['sd']:.2f}", signed(v['vs_learned']), *cells[n]]
                   for n, v in s["combinations"].items()])
     render.artifact_line("analyze", art.id, art.path, reused)

@@ -35,6 +35,9 @@ def _global(ctx: typer.Context,
                                                        help="Load a plugin module (repeatable) that adds models, "
                                                             "datasets, methods or pFL systems. See "
                                                             "docs/guide/extending.md."),
+            allow_import: Optional[list[str]] = typer.Option(None, "--allow-import", metavar="MODULE",
+                                                             help="Trust MODULE where an artifact names it as its "
+                                                                  "model (repeatable; or FEDL2P_ALLOW_IMPORT)."),
             threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
                                         help="Torch CPU threads per process (default 1: fastest for small models on a "
                                              "busy machine). See docs/guide/threads-devices.md."),
@@ -59,6 +62,9 @@ def _global(ctx: typer.Context,
     from ..artifacts import LOCK_WAIT
     from .generate import load_pieces
     LOCK_WAIT.timeout = lock_timeout
+    from ..models import guard
+    for module in allow_import or []:
+        guard.allow(module)
     ctx.obj = {"plugin": plugin or []}
     if ctx.invoked_subcommand != "flower":  # `flower` loads them for the commands that need pieces (cli/flower.py)
         load_pieces(ctx)

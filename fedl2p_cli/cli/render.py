@@ -12,8 +12,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(soft_wrap=True)  # a long line (an artifact path) stays one line; rich boxes still fit the terminal
-err_console = Console(stderr=True, soft_wrap=True)
+# a long line (an artifact path) stays one line; rich boxes still fit the terminal. No emoji codes: a user's text
+# reaches the terminal as typed (`--model no.such.module:factory` is not "no.such.module🏭")
+console = Console(soft_wrap=True, emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 class RichProgress:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -22,6 +23,8 @@ def report(
     store: Optional[Path] = options.STORE,
 ) -> None:
     """One self-contained HTML page of pipelines or artifacts: lineage, configs, results, β/η, ARI, plots, timings."""
+    if out is not None:
+        writable(out)
     art, reused = write(sources, store, force)
     if out is not None:
         try:
@@ -30,6 +33,17 @@ def report(
             raise FedL2PError(f"--out {out}: cannot write ({e.strerror})") from None
         render.console.print(f"report copied to {out}")
     render.artifact_line("report", art.id, art.file("report.html"), reused)
+
+
+def writable(out: Path) -> None:
+    """--out can be written, checked before the report artifact is: a refused command leaves the store as it was."""
+    if out.is_dir():
+        raise FedL2PError(f"--out {out} is a folder; give a file name such as {out / 'report.html'}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent if str(out.parent) else ".", prefix=".fedl2p-"):
+            pass
+    except OSError as e:
+        raise FedL2PError(f"--out {out}: cannot write ({e.strerror or e.__class__.__name__})") from None
 
 
 def write(sources: list[str], store: Optional[Path], force: bool = False):

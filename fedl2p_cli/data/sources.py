@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .. import plugins
-from ..errors import DataError
+from ..errors import DataError, FedL2PError
 
 if TYPE_CHECKING:
     from ..configs import PartitionConfig
@@ -39,6 +39,14 @@ class Source:
     speakers: bool = False                   # clients are the dataset's speakers, one each (Speech Commands)
     options: tuple[str, ...] = ()            # which of OPTIONS it takes (image-folder: image_size)
     resized_before: int | None = None        # the --image-size its artifacts made before the option had (their ids)
+    # the files `load` reads, for the data fingerprint's cache (data/fingerprint.py); None: the --data-dir file or folder
+    reads: Callable[["PartitionConfig", Path | None], list[Path]] | None = None
+
+    def read_paths(self, cfg: "PartitionConfig", data_dir: Path | None) -> list[Path]:
+        """What `load` reads (a folder: every file below it); [] where that is not known (nothing is cached)."""
+        if self.reads is not None:
+            return list(self.reads(cfg, data_dir))
+        return [data_dir] if data_dir is not None else []
 
     def generates(self, corruptions: list[str] | None) -> bool:
         """Whether a partition's domains are corruptions generated from these images."""
@@ -57,13 +65,18 @@ def get(name: str) -> Source:
 
 
 def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":
-    """The source's dataset, checked against what the source declares."""
+    """The source's dataset, checked against the dataset contract and what the source declares (data/validate.py)."""
+    from . import validate
     src = get(cfg.dataset)
-    ds = src.load(cfg, data_dir)
-    if src.mean is not None:
+    try:
+        ds = src.load(cfg, data_dir)
+    except FedL2PError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a plugin's loader failing (its file missing, its bug): one line naming it
+        owner = plugins.current().owner("dataset", src.name)
+        if owner is None or owner.builtin:
+            raise
+        raise DataError(f"dataset '{src.name}' from {owner.describe()}: its load() raised {e.__class__.__name__}: {e}") from None
+    if src.mean is not None and hasattr(ds, "mean"):
         ds.mean, ds.std = src.mean, src.std
-    if src.channels is not None and ds.images.shape[1] != src.channels:
-        raise DataError(f"dataset '{src.name}' loaded {ds.images.shape[1]}-channel images; it declares {src.channels}")
-    if src.classes is not None and len(ds.classes) != src.classes:
-        raise DataError(f"dataset '{src.name}' loaded {len(ds.classes)} classes; it declares {src.classes}")
-    return ds
+    return validate.check(ds, src, cfg)

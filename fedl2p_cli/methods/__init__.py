@@ -2,9 +2,9 @@
 the pipeline and the benchmarks ask about a method. The built-in ones (`builtin.py`) and a plugin's are registered by
 the plugin loader (fedl2p_cli/plugins.py) before the first question is answered."""
 
-from . import registry
-from .registry import (HandMade, Learned, Method, Outcome, System, Tuned, baselines, find, get, handmade, label, learned, names,
-                       systems)
+from . import check, registry
+from .registry import (HandMade, Learned, Method, Outcome, System, Tuned, baselines, find, get, handmade, label, learned,
+                       names, systems)
 
-__all__ = ["HandMade", "Learned", "Method", "Outcome", "System", "Tuned", "baselines", "find", "get", "handmade", "label", "learned",
-           "names", "registry", "systems"]
+__all__ = ["HandMade", "Learned", "Method", "Outcome", "System", "Tuned", "baselines", "find", "get", "handmade", "label",
+           "learned", "names", "check", "registry", "systems"]

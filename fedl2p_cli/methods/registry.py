@@ -73,9 +73,11 @@ class HandMade(Method):
         """Its Strategy at `factor` x its LR; LR 0 for the parameter tensors of `model` its `tensors` leaves out."""
         import torch
         from ..core.finetune import Strategy
+        from . import check
+        check.rate(self)
         lr = torch.full((n_p,), base_lr * self.lr_factor * factor)
         if self.tensors is not None:
-            chosen = set(self.tensors(model))
+            chosen = check.tensors(self, model)
             lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()], dtype=lr.dtype)
         return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
 
@@ -188,3 +190,18 @@ def label(name: str) -> str:
     """A row's label: a registered method's, else the row's own name (a learned variant's)."""
     m = find(name)
     return name if m is None or isinstance(m, Learned) else m.label
+
+
+def before_personalizing(requested: list[Any], model: Any) -> None:
+    """Every hand-made method a personalisation runs (a tuned method's candidates among them), checked once before
+    the first client, on the model the harness built."""
+    from . import check
+    todo = list(requested)
+    for m in requested:
+        if isinstance(m, Tuned):
+            todo += [c for name, _ in m.candidates() if (c := find(name)) is not None]
+    for m in todo:
+        if isinstance(m, HandMade):
+            check.rate(m)
+            if m.tensors is not None:
+                check.tensors(m, model)

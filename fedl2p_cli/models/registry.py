@@ -16,6 +16,7 @@ from ..catalog import ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
 from ..errors import FedL2PError
+from . import guard
 from .bn_swap import check_swap, plain_bn, replace_bn, require_bn
 
 HEAD_ATTR = "_fedl2p_head"  # a declared classifier's module name, kept on the built model
@@ -67,7 +68,7 @@ def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
     needs: a layer that is not fails here, in one line, not in the middle of meta-train)."""
     s = spec(name)
     torch.manual_seed(seed)
-    model = _call(s.factory, in_channels, num_classes)
+    model = guard.call(name, s, lambda: _call(s.factory, in_channels, num_classes))
     if not isinstance(model, nn.Module):
         raise FedL2PError(f"model '{name}': its factory returned {type(model).__name__}, not a torch nn.Module")
     require_bn(model, name)

@@ -25,6 +25,7 @@ from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import Harness
+from ..analysis.text import signed
 
 
 def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],
@@ -63,14 +64,14 @@ def domain_cells(s: dict) -> tuple[list[str], dict[str, list[str]]]:
     """The per-domain columns of a summary where it has several domains (none otherwise): the domains, and per
     combination its cells, "accuracy (Δ vs learned)". Shared by summary.md and the command's table."""
     doms = list(s["by_domain"]) if len(s["by_domain"]) > 1 else []
-    return doms, {n: [f"{s['by_domain'][d][n]['mean']:.2f} ({s['by_domain'][d][n]['vs_learned']:+.2f})" for d in doms]
+    return doms, {n: [f"{s['by_domain'][d][n]['mean']:.2f} ({signed(s['by_domain'][d][n]['vs_learned'])})" for d in doms]
                   for n in s["combinations"]}
 
 
 def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, beta: np.ndarray, params: list[str]) -> str:
     lines = [f"{method} on {clients} {pool} clients: accuracy (%) mean ± SD over seeds, Δ paired vs the learned strategy", "",
              "| strategy | accuracy | Δ vs learned |", "|---|---|---|"]
-    lines += [f"| {n} | {v['mean']:.2f} ± {v['sd']:.2f} | {v['vs_learned']:+.2f} ± {v['vs_learned_sd']:.2f} |"
+    lines += [f"| {n} | {v['mean']:.2f} ± {v['sd']:.2f} | {signed(v['vs_learned'])} ± {v['vs_learned_sd']:.2f} |"
               for n, v in s["combinations"].items()]
     lines += [f"| {methods.label(k)} (stored) | {v['mean']:.2f} ± {v['sd']:.2f} | |" for k, v in s["stored"].items()]
     doms, cells = domain_cells(s)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from ..artifacts import Artifact, Draft, Store
+from ..artifacts import Artifact, Draft, Store, artifact_id
 from ..configs import PartitionConfig
 from ..core.config import validate
 from ..data import corruptions as corr
-from ..data import datasets, sources, speech
+from ..data import datasets, fingerprint, sources, speech
 from ..data.partition import ClientSplit, choose_unseen, dirichlet_partition, label_entropy, shards_partition, split_client
-from ..errors import FedL2PError
+from ..errors import DataError, FedL2PError
 from ..io import partition_h5
 from .common import build_or_reuse, config_dict
 
@@ -169,9 +170,35 @@ def check_speech(cfg: PartitionConfig) -> None:
         raise FedL2PError(f"--clients {cfg.clients} with --unseen-fraction {cfg.unseen_fraction} leaves no seen speakers")
 
 
+def data_dir(cfg: PartitionConfig) -> Path | None:
+    """Where the source reads its files: --data-dir, else FEDL2P_DATA (None if neither)."""
+    return Path(cfg.data_dir) if cfg.data_dir else datasets.env_data_dir()
+
+
 def load_source(cfg: PartitionConfig) -> datasets.Dataset:
-    """The dataset a partition is drawn from, as its registered source loads it (--data-dir, else FEDL2P_DATA)."""
-    return sources.load(cfg, Path(cfg.data_dir) if cfg.data_dir else datasets.env_data_dir())
+    """The dataset a partition is drawn from, as its registered source loads it, validated (data/validate.py)."""
+    return sources.load(cfg, data_dir(cfg))
+
+
+def with_data(config: dict, fp: str) -> dict:
+    """A partition's identity: its options and the fingerprint of its data, left out for the built-in data whose
+    partitions existed before it (their ids stay what they were: data/fingerprint.py KNOWN)."""
+    return config if fingerprint.known(fp) else config | {"data": fp}
+
+
+def identify(cfg: PartitionConfig, store: Store, config: dict, force: bool
+             ) -> tuple[datasets.Dataset | None, str, Callable[[], None]]:
+    """The dataset (None when the store's fingerprint cache answered for an artifact that exists), its fingerprint,
+    and what records it in the cache once the store exists."""
+    src = sources.get(cfg.dataset)
+    key = fingerprint.cache_key(cfg.dataset, fingerprint.options(cfg), src.read_paths(cfg, data_dir(cfg)))
+    cache = fingerprint.Cache(store.root)
+    fp = cache.get(key)
+    if fp is not None and not force and store.exists("partition", artifact_id("partition", with_data(config, fp), {})):
+        return None, fp, lambda: None
+    ds = load_source(cfg)
+    fp = fingerprint.of(ds)
+    return ds, fp, lambda: cache.put(key, fp)
 
 
 def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False) -> tuple[Artifact, bool]:
@@ -182,16 +209,6 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
         if _base(ex.dataset) != _base(cfg.dataset):
             raise FedL2PError(f"--exclude {ex_art.id} partitions '{ex.dataset}', not the same source images as '{cfg.dataset}'")
         cfg.exclude, excluded = ex_art.id, ex.source_index.numpy()
-
-    def build(draft: Draft) -> None:
-        ds = load_source(cfg)
-        part = build_partition(cfg, ds, excluded)
-        partition_h5.write(draft.path("partition.h5"), part)
-        draft.metrics = summary(part) | ({"source": ds.note} if ds.note else {})
-        if plot:
-            from ..analysis.plots import label_mix_heatmap
-            label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
-
     # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
     # built before the option existed, keep their ids with --normalize partition)
     quiet = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
@@ -199,7 +216,25 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
     # and any other choice (keeping the images' size included) is a new one
     if cfg.image_size == sources.get(cfg.dataset).resized_before:
         quiet += ("image_size",)
-    return build_or_reuse(store, "partition", config_dict(cfg, exclude=("data_dir", "download", *quiet)), {}, build, force)
+    config = config_dict(cfg, exclude=("data_dir", "download", *quiet))
+    loaded, fp, remember = identify(cfg, store, config, force)
+
+    def build(draft: Draft) -> None:
+        ds = loaded if loaded is not None else load_source(cfg)
+        if loaded is None and fingerprint.of(ds) != fp:  # changed under an unchanged size and mtime
+            raise DataError(f"the data of --dataset {cfg.dataset} changed while its files kept their size and time; run "
+                            "the command again")
+        part = build_partition(cfg, ds, excluded)
+        partition_h5.write(draft.path("partition.h5"), part)
+        draft.metrics = summary(part) | ({"source": ds.note} if ds.note else {})
+        draft.data = {"fingerprint": fp} | ({"known": fingerprint.known(fp)} if fingerprint.known(fp) else {})
+        if plot:
+            from ..analysis.plots import label_mix_heatmap
+            label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
+
+    out = build_or_reuse(store, "partition", with_data(config, fp), {}, build, force)
+    remember()  # after the build: a refused one leaves no store folder behind
+    return out
 
 
 def _base(dataset: str) -> str:

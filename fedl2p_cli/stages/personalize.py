@@ -33,6 +33,7 @@ from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
+from ..analysis.text import signed
 
 STAGES = (None, "meta-train", "pfl")  # rows in this order: no artifact (hand-made, tuned), learned, other systems
 
@@ -178,6 +179,14 @@ class Setup:
         return self.row(method.name, method, art, pfl_stage.to_device(pfl_stage.load(self.store, art.id), self.dev))
 
 
+def canonical(rows: list[Row]) -> list[Row]:
+    """Rows in one order whatever order --methods gave: per stage (STAGES), methods needing no artifact in the
+    registry's order, the others by name (the pipelines' lists are in this order already: their ids are kept)."""
+    order = {m: i for i, m in enumerate(methods.names())}
+    return sorted(rows, key=lambda r: (STAGES.index(r.artifact[0] if r.artifact else None),
+                                       order.get(r.name, len(order)) if r.artifact is None else 0, r.name))
+
+
 def method_of(art: Artifact) -> methods.Method:
     """The method an artifact given by id belongs to: a meta-train artifact's learned family, a pfl one's system."""
     return meta_stage.method_of(art) if art.stage == "meta-train" else methods.get(art.config["algo"])
@@ -295,7 +304,7 @@ def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[st
 
 def row_cells(m: str, v: dict) -> list[str]:
     """One summary row: label, mean ± SD, Δ vs best FT, Δ vs ft-tuned, share of clients better, sparsity."""
-    fmt = lambda k: f"{100 * v[k]:+.2f}" if k in v else ""  # noqa: E731
+    fmt = lambda k: signed(100 * v[k]) if k in v else ""  # noqa: E731
     if np.isnan(v["mean"]):  # e.g. pFedLA on unseen clients: it has no model for them
         return [methods.label(m), "N/A", "", "", "", ""]
     return [methods.label(m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
@@ -329,7 +338,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
     setup = Setup(cfg, store, pre_art.id, stats_art.id, parents["partition"], table, runtime.torch_device)
-    rows = setup.rows({"meta-train": meta_refs or [], "pfl": pfl_refs or []})
+    rows = canonical(setup.rows({"meta-train": meta_refs or [], "pfl": pfl_refs or []}))
     parents |= {f"{r.artifact[0]}:{r.name}": r.artifact[1] for r in rows if r.artifact}
     _, part = partition_stage.load(store, parents["partition"])
     clients = part.pool(cfg.unseen)
@@ -339,6 +348,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, pre_art.id)
         h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
+        methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
@@ -347,7 +357,10 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         plots(r, table, draft)
         draft.metrics = {"pool": s["pool"], "global_acc": s["global_acc"]} | {m: v["mean"] for m, v in s["methods"].items()}
 
-    return build_or_reuse(store, "personalize", config_dict(cfg), parents, build, force, runtime)
+    # the methods needing no artifact, in the registry's order: those with one are its parents (`--methods
+    # ft-bnc,fedl2p-fomaml` stage by stage and a pipeline's methods plus its [[meta-train]] are one personalisation)
+    ident = config_dict(cfg) | {"methods": [r.name for r in rows if r.artifact is None]}
+    return build_or_reuse(store, "personalize", ident, parents, build, force, runtime)
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:

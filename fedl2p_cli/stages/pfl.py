@@ -19,7 +19,7 @@ from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate
 from ..engine.loop import Checkpoint
-from ..models import registry
+from ..models import guard, registry
 from ..runtime import Runtime
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
@@ -46,6 +46,7 @@ def identity(cfg: PFLConfig) -> dict:
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
         progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+    guard.allow(cfg.model)  # named by the user
     check(cfg)
     runtime = runtime or Runtime()
     part_art, part = partition_stage.load(store, partition_ref)
@@ -87,6 +88,7 @@ def load(store: Store, ref: str | None) -> Trained:
     art = store.load("pfl", ref)
     c = art.config
     cfg = PFLConfig(**{k: v for k, v in c.items() if k in PFLConfig.__dataclass_fields__})
+    guard.from_artifact(art, c["model"])
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
     return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], trainer(cfg.algo).load(art, cfg, model))
 

@@ -24,7 +24,7 @@ from ..engine.workers import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
-from ..models import registry
+from ..models import guard, registry
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
 
@@ -181,6 +181,7 @@ def write_history(path: Path, history: list[dict]) -> None:
 def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
         progress: Progress | None = None, plot: bool = True, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     runtime = runtime or Runtime()
+    guard.allow(cfg.model)  # named by the user (--model, a pipeline's model): the later stages may build it
     check(cfg, runtime)
     if cfg.init:
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
@@ -214,6 +215,7 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict
     """The pretrained artifact, a model built for it (holding its weights) and its state dict."""
     art = store.load("pretrain", ref)
     c = art.config
+    guard.from_artifact(art, c["model"])
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
     state = weights.load(art.file("model.safetensors"))
     set_state(model, state)

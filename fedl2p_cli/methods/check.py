@@ -1,0 +1,40 @@
+"""What a hand-made method fine-tunes, checked against the model it gets: a method naming a tensor the model lacks,
+or naming none, would run and print a normal row while fine-tuning nothing it meant to (issue 51)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import FedL2PError
+
+
+def _who(name: str) -> str:
+    from .. import plugins
+    p = plugins.owner("method", name)
+    return f"method '{name}'" + ("" if p is None or p.builtin else f" from {p.describe()}")
+
+
+def tensors(method: Any, model: Any) -> set[str]:
+    """The parameter names `method.tensors(model)` chooses, each one of `model`'s (after the BN swap: what the method
+    receives), at least one; else one line listing the model's tensor names."""
+    have = [n for n, _ in model.named_parameters()]
+    try:
+        chosen = method.tensors(model)
+        chosen = {chosen} if isinstance(chosen, str) else set(chosen)
+    except Exception as e:  # noqa: BLE001 - the method's own code: one line naming it
+        raise FedL2PError(f"{_who(method.name)}: tensors(model) raised {e.__class__.__name__}: {e}") from None
+    names = ", ".join(have)
+    unknown = sorted(str(n) for n in chosen if n not in have)
+    if unknown:
+        raise FedL2PError(f"{_who(method.name)}: tensors(model) names '{unknown[0]}', which the model does not have; "
+                          f"its tensors (after the BN swap): {names}")
+    if not chosen:
+        raise FedL2PError(f"{_who(method.name)}: tensors(model) names no tensor, so it would fine-tune nothing; the "
+                          f"model's tensors (after the BN swap): {names}")
+    return chosen
+
+
+def rate(method: Any) -> None:
+    """A learning-rate factor that fine-tunes something (0 or less: nothing, or against the gradient)."""
+    if not method.lr_factor > 0:
+        raise FedL2PError(f"{_who(method.name)}: lr_factor {method.lr_factor!r} fine-tunes nothing; it must be > 0")

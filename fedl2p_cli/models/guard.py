@@ -1,0 +1,71 @@
+"""Which model code may run: an artifact's text never chooses a module to import (issue 51).
+
+A model named `package.module:factory` is imported only when the user named it: `--model` (or a pipeline's `model`) on
+this command, `fedl2p --allow-import MODULE` (or FEDL2P_ALLOW_IMPORT), or a loaded plugin's own module. Loading an
+artifact that names another is one line saying which module it asks for and how to allow it. The list lives in the
+environment so that worker processes and Flower simulation nodes, started from this one, allow the same modules."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable
+
+from ..errors import ArtifactError, FedL2PError
+
+ENV = "FEDL2P_ALLOW_IMPORT"
+
+
+def _split(raw: str) -> list[str]:
+    return [s.strip() for s in re.split(rf"[,{re.escape(os.pathsep)}]", raw) if s.strip()]
+
+
+def allowed_modules() -> list[str]:
+    return _split(os.environ.get(ENV, ""))
+
+
+def allow(ref: str | None) -> None:
+    """The user named `ref` (a model `package.module:factory`, or a module): its module may be imported here and in
+    the workers this process starts. A registered model's name allows nothing (the registry holds its code)."""
+    if not ref:
+        return
+    module = ref.partition(":")[0] if ":" in ref else ref
+    have = allowed_modules()
+    if module not in have:
+        os.environ[ENV] = ",".join([*have, module])
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def allowed(module: str) -> bool:
+    from .. import plugins
+    return any(_within(module, m) for m in [*allowed_modules(), *plugins.active()])
+
+
+def from_artifact(art: Any, ref: str) -> None:
+    """Refuse to build the model an artifact names unless its module is allowed (a registered name always is)."""
+    from .. import plugins
+    if ":" not in ref or plugins.current().find("model", ref) is not None:
+        return
+    module = ref.partition(":")[0]
+    if not allowed(module):
+        raise ArtifactError(f"artifact {art.stage}/{art.id} asks for the model '{ref}': fedl2p imports no module an "
+                            f"artifact names unless you do; if you trust it, add --allow-import {module} (fedl2p "
+                            f"--allow-import {module} COMMAND, or FEDL2P_ALLOW_IMPORT={module})")
+
+
+def call(name: str, spec: Any, call_factory: Callable[[], Any]) -> Any:
+    """A user's factory (a `package.module:factory` or a plugin's model) that raises: one line naming it; a built-in
+    one's error is ours and propagates."""
+    try:
+        return call_factory()
+    except FedL2PError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code
+        if spec.plugin is not None and spec.plugin.builtin:
+            raise
+        factory = getattr(spec.factory, "__qualname__", repr(spec.factory))
+        who = f"--model {name}" + (f" (from {spec.plugin.describe()})" if spec.plugin is not None else "")
+        raise FedL2PError(f"{who}: its factory {factory}() raised {e.__class__.__name__}: {e}") from None
