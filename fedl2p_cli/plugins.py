@@ -216,13 +216,14 @@ def fill(catalog: Catalog, installed: bool = True) -> Catalog:
 
 def build(*plugins: str | Callable[[Registry], Any], installed: bool = False) -> Catalog:
     """A catalog of its own: the built-ins, the installed plugins if `installed`, then each of `plugins`, a module
-    name or a `register` function (a test's own pieces, owned by a plugin named after the function)."""
+    name or a `register` function (a test's own pieces, owned by a plugin named after the function's module; they
+    stay in this process: worker processes load plugins by module)."""
     catalog = fill(Catalog(), installed)
     for p in plugins:
         if isinstance(p, str):
             load_module(catalog, p)
         else:
-            register(catalog, Plugin(f"{p.__module__}.{p.__qualname__}"), p)
+            register(catalog, Plugin(p.__module__), p)
     return catalog
 
 

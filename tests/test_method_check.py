@@ -21,6 +21,9 @@ CASES = {
 }
 
 
+WHO = "method '{}' from plugin '" + __name__ + "'"  # registered by this module's own catalog (plugins.build)
+
+
 def own(method: methods.Method):
     """A catalog of this test's own, with `method` registered."""
     return plugins.using(plugins.build(lambda registry: registry.add_method(method)))
@@ -40,7 +43,7 @@ def refused(name, line, tiny_store, capsys, monkeypatch):
     capsys.readouterr()
     code = run_cli(["personalize", "--methods", name, "--epochs", "1", "--batch-size", "16", "--seeds", "0"])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith(f"error: method '{name}': {line}") and err.count("\n") == 1
+    assert code == 2 and err.startswith(f"error: {WHO.format(name)}: {line}") and err.count("\n") == 1
     assert sorted(store.ids("personalize")) == before
 
 
@@ -49,5 +52,5 @@ def test_a_method_with_no_learning_rate_is_refused(tiny_store, capsys, monkeypat
     capsys.readouterr()
     with own(methods.HandMade("ft-frozen", "FT frozen", lr_factor=0.0, baseline=False)):
         code = run_cli(["personalize", "--methods", "ft-frozen", "--epochs", "1", "--batch-size", "16", "--seeds", "0"])
-    assert (code, capsys.readouterr().err) == (2, "error: method 'ft-frozen': lr_factor 0.0 fine-tunes nothing; it must "
-                                                  "be > 0\n")
+    assert (code, capsys.readouterr().err) == (2, f"error: {WHO.format('ft-frozen')}: lr_factor 0.0 fine-tunes nothing; "
+                                                  "it must be > 0\n")
