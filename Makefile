@@ -47,8 +47,9 @@ docs: $(STAMP)
 	$(BIN)/pip install -q -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-docs-reference: $(STAMP)  # regenerate the CLI reference after changing an option (a test checks it is current)
+docs-reference: $(STAMP)  # regenerate the CLI and plugin API references after a change (a test checks they are current)
 	$(BIN)/python -m fedl2p_cli.cli.reference > docs/reference/cli.md
+	$(BIN)/python -m fedl2p_cli.cli.api_reference > docs/reference/plugin-api.md
 
 # an sdist and a wheel in dist/, checked by twine (what `pip install fedl2p` would get)
 dist: $(STAMP)

@@ -1,65 +1,40 @@
 """Plugins: what a user brings (models, datasets, methods, pFL systems, pretraining algorithms) from their own package.
 
-A plugin is a module with a `register(registry)` function. fedl2p finds plugins, in this order:
+A plugin is a module with a `register(registry)` function. The loader fills a `Catalog` (fedl2p_cli/catalog.py) from,
+in this order:
 1. our own built-ins (`fedl2p_cli.builtin`), loaded by this same loader, first;
 2. every installed package's entry point in the group `fedl2p.plugins` (`name = "module"` or `"module:function"`);
 3. the modules named by `FEDL2P_PLUGINS` (comma- or os.pathsep-separated), `fedl2p --plugin MODULE` and a pipeline
    file's top-level `plugins = [...]`.
 `register` receives a `Registry` and calls its `add_*` methods; a name that is already taken, a module that does not
-import or a `register` that raises is refused as a whole (nothing of it is registered) with one line naming the
-plugin. Each registry asks `ensure()` before answering, so the built-ins and installed plugins are there in every
-process: the CLI, a worker process, a Flower ClientApp. Torch-free: loading a plugin imports only what it imports.
+import, a `register` that raises or a plugin written for another `API_VERSION` (its module's `FEDL2P_API`) is refused
+as a whole (nothing of it is registered) with one line naming the plugin. `current()` is the process's catalog, filled
+with the built-ins and the installed plugins on first use, so they are there in every process: the CLI, a worker
+process, a Flower ClientApp; `using(catalog)` puts another in its place (tests build their own with `build`).
+Torch-free: loading a plugin imports only what it imports.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
-import inspect
 import importlib.metadata as md
+import inspect
 import os
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
+from .catalog import API_VERSION, BUILTIN, KINDS, Catalog, ModelSpec, Plugin, PluginError, PretrainAlgo
 from .errors import FedL2PError
 
 GROUP = "fedl2p.plugins"
 ENV = "FEDL2P_PLUGINS"
-BUILTIN = "fedl2p_cli.builtin"
-KINDS = ("model", "dataset", "method", "system", "pretrain-algo")
-
-
-class PluginError(FedL2PError):
-    """A plugin that cannot be loaded or registered (the CLI shows one line, exit 2)."""
-
-
-@dataclass(frozen=True)
-class Plugin:
-    """Where registered pieces come from: the module whose `register` ran, and the distribution that installed it
-    (None for a module found on the path only, and for the built-ins)."""
-    module: str
-    dist: str | None = None
-    version: str | None = None
-
-    @property
-    def builtin(self) -> bool:
-        return self.module == BUILTIN
-
-    def describe(self) -> str:
-        if self.builtin:
-            return "fedl2p (built-in)"
-        return f"plugin '{self.module}'" + (f" ({self.dist} {self.version})" if self.dist else "")
-
-    def record(self) -> dict:
-        """What an artifact's manifest says of it."""
-        return {"module": self.module, "dist": self.dist, "version": self.version}
-
-
-@dataclass
-class _Pending:
-    kind: str
-    name: str
-    commit: Callable[[], None]
+__all__ = ["API_VERSION", "BUILTIN", "KINDS", "Plugin", "PluginError", "Registry", "build", "current", "load", "using"]
 
 
 @dataclass
@@ -67,87 +42,49 @@ class Registry:
     """What a plugin's `register(registry)` receives. Each `add_*` names one piece; the pieces are registered together
     once `register` returns (a clash or an error registers none of them)."""
     plugin: Plugin
-    pending: list[_Pending] = field(default_factory=list)
+    pending: list[tuple[str, str, Any]] = field(default_factory=list)
 
     def add_model(self, name: str, factory: Callable[..., Any], about: str = "", head: str | None = None) -> None:
         """A model: `factory(in_channels=, num_classes=)` (each passed when the factory takes it) returns an nn.Module
         with BatchNorm1d/2d layers, which become fedl2p's mixing BN. `head`: the classifier's module name (what
         FedBABU freezes); default: the last nn.Linear."""
-        from .models import registry as models
-        self._add("model", name, lambda: models.add(name, models.ModelSpec(factory, about, head, self.plugin)))
+        if not callable(factory):
+            raise PluginError(f"{self.plugin.describe()}: model '{name}': its factory is not callable")
+        self._add("model", name, ModelSpec(factory, about, head, self.plugin))
 
     def add_dataset(self, source: Any) -> None:
-        """A dataset: a `fedl2p_cli.data.sources.Source` (its loader, channels, classes, normalisation)."""
-        from .data import sources
-        self._add("dataset", source.name, lambda: sources.add(source, self.plugin))
+        """A dataset: an `api.Source` (its loader, channels, classes, normalisation)."""
+        if not callable(getattr(source, "load", None)):
+            raise PluginError(f"{self.plugin.describe()}: dataset '{getattr(source, 'name', source)}': its load is "
+                              "not callable")
+        self._add("dataset", source.name, source)
 
     def add_method(self, method: Any) -> None:
-        """A personalisation method: a `fedl2p_cli.methods.HandMade`, `Tuned` or `Learned`."""
-        from . import methods
-        if isinstance(method, methods.System):
+        """A personalisation method: an `api.HandMade`, `Tuned` or `Learned`."""
+        if getattr(method, "kind", None) == "system":
             raise PluginError(f"{self.plugin.describe()}: '{method.name}' is a System; register it with add_system")
-        self._add("method", method.name, lambda: methods.registry.add(method))
+        self._add("method", method.name, method)
 
     def add_system(self, system: Any) -> None:
-        """A personalised-FL system: a `fedl2p_cli.methods.System` whose `trainer` module trains and evaluates it
+        """A personalised-FL system: an `api.System` whose `trainer` module trains and evaluates it
         (`fedl2p pfl-train --algo NAME`, `personalize --methods NAME`)."""
-        from . import methods
-        if not isinstance(system, methods.System):
-            raise PluginError(f"{self.plugin.describe()}: add_system takes a fedl2p_cli.methods.System")
-        self._add("system", system.name, lambda: methods.registry.add(system))
+        if getattr(system, "kind", None) != "system":
+            raise PluginError(f"{self.plugin.describe()}: add_system takes an api.System")
+        self._add("system", system.name, system)
 
     def add_pretrain_algo(self, name: str, client: Callable[..., Any], about: str = "", freeze_head: bool = False) -> None:
         """A pretraining algorithm (`fedl2p pretrain --algo NAME`): `client(model, state, x, y, lr, local_config,
         generator) -> (new state, mean loss)`, one client's local update; the server averages by samples."""
-        from .algorithms import local
-        self._add("pretrain-algo", name, lambda: local.add(name, local.PretrainAlgo(client, about, freeze_head, self.plugin)))
+        self._add("pretrain-algo", name, PretrainAlgo(client, about, freeze_head, self.plugin))
 
-    def _add(self, kind: str, name: str, commit: Callable[[], None]) -> None:
+    def _add(self, kind: str, name: str, value: Any) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise PluginError(f"{self.plugin.describe()} registers a {kind} named {name!r}: use letters, digits, '.', '_' or '-'")
-        self.pending.append(_Pending(kind, name, commit))
+        self.pending.append((kind, name, value))
 
 
-_OWNERS: dict[tuple[str, str], Plugin] = {}   # (kind, name) -> the plugin that registered it
-_KIND: dict[tuple[str, str], str] = {}        # (name space, name) -> the kind it was registered as
-_LOADED: dict[str, Plugin] = {}               # module -> plugin, in load order
-_STATE = {"ensured": False, "busy": False}
-
-
-def _namespace(kind: str) -> str:
-    """Methods and systems share one name space (personalize --methods names both)."""
-    return "method" if kind == "system" else kind
-
-
-def owner(kind: str, name: str) -> Plugin | None:
-    return _OWNERS.get((_namespace(kind), name))
-
-
-def loaded() -> list[Plugin]:
-    return list(_LOADED.values())
-
-
-def active() -> list[str]:
-    """The modules of the loaded plugins other than the built-ins: what a worker process or Flower site loads too."""
-    return [m for m in _LOADED if m != BUILTIN]
-
-
-def _commit(reg: Registry) -> None:
-    seen: set[tuple[str, str]] = set()
-    for p in reg.pending:
-        key = (_namespace(p.kind), p.name)
-        if key in _OWNERS or key in seen:
-            other = _OWNERS.get(key, reg.plugin)
-            raise PluginError(f"{reg.plugin.describe()} registers {p.kind} '{p.name}', which {other.describe()} already "
-                              "registers; rename one of them")
-        seen.add(key)
-    for p in reg.pending:
-        p.commit()
-        _OWNERS[(_namespace(p.kind), p.name)] = reg.plugin
-        _KIND[(_namespace(p.kind), p.name)] = p.kind
-
-
-def _register(plugin: Plugin, fn: Callable[[Registry], Any]) -> None:
+def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], Any]) -> None:
+    """Run a plugin's `register` and add what it registered to `catalog`, all of it or nothing."""
     reg = Registry(plugin)
     try:
         fn(reg)
@@ -155,8 +92,7 @@ def _register(plugin: Plugin, fn: Callable[[Registry], Any]) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin's bug: one line naming it
         raise PluginError(f"{plugin.describe()} failed in register(): {e.__class__.__name__}: {e}") from None
-    _commit(reg)
-    _LOADED[plugin.module] = plugin
+    catalog.add(plugin, reg.pending)
 
 
 def _import(module: str, how: str) -> Any:
@@ -174,6 +110,41 @@ def _register_fn(obj: Any, module: str, attr: str = "register") -> Callable[[Reg
     return fn
 
 
+def check_api(module: str) -> None:
+    """A plugin module may say which API it was written for (`FEDL2P_API = 1`); another one is refused."""
+    declared = getattr(importlib.import_module(module), "FEDL2P_API", None)
+    if declared is not None and declared != API_VERSION:
+        raise PluginError(f"plugin '{module}' is written for fedl2p API {declared!r}; this fedl2p has API {API_VERSION}: "
+                          f"install a release of the plugin for API {API_VERSION}")
+
+
+def internal_imports(module: str) -> list[str]:
+    """The fedl2p modules other than `fedl2p_cli.api` that a plugin's source files import (its package's files, or
+    its one file), read with ast: what may break it when fedl2p's internals change."""
+    mod = importlib.import_module(module)
+    path = Path(getattr(mod, "__file__", None) or "")
+    files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path] if path.suffix == ".py" else []
+    found: set[str] = set()
+    for f in files:
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found |= {f"{node.module}.{a.name}" if node.module == "fedl2p_cli" else node.module for a in node.names}
+    return sorted(m for m in found if m.split(".")[0] == "fedl2p_cli" and m not in ("fedl2p_cli", "fedl2p_cli.api"))
+
+
+def _note_internals(catalog: Catalog, module: str) -> None:
+    names = internal_imports(module)
+    if names:
+        catalog.notes.append(f"plugin '{module}' imports fedl2p's internals ({', '.join(names)}), which may change "
+                             "without notice: import fedl2p_cli.api only (docs/reference/plugin-api.md)")
+
+
 def _dist_of(module: str) -> tuple[str | None, str | None]:
     """The installed distribution providing `module`'s top-level package, if any."""
     top = module.split(".")[0]
@@ -186,26 +157,34 @@ def _dist_of(module: str) -> tuple[str | None, str | None]:
         return dists[0], None
 
 
-def load_module(spec: str, how: str = "--plugin") -> Plugin:
-    """Load one plugin named by a module (`pkg.mod`, or `pkg.mod:function` for a registration function of another
-    name); a module already loaded is not loaded again."""
-    module, _, attr = spec.strip().partition(":")
-    if not module:
-        raise PluginError(f"{how}: an empty plugin name")
-    if module in _LOADED:
-        return _LOADED[module]
-    obj = _import(module, how)
-    plugin = Plugin(module, *(_dist_of(module) if module != BUILTIN else (None, None)))
-    _register(plugin, _register_fn(obj, module, attr or "register"))
+def _load(catalog: Catalog, plugin: Plugin, obj: Any, attr: str = "register") -> Plugin:
+    if not plugin.builtin:
+        check_api(plugin.module)
+    register(catalog, plugin, _register_fn(obj, plugin.module, attr))
+    if not plugin.builtin:
+        _note_internals(catalog, plugin.module)
     return plugin
 
 
-def _entry_points() -> None:
+def load_module(catalog: Catalog, spec: str, how: str = "--plugin") -> Plugin:
+    """Load one plugin named by a module (`pkg.mod`, or `pkg.mod:function` for a registration function of another
+    name) into `catalog`; a module already loaded is not loaded again."""
+    module, _, attr = spec.strip().partition(":")
+    if not module:
+        raise PluginError(f"{how}: an empty plugin name")
+    if module in catalog.plugins:
+        return catalog.plugins[module]
+    obj = _import(module, how)
+    plugin = Plugin(module, *(_dist_of(module) if module != BUILTIN else (None, None)))
+    return _load(catalog, plugin, obj, attr or "register")
+
+
+def _entry_points(catalog: Catalog) -> None:
     """Every installed plugin. One that fails (to import, or in register) is left out with a warning: a command that
     needs none of its pieces runs, one that does finds its piece unknown (store inspection, --help, `run tiny`)."""
     for ep in sorted(md.entry_points(group=GROUP), key=lambda e: (e.value, e.name)):
         module = ep.value.partition(":")[0].strip()
-        if module in _LOADED or module == BUILTIN:
+        if module in catalog.plugins or module == BUILTIN:
             continue
         dist = getattr(ep, "dist", None)
         plugin = Plugin(module, dist.name if dist else None, dist.version if dist else None)
@@ -215,16 +194,13 @@ def _entry_points() -> None:
             except Exception as e:  # noqa: BLE001
                 raise PluginError(f"plugin '{module}' (entry point '{ep.name}' of {plugin.dist}) failed to import: "
                                   f"{e.__class__.__name__}: {e}") from None
-            _register(plugin, _register_fn(obj, module))
+            _load(catalog, plugin, obj)
         except PluginError as e:
-            BROKEN.append(str(e))
             if not os.environ.get(_WARNED):  # once: not again in each worker process this one starts
                 warn(f"{e}; its pieces are unavailable (pip uninstall {plugin.dist} to silence this)")
-    if BROKEN:
-        os.environ[_WARNED] = "1"
+                os.environ[_WARNED] = "1"
 
 
-BROKEN: list[str] = []  # the installed plugins that failed to load, one line each
 _WARNED = "FEDL2P_BROKEN_PLUGINS_WARNED"
 
 
@@ -238,43 +214,83 @@ def from_env() -> list[str]:
     return [s.strip() for s in re.split(rf"[,{re.escape(os.pathsep)}]", raw) if s.strip()]
 
 
-def ensure() -> None:
-    """The built-ins, the installed plugins (entry points) and FEDL2P_PLUGINS's, loaded once per process."""
-    if _STATE["ensured"] or _STATE["busy"]:
-        return
-    _STATE["busy"] = True
+def fill(catalog: Catalog, installed: bool = True) -> Catalog:
+    """The built-ins, then (with `installed`) the installed plugins' entry points and FEDL2P_PLUGINS's modules."""
+    catalog.loaded = True  # before loading: a lookup made while a plugin registers sees what is there so far
     try:
-        load_module(BUILTIN, "built-in")
-        _entry_points()
-        for spec in from_env():
-            load_module(spec, ENV)
-        _STATE["ensured"] = True
+        load_module(catalog, BUILTIN, "built-in")
+        if installed:
+            _entry_points(catalog)
+            for spec in from_env():
+                load_module(catalog, spec, ENV)
+    except BaseException:
+        catalog.loaded = False
+        raise
+    return catalog
+
+
+def build(*plugins: str | Callable[[Registry], Any], installed: bool = False) -> Catalog:
+    """A catalog of its own: the built-ins, the installed plugins if `installed`, then each of `plugins`, a module
+    name or a `register` function (a test's own pieces, owned by a plugin named after the function's module; they
+    stay in this process: worker processes load plugins by module)."""
+    catalog = fill(Catalog(), installed)
+    for p in plugins:
+        if isinstance(p, str):
+            load_module(catalog, p)
+        else:
+            register(catalog, Plugin(p.__module__), p)
+    return catalog
+
+
+@functools.cache
+def _process() -> Catalog:
+    """The process's catalog object, created once (empty: `current` fills it)."""
+    return Catalog()
+
+
+_USING: ContextVar[Catalog | None] = ContextVar("fedl2p_catalog", default=None)
+
+
+def current() -> Catalog:
+    """The catalog lookups answer from: the one `using` put in place, else the process's, which holds the built-ins,
+    the installed plugins and FEDL2P_PLUGINS's after the first call, and whatever `load` added since."""
+    catalog = _USING.get() or _process()
+    return catalog if catalog.loaded else fill(catalog)
+
+
+@contextmanager
+def using(catalog: Catalog) -> Iterator[Catalog]:
+    """Within it, `current()` is `catalog` (in this thread and context)."""
+    token = _USING.set(catalog)
+    try:
+        yield catalog
     finally:
-        _STATE["busy"] = False
+        _USING.reset(token)
 
 
-def load(specs: list[str] | tuple[str, ...], how: str = "--plugin") -> list[Plugin]:
-    """`ensure()`, then the named plugins (the CLI's --plugin, a pipeline's `plugins`, a worker's list)."""
-    ensure()
-    return [load_module(s, how) for s in specs]
+def owner(kind: str, name: str) -> Plugin | None:
+    """The plugin that registered `name` as a `kind` in the current catalog (None: nobody)."""
+    return current().owner(kind, name)
 
 
-def pieces() -> dict[str, list[str]]:
-    """{kind: ["name (module)", ...]} of what loaded plugins other than the built-ins registered (for --help)."""
-    out: dict[str, list[str]] = {}
-    for (ns, name), p in _OWNERS.items():
-        if not p.builtin:
-            kind = _KIND.get((ns, name), ns)
-            out.setdefault(kind, []).append(f"{name} ({p.module})")
-    return out
+def active() -> list[str]:
+    """The current catalog's plugin modules other than the built-ins (what worker processes and sites load)."""
+    return current().active()
+
+
+def load(specs: Sequence[str], how: str = "--plugin") -> list[Plugin]:
+    """The named plugins (the CLI's --plugin, a pipeline's `plugins`, a worker's list), into the current catalog."""
+    catalog = current()
+    return [load_module(catalog, s, how) for s in specs]
 
 
 def used(names: dict[str, list[str]]) -> list[dict]:
     """The manifest records of the non-built-in plugins owning any of `names` ({kind: [name, ...]})."""
+    catalog = current()
     out: dict[str, dict] = {}
     for kind, values in names.items():
         for v in values:
-            p = owner(kind, v)
+            p = catalog.owner(kind, v)
             if p is not None and not p.builtin:
                 out[p.module] = p.record()
             elif p is None and kind == "model" and ":" in v:  # a `package.module:factory` model from an installed package
@@ -286,10 +302,10 @@ def used(names: dict[str, list[str]]) -> list[dict]:
 
 def check_available(records: list[dict], what: str) -> None:
     """Refuse to load an artifact made with a plugin this process has not loaded: name the plugin to install."""
-    ensure()
+    loaded = current().plugins
     for r in records:
         module, dist = r.get("module"), r.get("dist")
-        if module in _LOADED or (dist and any(p.dist == dist for p in _LOADED.values())):
+        if module in loaded or (dist and any(p.dist == dist for p in loaded.values())):
             continue
         if r.get("model") and _importable(module):  # a `package.module:factory` model: importable is enough
             continue

@@ -109,6 +109,21 @@ class MLflowRun:
         self.client.set_terminated(self.run_id, status="FINISHED" if ok else "KILLED")
 
 
+@dataclass
+class RoundLogger:
+    """A tracker run as a round observer: each round's numbers, at its round number."""
+    run: Any
+
+    def start(self, label: str, rounds: int, done: int) -> None:
+        pass
+
+    def round(self, label: str, rec: dict, st: Any, shown: dict) -> None:
+        self.run.log(scalars(rec), int(rec.get("round", 0)))
+
+    def stop(self) -> None:
+        pass
+
+
 def open_run(stage: str, aid: str) -> TensorBoardRun | MLflowRun:
     backend = SETTINGS.backend
     cls = {"tensorboard": TensorBoardRun, "mlflow": MLflowRun}[backend]
@@ -126,7 +141,7 @@ def tracked(stage: str, draft: Any) -> Iterator[None]:
     run = open_run(stage, draft.id)
     ok = False
     try:
-        with observing(lambda label, rec: run.log(scalars(rec), int(rec.get("round", 0)))):
+        with observing(RoundLogger(run)):
             yield
         run.log({f"summary/{k}": v for k, v in scalars(draft.metrics).items()}, 0)
         draft.tracking = run.info

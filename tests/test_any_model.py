@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedl2p_cli import plugins
 from fedl2p_cli.configs import PretrainConfig
 from fedl2p_cli.core.bn import MixBN, bn_layers
 from fedl2p_cli.errors import FedL2PError
@@ -47,6 +48,10 @@ def test_a_torchvision_model_gets_mixing_bn_with_the_same_outputs(factory):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # the same key names, so the user's own state dict loads (MixBN keeps no num_batches_tracked)
     assert set(swapped.state_dict()) == {k for k in state if not k.endswith("num_batches_tracked")}
+    if factory.endswith("mobilenet_v3_small"):  # its hard-swish has no second derivative: refused when built
+        with pytest.raises(FedL2PError, match="is not twice differentiable .*hardsigmoid_backward"):
+            registry.build(factory, 3, 10, seed=0, input_shape=(3, 32, 32))
+        return
     built = registry.build(factory, 3, 10, seed=0, input_shape=(3, 32, 32))  # the checked path the stages take
     assert all(isinstance(m, MixBN) for _, m in bn_layers(built)) and len(bn_layers(built)) == n_bn
 
@@ -69,14 +74,53 @@ def net(bn: type[nn.Module]):
     return factory
 
 
-def test_a_bn_subclass_is_swapped_when_it_is_a_batchnorm_and_refused_when_it_is_not(monkeypatch):
-    monkeypatch.setitem(registry._MODELS, "own-bn", registry.ModelSpec(net(OwnBN)))
-    monkeypatch.setitem(registry._MODELS, "scaled-bn", registry.ModelSpec(net(ScaledBN)))
+def own_models(registry) -> None:
+    registry.add_model("own-bn", net(OwnBN))
+    registry.add_model("scaled-bn", net(ScaledBN))
+
+
+def test_a_bn_subclass_is_swapped_when_it_is_a_batchnorm_and_refused_when_it_is_not():
+    with plugins.using(plugins.build(own_models)):
+        bn_subclasses()
+
+
+def bn_subclasses():
     assert len(bn_layers(registry.build("own-bn", 1, 3, input_shape=(1, 8, 8)))) == 1
     with pytest.raises(FedL2PError, match="model 'scaled-bn': its outputs change"):
         registry.build("scaled-bn", 1, 3, input_shape=(1, 8, 8))
     with pytest.raises(FedL2PError, match="outputs shape"):  # a model with 5 outputs for a partition of 3 classes
         registry._check_classes(net(OwnBN)(1, 5), torch.zeros(2, 1, 8, 8), 3, "own-bn")
+
+
+def net_with(act: nn.Module):
+    def factory(in_channels: int, num_classes: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(in_channels, 4, 3, bias=False), nn.BatchNorm2d(4), act, nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(4, num_classes))
+    return factory
+
+
+class TwiceDifferentiableHardSigmoid(nn.Module):
+    def forward(self, x):
+        return nn.functional.relu6(x + 3) / 6
+
+
+def test_a_model_that_is_not_twice_differentiable_is_refused_when_built_and_the_check_changes_nothing():
+    """FedL2P's meta-gradient differentiates through fine-tuning: a layer autograd cannot differentiate twice
+    (nn.Hardsigmoid) is one line when the stage builds the model, not an error in the middle of meta-train. The check
+    leaves the built model, its BN statistics and torch's global random state as they were."""
+    def models(registry):
+        registry.add_model("hs", net_with(nn.Hardsigmoid()))
+        registry.add_model("hs2", net_with(TwiceDifferentiableHardSigmoid()))
+
+    with plugins.using(plugins.build(models)):
+        with pytest.raises(FedL2PError, match="model 'hs' is not twice differentiable .*hardsigmoid_backward"):
+            registry.build("hs", 1, 3, input_shape=(1, 8, 8))
+        checked = registry.build("hs2", 1, 3, seed=4, input_shape=(1, 8, 8))
+        after_check = torch.get_rng_state()
+        plain = registry.build("hs2", 1, 3, seed=4)
+        assert torch.equal(torch.get_rng_state(), after_check)  # the check drew nothing from torch's global generator
+    assert checked.state_dict().keys() == plain.state_dict().keys()
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in checked.state_dict().items())
 
 
 def test_init_loads_the_users_own_state_dict(tmp_path):

@@ -5,6 +5,7 @@ plugin and the field, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from dataclasses import replace
@@ -42,13 +43,14 @@ def npz_load(cfg, data_dir):
 
 
 @pytest.fixture
-def register(monkeypatch):
-    """Register `tp-data` (a loader) as plugin tp_data's, for this test only."""
-    def add(load, **kw):
-        monkeypatch.setitem(sources.sources(), "tp-data", Source("tp-data", load, "test data", **kw))
-        monkeypatch.setitem(plugins._OWNERS, ("dataset", "tp-data"), PLUGIN)
-        monkeypatch.setitem(plugins._LOADED, PLUGIN.module, PLUGIN)
-    return add
+def register():
+    """Register `tp-data` (a loader) as plugin tp_data's, in a catalog of this test's own."""
+    with contextlib.ExitStack() as stack:
+        def add(load, **kw):
+            catalog = plugins.build()
+            catalog.add(PLUGIN, [("dataset", "tp-data", Source("tp-data", load, "test data", **kw))])
+            stack.enter_context(plugins.using(catalog))
+        yield add
 
 
 def with_(**fields):

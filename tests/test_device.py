@@ -104,7 +104,7 @@ def test_pretraining_updates_follow_their_inputs(client, algo):
     cfg = local.LocalConfig(epochs=1, batch_size=8, head="10.", freeze_head=algo == "fedbabu", pf_alpha=0.01)
     state = get_state(model)
     gen = torch.Generator().manual_seed(2)
-    on_meta(lambda: pretrain_stage.algorithms()[algo].client(model, state, *data.train, 0.05, cfg, gen))
+    on_meta(lambda: pretrain_stage.algorithm(algo).client(model, state, *data.train, 0.05, cfg, gen))
     model.load_state_dict(state)  # the module is a workspace: leave it as the other tests found it
 
 

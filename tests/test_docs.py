@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-from fedl2p_cli.cli import reference
+from fedl2p_cli.cli import api_reference, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -18,6 +18,21 @@ COMMAND = re.compile(r"(?:^|[\s/])fedl2p\s+(?=[-a-zA-Z])(.*)")
 def test_cli_reference_is_current():
     committed = (ROOT / "docs" / "reference" / "cli.md").read_text()
     assert reference.markdown() == committed, "the CLI changed: run `make docs-reference` and commit docs/reference/cli.md"
+
+
+def test_plugin_api_reference_is_current():
+    committed = (ROOT / "docs" / "reference" / "plugin-api.md").read_text()
+    assert api_reference.markdown() == committed, \
+        "fedl2p_cli.api changed: run `make docs-reference` and commit docs/reference/plugin-api.md"
+
+
+def test_the_api_exports_what_it_names_and_loads_torch_only_when_asked():
+    import subprocess
+    import sys
+    code = ("import sys, fedl2p_cli.api as api; assert 'torch' not in sys.modules, 'api imported torch'; "
+            "missing = [n for n in api.__all__ if getattr(api, n, None) is None]; assert not missing, missing")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
 
 
 def quoted_commands() -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedl2p_cli.engine.loop import Checkpoint, LoopState, generator, group_of, nest
-from fedl2p_cli.engine.rounds import in_process, run_rounds
+from fedl2p_cli.engine.rounds import in_process, observing, run_rounds
 from fedl2p_cli.stages.common import NoProgress
 
 from .helpers import KillAfter, Killed
@@ -62,6 +62,51 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path):
     assert Checkpoint(tmp_path / "b").load().next_round == 4
     again = run_rounds(Toy(), 6, Checkpoint(tmp_path / "b"), NoProgress(), in_process(Toy.client))
     assert torch.equal(full.tensors["w"], again.tensors["w"]) and [h["sum"] for h in full.history] == [h["sum"] for h in again.history]
+
+
+@dataclass
+class Recorder:
+    """A round observer (a tracker's or a server log's signature) writing what it sees into `calls`."""
+    calls: list
+    name: str
+
+    def start(self, label, rounds, done):
+        self.calls.append((self.name, "start", label, rounds, done))
+
+    def round(self, label, rec, st, shown):
+        self.calls.append((self.name, "round", rec["round"], st.next_round))
+
+    def stop(self):
+        self.calls.append((self.name, "stop"))
+
+
+@dataclass
+class Bar:
+    """A stage's progress bar."""
+    calls: list
+
+    def start(self, description, total):
+        self.calls.append(("bar", "start", description, total))
+
+    def advance(self, n=1, **info):
+        self.calls.append(("bar", "advance", n))
+
+    def stop(self):
+        self.calls.append(("bar", "stop"))
+
+
+def test_the_progress_bar_a_tracker_and_a_server_log_observe_one_list(tmp_path):
+    """A stage's progress bar and a tracker added around the build see the same rounds in the same order; a server
+    log given in the bar's place sees a resumed run start after the checkpoint's rounds."""
+    calls: list = []
+    with observing(Recorder(calls, "tracker")):
+        run_rounds(Toy(), 2, Checkpoint(tmp_path / "c"), Bar(calls), in_process(Toy.client))
+    assert calls == [("bar", "start", "toy", 2), ("bar", "advance", 0), ("tracker", "start", "toy", 2, 0),
+                     ("bar", "advance", 1), ("tracker", "round", 1, 1), ("bar", "advance", 1), ("tracker", "round", 2, 2),
+                     ("bar", "stop"), ("tracker", "stop")]
+    calls.clear()
+    run_rounds(Toy(), 3, Checkpoint(tmp_path / "c"), Recorder(calls, "log"), in_process(Toy.client))
+    assert calls == [("log", "start", "toy", 3, 2), ("log", "round", 3, 3), ("log", "stop")]
 
 
 def test_stop_and_a_refused_round(tmp_path):

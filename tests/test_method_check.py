@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedl2p_cli import methods
+from fedl2p_cli import methods, plugins
 from fedl2p_cli.cli.main import run_cli
-from fedl2p_cli.methods import registry
 
 # the tiny store's small-cnn, as a method's tensors(model) receives it (MixBN keeps BatchNorm's parameter names)
 NAMES = "0.weight, 1.weight, 1.bias, 4.weight, 5.weight, 5.bias, 8.weight, 9.weight, 9.bias, 13.weight, 13.bias"
@@ -22,25 +21,36 @@ CASES = {
 }
 
 
+WHO = "method '{}' from plugin '" + __name__ + "'"  # registered by this module's own catalog (plugins.build)
+
+
+def own(method: methods.Method):
+    """A catalog of this test's own, with `method` registered."""
+    return plugins.using(plugins.build(lambda registry: registry.add_method(method)))
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_method_that_fine_tunes_nothing_is_refused(name, tiny_store, capsys, monkeypatch):
     tensors, line = CASES[name]
-    monkeypatch.setitem(registry._REGISTRY, name, methods.HandMade(name, name.upper(), baseline=False, tensors=tensors))
+    with own(methods.HandMade(name, name.upper(), baseline=False, tensors=tensors)):
+        refused(name, line, tiny_store, capsys, monkeypatch)
+
+
+def refused(name, line, tiny_store, capsys, monkeypatch):
     store = tiny_store["store"]
     before = sorted(store.ids("personalize"))
     monkeypatch.setenv("FEDL2P_STORE", str(store.root))
     capsys.readouterr()
     code = run_cli(["personalize", "--methods", name, "--epochs", "1", "--batch-size", "16", "--seeds", "0"])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith(f"error: method '{name}': {line}") and err.count("\n") == 1
+    assert code == 2 and err.startswith(f"error: {WHO.format(name)}: {line}") and err.count("\n") == 1
     assert sorted(store.ids("personalize")) == before
 
 
 def test_a_method_with_no_learning_rate_is_refused(tiny_store, capsys, monkeypatch):
-    monkeypatch.setitem(registry._REGISTRY, "ft-frozen", methods.HandMade("ft-frozen", "FT frozen", lr_factor=0.0,
-                                                                           baseline=False))
     monkeypatch.setenv("FEDL2P_STORE", str(tiny_store["store"].root))
     capsys.readouterr()
-    code = run_cli(["personalize", "--methods", "ft-frozen", "--epochs", "1", "--batch-size", "16", "--seeds", "0"])
-    assert (code, capsys.readouterr().err) == (2, "error: method 'ft-frozen': lr_factor 0.0 fine-tunes nothing; it must "
-                                                  "be > 0\n")
+    with own(methods.HandMade("ft-frozen", "FT frozen", lr_factor=0.0, baseline=False)):
+        code = run_cli(["personalize", "--methods", "ft-frozen", "--epochs", "1", "--batch-size", "16", "--seeds", "0"])
+    assert (code, capsys.readouterr().err) == (2, f"error: {WHO.format('ft-frozen')}: lr_factor 0.0 fine-tunes nothing; "
+                                                  "it must be > 0\n")

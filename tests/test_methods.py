@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedl2p_cli import methods
+from fedl2p_cli import methods, plugins
 from fedl2p_cli.artifacts import Store
+from fedl2p_cli.catalog import UnknownName
 from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
 from fedl2p_cli.engine.loop import generator
-from fedl2p_cli.methods import registry
 from fedl2p_cli.models.registry import head_prefix
 from fedl2p_cli.stages import partition, personalize, pretrain, stats
 
@@ -30,17 +30,26 @@ def test_the_builtin_methods():
     assert fo.variant() == "fedl2p-fomaml-std-last-gain1" and methods.learned(fo.family()) is methods.get("fedl2p")
     local = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml"), local=True)
     assert local.variant() == "l2p-fomaml" and methods.learned(local.family()) is methods.get("l2p")
-    assert methods.get("fedl2p-fomaml") is None and methods.get("fedl2p-tbs") is None and methods.get("ft-bnx") is None
+    assert methods.find("fedl2p-fomaml") is None and methods.find("fedl2p-tbs") is None and methods.find("ft-bnx") is None
+    with pytest.raises(UnknownName, match="unknown method 'ft-bnx' \\(--methods\\); choose one of: ft-bnc, ft-bng"):
+        methods.get("ft-bnx")
     assert not methods.get("l2p").supports("unseen") and not methods.get("pfedla").supports("unseen")
     assert methods.get("cafeme").supports("unseen") and methods.get("fedl2p").supports("unseen")
 
 
-def test_a_new_method_is_one_registration(tiny_store, tmp_path, monkeypatch):
+def test_a_new_method_is_one_registration(tiny_store, tmp_path):
     """A hand-made strategy nobody wrote before (beta 0.5 in every layer, half the LR), registered here and nowhere
     else: `personalize` runs it on every client with the same batches as the others, its row carries its label, its
     beta is recorded, and its accuracy is the one a direct fine-tune under that strategy gets."""
-    monkeypatch.setitem(registry._REGISTRY, "ft-half", methods.HandMade("ft-half", "FT (half)", beta=0.5, lr_factor=0.5,
-                                                                         baseline=False))
+    def register(registry):
+        registry.add_method(methods.HandMade("ft-half", "FT (half)", beta=0.5, lr_factor=0.5, baseline=False))
+
+    with plugins.using(plugins.build(register)):
+        check_a_new_method(tiny_store, tmp_path)
+    assert methods.find("ft-half") is None  # registered in the test's own catalog only
+
+
+def check_a_new_method(tiny_store, tmp_path):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "ft-half"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
@@ -59,15 +68,20 @@ def test_a_new_method_is_one_registration(tiny_store, tmp_path, monkeypatch):
     ft = finetune(model.eval(), theta, *data.train, s, table.client_bn(c), 1, 16, generator(0, c, 7), "precise")
     want = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 16)[1]
     assert r.acc_after[1, 0, 0] == pytest.approx(want, abs=1e-9)
-    assert methods.get("ft-half") is not None  # registered for this test only (monkeypatch removes it)
+    assert methods.get("ft-half").label == "FT (half)"
 
 
-def test_a_handmade_method_may_fine_tune_some_tensors_only(tiny_store, tmp_path, monkeypatch):
+def test_a_handmade_method_may_fine_tune_some_tensors_only(tiny_store, tmp_path):
     """`HandMade.tensors` picks the parameter tensors a method fine-tunes from the model (here: the classifier); the
     others keep LR 0, so they stay at the global model's values, and the row is the direct fine-tune's accuracy."""
     head = lambda model: [n for n, _ in model.named_parameters() if n.startswith(head_prefix(model))]  # noqa: E731
-    monkeypatch.setitem(registry._REGISTRY, "ft-head", methods.HandMade("ft-head", "FT (head)", beta=1.0, baseline=False,
-                                                                         tensors=head))
+    catalog = plugins.build(lambda registry: registry.add_method(
+        methods.HandMade("ft-head", "FT (head)", beta=1.0, baseline=False, tensors=head)))
+    with plugins.using(catalog):  # the artifact names the test's plugin: it is loaded where the artifact is read
+        check_some_tensors(tiny_store, tmp_path, head)
+
+
+def check_some_tensors(tiny_store, tmp_path, head):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
     cfg = personalize.PersonalizeConfig(methods=["ft-head"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])

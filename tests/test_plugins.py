@@ -20,7 +20,7 @@ from fedl2p_cli.stages import partition
 
 PLUGIN = '''
 from torch import nn
-from fedl2p_cli.methods import HandMade
+from fedl2p_cli.api import HandMade
 
 
 def net(in_channels, num_classes):

@@ -8,23 +8,30 @@ import shutil
 import numpy as np
 import pytest
 
-from fedl2p_cli import methods
+from fedl2p_cli import methods, plugins
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.configs import PFLConfig
 from fedl2p_cli.errors import FedL2PError
-from fedl2p_cli.methods import registry
 from fedl2p_cli.stages import partition, personalize, pfl
 
 from . import toy_system
 
 
-def test_a_new_system_is_one_module_and_one_registration(tiny_store, tmp_path, monkeypatch):
+def register(registry):
+    registry.add_system(methods.System("toy-fedavg", "Toy FedAvg", trainer="tests.toy_system"))
+
+
+def test_a_new_system_is_one_module_and_one_registration(tiny_store, tmp_path):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, part_id = Store(tmp_path / "s"), tiny_store["partition"].id
     cfg = PFLConfig(algo="toy-fedavg", rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.05)
-    with pytest.raises(FedL2PError, match="unknown --algo 'toy-fedavg'"):
+    with pytest.raises(FedL2PError, match="unknown pFL system 'toy-fedavg' \\(--algo\\); choose one of: pfedla"):
         pfl.run(cfg, store, part_id)
-    monkeypatch.setitem(registry._REGISTRY, "toy-fedavg", methods.System("toy-fedavg", "Toy FedAvg", trainer="tests.toy_system"))
+    with plugins.using(plugins.build(register)):
+        trained_and_evaluated(cfg, store, part_id, tiny_store)
+
+
+def trained_and_evaluated(cfg, store, part_id, tiny_store):
     art, reused = pfl.run(cfg, store, part_id)
     assert not reused and pfl.run(cfg, store, part_id)[1] and art.file("model.safetensors").is_file()
     assert set(art.config) >= {"local_epochs", "lr"} and "hn_lr" not in art.config  # its own settings only

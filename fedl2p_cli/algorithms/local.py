@@ -4,7 +4,7 @@ the nn.Module passed in is only a reusable workspace, built once per run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ State = dict[str, Tensor]
 
 @dataclass(kw_only=True)
 class LocalConfig:
+    """A client's local training: epochs, batch size, and the classifier (`head` prefix) FedBABU keeps fixed."""
     epochs: int = 1
     batch_size: int = 32
     head: str = ""            # parameter-name prefix of the classifier
@@ -78,26 +79,3 @@ def perfedavg_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: f
         losses.append(l)
     set_state(model, {**get_state(model), **params})
     return get_state(model), mean_loss(losses)
-
-
-@dataclass(frozen=True)
-class PretrainAlgo:
-    """A pretraining algorithm (`fedl2p pretrain --algo NAME`): one client's local update; the server averages the
-    clients' states by sample count. `freeze_head`: the classifier is not trained (FedBABU)."""
-    client: ClientFn
-    about: str = ""
-    freeze_head: bool = False
-    plugin: Any = None  # the plugins.Plugin that registered it
-
-
-_ALGORITHMS: dict[str, PretrainAlgo] = {}
-
-
-def add(name: str, algo: PretrainAlgo) -> None:
-    """Called by plugins.Registry.add_pretrain_algo (which refuses a name already taken)."""
-    _ALGORITHMS[name] = algo
-
-
-def algorithms() -> dict[str, PretrainAlgo]:
-    """The registered algorithms; the caller loads the plugins first (`plugins.ensure()`: this layer does no I/O)."""
-    return _ALGORITHMS

@@ -128,8 +128,10 @@ PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<pl
 def load_pieces(ctx) -> None:
     """Load the built-in pieces and the plugins (`--plugin`, entry points), and name them in the stages' help."""
     from .. import plugins
+    from .render import plugin_notes
     plugins.load(ctx.find_root().obj["plugin"])
-    fill_plugin_help(ctx.find_root().command, plugins.pieces())
+    plugin_notes()
+    fill_plugin_help(ctx.find_root().command, plugins.current().pieces())
 
 
 def fill_plugin_help(cmd: Any, pieces: dict[str, list[str]]) -> None:

@@ -44,6 +44,15 @@ class RichProgress:
             self._p = None
 
 
+def plugin_notes() -> None:
+    """What loading plugins had to tell the user (a plugin that imports fedl2p's internals), once per process."""
+    from .. import plugins
+    catalog = plugins.current()
+    for note in catalog.notes:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False)
+    catalog.notes.clear()
+
+
 def cell(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 

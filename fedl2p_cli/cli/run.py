@@ -40,6 +40,7 @@ def run(
         sys.stdout.write(files.show(path))
         return
     p = pipeline.load(path, store)
+    render.plugin_notes()  # the pipeline's own plugins'
     rt = options.runtime(ctx, device=p.device)
     render.console.print(f"[bold]pipeline {p.name}[/bold] (store {p.store.root})")
     results = pipeline.run(p, force, render.RichProgress,

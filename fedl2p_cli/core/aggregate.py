@@ -10,6 +10,7 @@ from .settings import Aggregator
 
 
 def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
+    """The key-wise mean of `states` weighted by `weights` (a client's sample count: FedAvg's rule)."""
     if not states:
         raise ValueError("nothing to aggregate")
     total = float(sum(weights))

@@ -84,6 +84,7 @@ def get_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def set_state(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    """Copy `state` (every key of the model's state dict) into the model's parameters and buffers; the model."""
     with torch.no_grad():
         for k, v in model.state_dict().items():
             v.copy_(state[k])

@@ -16,9 +16,7 @@ import torch
 
 from ..errors import DataError
 from . import provision
-
-DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
-ENV_DATA = "FEDL2P_DATA"
+from .provision import DEBIAN_FMNIST, ENV_DATA
 
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -26,6 +24,8 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 @dataclass
 class Dataset:
+    """A dataset as a source loads it: uint8 images [N, C, H, W], int64 labels, class names, normalisation constants,
+    and optionally a domain per image (each domain gets its own clients) or a group per image (a client each)."""
     name: str
     images: torch.Tensor  # uint8 [N, C, H, W]
     labels: torch.Tensor  # int64 [N]
@@ -50,6 +50,7 @@ def normalize(images: torch.Tensor, mean, std, dtype=torch.float32) -> torch.Ten
 
 
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of uint8 images [N, C, H, W], in [0, 1] units."""
     x = images.to(torch.float64) / 255.0
     return tuple(x.mean(dim=(0, 2, 3)).tolist()), tuple(x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
 

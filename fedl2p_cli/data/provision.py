@@ -14,6 +14,9 @@ PACKAGE = "dataset-fashion-mnist"
 NO_APT = "FEDL2P_NO_APT"  # set (to anything) to never run apt-get
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # where Debian's dataset-fashion-mnist installs it
+ENV_DATA = "FEDL2P_DATA"
+
 
 def complete(folder: Path) -> bool:
     return all((folder / n).exists() or (folder / f"{n}.gz").exists() for n in FILES)
@@ -52,7 +55,6 @@ def install_fmnist(folder: Path) -> bool:
 
 
 def main() -> int:
-    from .datasets import DEBIAN_FMNIST, ENV_DATA
     if os.environ.get(ENV_DATA) or complete(DEBIAN_FMNIST) or install_fmnist(DEBIAN_FMNIST):
         return 0
     print(missing_line(DEBIAN_FMNIST), file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .. import plugins
 from ..errors import DataError, FedL2PError
@@ -56,29 +56,12 @@ class Source:
         return self.images_of or self.name
 
 
-_SOURCES: dict[str, Source] = {}
-
-
-def add(source: Source, plugin: Any = None) -> None:
-    """Called by plugins.Registry.add_dataset (which refuses a name already taken)."""
-    if not callable(source.load):
-        raise plugins.PluginError(f"dataset '{source.name}': its load is not callable")
-    _SOURCES[source.name] = source
-
-
-def sources() -> dict[str, Source]:
-    plugins.ensure()
-    return _SOURCES
-
-
 def names() -> tuple[str, ...]:
-    return tuple(sources())
+    return tuple(plugins.current().names("dataset"))
 
 
 def get(name: str) -> Source:
-    if name not in sources():
-        raise FedL2PError(f"unknown dataset '{name}' (--dataset); choose one of: {', '.join(_SOURCES)}")
-    return _SOURCES[name]
+    return plugins.current().get("dataset", name)
 
 
 def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":
@@ -90,7 +73,7 @@ def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":
     except FedL2PError:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin's loader failing (its file missing, its bug): one line naming it
-        owner = plugins.owner("dataset", src.name)
+        owner = plugins.current().owner("dataset", src.name)
         if owner is None or owner.builtin:
             raise
         raise DataError(f"dataset '{src.name}' from {owner.describe()}: its load() raised {e.__class__.__name__}: {e}") from None

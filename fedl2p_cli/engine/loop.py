@@ -16,6 +16,8 @@ from ..io import weights
 
 
 def generator(seed: int, *keys: int) -> torch.Generator:
+    """A fresh CPU generator seeded by (seed, *keys): every random draw of round t for client c comes from
+    generator(seed, t, c) (resume and worker processes draw the same)."""
     mixed = np.random.SeedSequence([seed, *keys]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(mixed) & ((1 << 63) - 1))
 
@@ -47,6 +49,8 @@ def group_of(flat: dict[str, torch.Tensor], group: str) -> dict[str, torch.Tenso
 
 @dataclass
 class LoopState:
+    """The server state between rounds: the next round, the tensors (flat, `nest`/`group_of` for groups), the
+    history rows so far and any JSON-able extra state; what a round checkpoint holds."""
     next_round: int
     tensors: dict[str, torch.Tensor]
     history: list[dict] = field(default_factory=list)

@@ -25,20 +25,58 @@ class Task(Protocol):
 
 
 Executor = Callable[[list[Task]], list[Any]]
-# Called after every recorded round with (the strategy's label, the round's record, as history.csv will hold it):
-# per-round consumers (an experiment tracker) hook into the one loop instead of into each stage.
-RoundObserver = Callable[[str, dict], None]
+
+
+class RoundObserver(Protocol):
+    """What watches the round loop, with one signature: the progress bar (a stage's `Progress`, through
+    `ProgressObserver`), an experiment tracker (tracking.py, through `observing`) and a deployment's server log
+    (stages/flower_app.py). None of them touches the state or the checkpoint."""
+
+    def start(self, label: str, rounds: int, done: int) -> None:
+        """Before the loop: `done` of `rounds` rounds came from the checkpoint."""
+
+    def round(self, label: str, rec: dict, st: LoopState, shown: dict) -> None:
+        """After each recorded round and its checkpoint: the round's record (as history.csv will hold it), the state,
+        and what a progress line shows of it."""
+
+    def stop(self) -> None:
+        """After the last round."""
+
+
+@dataclass
+class ProgressObserver:
+    """A stage's progress bar (`start(description, total)`, `advance(n, **info)`, `stop()`) as a round observer."""
+    progress: Any
+
+    def start(self, label: str, rounds: int, done: int) -> None:
+        self.progress.start(label, rounds)
+        self.progress.advance(done)
+
+    def round(self, label: str, rec: dict, st: LoopState, shown: dict) -> None:
+        self.progress.advance(1, **shown)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
 _OBSERVERS: ContextVar[tuple[RoundObserver, ...]] = ContextVar("round_observers", default=())
 
 
 @contextmanager
 def observing(observer: RoundObserver) -> Iterator[None]:
-    """Within it, every round that run_rounds records is also handed to `observer`."""
+    """Within it, every run_rounds also reports to `observer` (a tracker, opened around a stage's build)."""
     token = _OBSERVERS.set(_OBSERVERS.get() + (observer,))
     try:
         yield
     finally:
         _OBSERVERS.reset(token)
+
+
+def observers_of(watch: Any) -> tuple[RoundObserver, ...]:
+    """The one list a run reports to: its caller's `watch` (a RoundObserver, or a stage's Progress) and those
+    `observing` added."""
+    first = watch if hasattr(watch, "round") else ProgressObserver(watch)
+    return (first, *_OBSERVERS.get())
 
 
 @dataclass(frozen=True)
@@ -98,18 +136,17 @@ def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor
                       + "; ".join(failures))
 
 
-Observer = Callable[[dict, LoopState], None]
-
-
-def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, progress, execute: Executor,
-               policy: RoundPolicy = RoundPolicy(), observers: tuple[Observer, ...] = ()) -> LoopState:
+def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, watch: Any, execute: Executor,
+               policy: RoundPolicy = RoundPolicy()) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
     because every random draw of round t for client c is seeded by (seed, t, c). Clients that fail are handled by
-    `policy`; those that did not answer are named in the round's record (`failed`). Each observer sees every
-    finished round's record and state, after its checkpoint (a deployment's server log and history.csv)."""
+    `policy`; those that did not answer are named in the round's record (`failed`). `watch` (a stage's Progress, or
+    a RoundObserver) and the observers `observing` added see the start, every finished round after its checkpoint,
+    and the end."""
     st = (ckpt.load() if ckpt else None) or strategy.initial_state()
-    progress.start(strategy.label, rounds)
-    progress.advance(st.next_round)
+    observers = observers_of(watch)
+    for o in observers:
+        o.start(strategy.label, rounds, st.next_round)
     for rnd in range(st.next_round, rounds):
         if strategy.stop(st):
             break
@@ -132,10 +169,9 @@ def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, pr
             with timer.section("io"):
                 ckpt.save(st)
         rec["io_s"] = timer.t.get("io", 0.0)  # known only after the save: in memory, not in the checkpoint
-        for observe in _OBSERVERS.get():
-            observe(strategy.label, rec)
-        for observe in observers:
-            observe(rec, st)
-        progress.advance(1, **strategy.progress_info(rec, st) | ({"failed": len(failures)} if failures else {}))
-    progress.stop()
+        shown = strategy.progress_info(rec, st) | ({"failed": len(failures)} if failures else {})
+        for o in observers:
+            o.round(strategy.label, rec, st, shown)
+    for o in observers:
+        o.stop()
     return st

@@ -136,7 +136,7 @@ def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update
     `build(*args, runtime)`. A client that fails or gives no reply within the round timeout comes back as
     `rounds.Failed`."""
     from .. import plugins
-    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *plugins.active()))))
+    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *plugins.current().active()))))
     if runtime.engine == "flower" and runtime.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
         sent = sent.replace(device="cuda")
     args = (sent.to_dict(), build, *args)

@@ -38,18 +38,3 @@ def rate(method: Any) -> None:
     """A learning-rate factor that fine-tunes something (0 or less: nothing, or against the gradient)."""
     if not method.lr_factor > 0:
         raise FedL2PError(f"{_who(method.name)}: lr_factor {method.lr_factor!r} fine-tunes nothing; it must be > 0")
-
-
-def before_personalizing(requested: list[Any], model: Any) -> None:
-    """Every hand-made method a personalisation runs (a tuned method's candidates among them), checked once before
-    the first client, on the model the harness built."""
-    from .registry import HandMade, Tuned, get
-    todo = list(requested)
-    for m in requested:
-        if isinstance(m, Tuned):
-            todo += [get(name) for name, _ in m.candidates() if get(name) is not None]
-    for m in todo:
-        if isinstance(m, HandMade):
-            rate(m)
-            if m.tensors is not None:
-                tensors(m, model)

@@ -6,9 +6,15 @@ from here, never by comparing names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Collection
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection
 
 from .. import plugins
+from .context import ClientContext, Row, Setup
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..core.finetune import Strategy
 
 POOLS = ("seen", "unseen")
 
@@ -19,28 +25,29 @@ class Method:
     kind): `resolve` finds the artifact a requested name needs, `prepare` turns it into a row, `strategy` is the
     (beta, eta) the row records for a client, `personalize` is its result for one client and seed (`run`). `setup` is
     the personalisation being prepared (its config and artifacts), `run` one client and seed on the harness
-    (stages/harness.py)."""
+    (methods/context.py types both)."""
     name: str                              # what --methods and pipeline files call it
     label: str                             # its row in result tables
     pools: tuple[str, ...] = POOLS         # where it has a model for a client
     trained_by: ClassVar[str | None] = None  # the stage whose artifact it needs: None (hand-made), meta-train, pfl
+    kind: ClassVar[str] = "method"           # its kind in the catalog: method, or system (registry.add_system)
 
     def supports(self, pool: str) -> bool:
         return pool in self.pools
 
-    def resolve(self, setup: Any, name: str) -> Any:
+    def resolve(self, setup: Setup, name: str) -> Any:
         """The artifact a requested `name` stands for (None: the method needs none)."""
         return None
 
-    def prepare(self, setup: Any, art: Any) -> Any:
+    def prepare(self, setup: Setup, art: Any) -> Row:
         """Its row of a personalisation (`setup.row`), from the artifact `resolve` or a --meta/--pfl id gave."""
         return setup.row(self.name, self)
 
-    def strategy(self, row: Any, setup: Any, c: int) -> Any:
+    def strategy(self, row: Row, setup: Setup, c: int) -> Strategy | None:
         """The Strategy it records for client c (beta, per-tensor LR), on the CPU; None: it records none."""
         return None
 
-    def personalize(self, row: Any, run: Any) -> Outcome:
+    def personalize(self, row: Row, run: ClientContext) -> Outcome:
         raise NotImplementedError
 
 
@@ -60,9 +67,9 @@ class HandMade(Method):
     beta: float | None = 1.0
     lr_factor: float = 1.0
     baseline: bool = True
-    tensors: Callable[[Any], Collection[str]] | None = None  # model -> the parameter names it fine-tunes (None: all)
+    tensors: Callable[[nn.Module], Collection[str]] | None = None  # model -> the parameter names it fine-tunes (None: all)
 
-    def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int, model: Any = None) -> Any:
+    def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int, model: nn.Module | None = None) -> Strategy:
         """Its Strategy at `factor` x its LR; LR 0 for the parameter tensors of `model` its `tensors` leaves out."""
         import torch
         from ..core.finetune import Strategy
@@ -74,10 +81,10 @@ class HandMade(Method):
             lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()], dtype=lr.dtype)
         return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
 
-    def strategy(self, row: Any, setup: Any, c: int) -> Any:
+    def strategy(self, row: Row, setup: Setup, c: int) -> Strategy | None:
         return self.fixed(1.0, setup.cfg.base_lr, setup.n_bn, setup.n_params, setup.model)
 
-    def personalize(self, row: Any, run: Any) -> Outcome:
+    def personalize(self, row: Row, run: ClientContext) -> Outcome:
         return Outcome(run.handmade(self, 1.0).evaluate("test")[1])
 
 
@@ -86,7 +93,7 @@ class Tuned(Method):
     """Each client picks one of `candidates` (hand-made strategies, or no fine-tuning) by its own validation split."""
     candidates: Callable[[], list[tuple[str, float]]] = list
 
-    def personalize(self, row: Any, run: Any) -> Outcome:
+    def personalize(self, row: Row, run: ClientContext) -> Outcome:
         import numpy as np
         from ..core.selection import NO_FT, select_by_validation
         grid = self.candidates()
@@ -109,16 +116,16 @@ class Learned(Method):
     family: str = ""
     trained_by: ClassVar[str | None] = "meta-train"
 
-    def resolve(self, setup: Any, name: str) -> Any:
+    def resolve(self, setup: Setup, name: str) -> Any:
         return setup.newest_meta(name)
 
-    def prepare(self, setup: Any, art: Any) -> Any:
+    def prepare(self, setup: Setup, art: Any) -> Row:
         return setup.meta_row(self, art)
 
-    def strategy(self, row: Any, setup: Any, c: int) -> Any:
+    def strategy(self, row: Row, setup: Setup, c: int) -> Strategy | None:
         return setup.learned_strategy(row, c)
 
-    def personalize(self, row: Any, run: Any) -> Outcome:
+    def personalize(self, row: Row, run: ClientContext) -> Outcome:
         trial = run.learned(row)  # None: no strategy for this client (L2P and a client it never trained)
         return Outcome(float("nan") if trial is None else trial.evaluate("test", run.setup.cfg.eval_stats)[1])
 
@@ -130,53 +137,49 @@ class System(Method):
     accuracy); it is imported only when the system is used."""
     trainer: str = ""
     trained_by: ClassVar[str | None] = "pfl"
+    kind: ClassVar[str] = "system"
 
-    def resolve(self, setup: Any, name: str) -> Any:
+    def resolve(self, setup: Setup, name: str) -> Any:
         return setup.newest_pfl(name)
 
-    def prepare(self, setup: Any, art: Any) -> Any:
+    def prepare(self, setup: Setup, art: Any) -> Row:
         return setup.pfl_row(self, art)
 
-    def personalize(self, row: Any, run: Any) -> Outcome:
+    def personalize(self, row: Row, run: ClientContext) -> Outcome:
         return Outcome(run.system(row))  # NaN where it has no model for the client
 
 
-_REGISTRY: dict[str, Method] = {}
-
-
-def add(method: Method) -> None:
-    """Called by plugins.Registry.add_method / add_system (which refuse a name already taken): a plugin's
-    `register(registry)` is how a method is added, so that every process that loads the plugin has it."""
-    _REGISTRY[method.name] = method
-
-
-def _methods() -> dict[str, Method]:
-    plugins.ensure()
-    return _REGISTRY
+def _methods() -> list[Method]:
+    return plugins.current().values(("method", "system"))
 
 
 def names(kind: type = Method) -> tuple[str, ...]:
-    return tuple(m.name for m in _methods().values() if isinstance(m, kind))
+    return tuple(m.name for m in _methods() if isinstance(m, kind))
 
 
-def get(name: str) -> Method | None:
-    """The method registered under `name`; None if none (a learned variant's name is not a method: its artifact
-    says which method it belongs to, `learned`)."""
-    return _methods().get(name)
+def get(name: str) -> Method:
+    """The method or system registered under `name`; `UnknownName` naming the choices if none."""
+    return plugins.current().get(("method", "system"), name)
+
+
+def find(name: str) -> Method | None:
+    """The method or system registered under `name`; None if none (a learned variant's name is not a method: its
+    artifact says which method it belongs to, `learned`)."""
+    return plugins.current().find(("method", "system"), name)
 
 
 def learned(family: str) -> Learned | None:
     """The learned method a meta-train artifact of `family` belongs to."""
-    return next((m for m in _methods().values() if isinstance(m, Learned) and m.family == family), None)
+    return next((m for m in _methods() if isinstance(m, Learned) and m.family == family), None)
 
 
 def baselines() -> tuple[str, ...]:
-    return tuple(m.name for m in _methods().values() if isinstance(m, HandMade) and m.baseline)
+    return tuple(m.name for m in _methods() if isinstance(m, HandMade) and m.baseline)
 
 
 def handmade() -> tuple[str, ...]:
     """Methods that need no trained artifact (hand-made strategies and their validation-tuned pick)."""
-    return tuple(m.name for m in _methods().values() if m.trained_by is None)
+    return tuple(m.name for m in _methods() if m.trained_by is None)
 
 
 def systems() -> tuple[str, ...]:
@@ -185,5 +188,20 @@ def systems() -> tuple[str, ...]:
 
 def label(name: str) -> str:
     """A row's label: a registered method's, else the row's own name (a learned variant's)."""
-    m = get(name)
+    m = find(name)
     return name if m is None or isinstance(m, Learned) else m.label
+
+
+def before_personalizing(requested: list[Any], model: Any) -> None:
+    """Every hand-made method a personalisation runs (a tuned method's candidates among them), checked once before
+    the first client, on the model the harness built."""
+    from . import check
+    todo = list(requested)
+    for m in requested:
+        if isinstance(m, Tuned):
+            todo += [c for name, _ in m.candidates() if (c := find(name)) is not None]
+    for m in todo:
+        if isinstance(m, HandMade):
+            check.rate(m)
+            if m.tensors is not None:
+                check.tensors(m, model)

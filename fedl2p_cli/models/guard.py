@@ -46,8 +46,8 @@ def allowed(module: str) -> bool:
 
 def from_artifact(art: Any, ref: str) -> None:
     """Refuse to build the model an artifact names unless its module is allowed (a registered name always is)."""
-    from . import registry
-    if ":" not in ref or ref in registry.names():
+    from .. import plugins
+    if ":" not in ref or plugins.current().find("model", ref) is not None:
         return
     module = ref.partition(":")[0]
     if not allowed(module):

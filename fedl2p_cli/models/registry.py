@@ -3,15 +3,16 @@ BatchNorm1d/2d of a model becomes a `MixBN` (models/bn_swap.py), so all BN strat
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .. import plugins
+from ..catalog import ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
 from ..errors import FedL2PError
@@ -21,37 +22,18 @@ from .bn_swap import check_swap, plain_bn, replace_bn, require_bn
 HEAD_ATTR = "_fedl2p_head"  # a declared classifier's module name, kept on the built model
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    factory: Callable[..., nn.Module]
-    about: str = ""
-    head: str | None = None      # the classifier's module name; None: the last nn.Linear
-    plugin: Any = None           # the plugins.Plugin that registered it
-
-
-_MODELS: dict[str, ModelSpec] = {}
-
-
-def add(name: str, spec: ModelSpec) -> None:
-    """Called by plugins.Registry.add_model (which refuses a name already taken)."""
-    _MODELS[name] = spec
-
-
-def models() -> dict[str, ModelSpec]:
-    plugins.ensure()
-    return _MODELS
-
-
 def names() -> tuple[str, ...]:
-    return tuple(models())
+    return tuple(plugins.current().names("model"))
 
 
 def spec(name: str) -> ModelSpec:
-    if name in models():
-        return _MODELS[name]
+    """The registered model `name`, or a `package.module:factory` reference."""
+    found = plugins.current().find("model", name)
+    if found is not None:
+        return found
     if ":" in name:
         return ModelSpec(_import_factory(name), name)
-    raise FedL2PError(f"unknown model '{name}' (--model); choose one of: {', '.join(_MODELS)}, or package.module:factory")
+    return plugins.current().get("model", name, hint=", or package.module:factory")
 
 
 def _import_factory(ref: str) -> Callable[..., nn.Module]:
@@ -82,7 +64,8 @@ def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
           input_shape: tuple[int, ...] | None = None) -> nn.Module:
     """The model `name` for this many input channels and classes, initialised from `seed`, its BN layers mixing BN.
     With `input_shape` ([C, H, W] of one input), a model with its own BatchNorm layers is checked on it: the swap keeps
-    its eval outputs, and it outputs one score per class."""
+    its eval outputs, it outputs one score per class, and it is twice differentiable (what FedL2P's meta-gradient
+    needs: a layer that is not fails here, in one line, not in the middle of meta-train)."""
     s = spec(name)
     torch.manual_seed(seed)
     model = guard.call(name, s, lambda: _call(s.factory, in_channels, num_classes))
@@ -98,7 +81,30 @@ def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
     if s.head is not None:
         _declared_head(model, s.head, name)
         setattr(model, HEAD_ATTR, s.head)
-    return use_double_backward_convs(index_bn_layers(model))
+    model = use_double_backward_convs(index_bn_layers(model))
+    if input_shape is not None:
+        check_twice_differentiable(model, input_shape, name)
+    return model
+
+
+def check_twice_differentiable(model: nn.Module, input_shape: tuple[int, ...], name: str) -> None:
+    """A Hessian-vector product of the training loss on two random inputs, on a copy of the model under a forked
+    random state (the model, its BN statistics and torch's global generator are left as they were)."""
+    probe = copy.deepcopy(model).train()
+    params = [p for p in probe.parameters() if p.requires_grad]
+    with torch.random.fork_rng(devices=[]):
+        x = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
+        try:
+            loss = probe(x).logsumexp(dim=1).mean()
+            grads = [g for g in torch.autograd.grad(loss, params, create_graph=True, allow_unused=True) if g is not None]
+            second = sum((g * g).sum() for g in grads if g.requires_grad)
+            if isinstance(second, torch.Tensor):
+                torch.autograd.grad(second, params, allow_unused=True)
+        except (RuntimeError, NotImplementedError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise FedL2PError(f"model '{name}' is not twice differentiable ({reason}); FedL2P differentiates through "
+                              "fine-tuning: replace that layer by one autograd differentiates twice (e.g. nn.Hardsigmoid "
+                              "by relu6(x + 3) / 6)") from None
 
 
 def _check_classes(model: nn.Module, example: torch.Tensor, num_classes: int, name: str) -> None:

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterator, Protocol
 
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
-from ..errors import ArtifactError
+from ..core.config import validate
+from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 
 _REUSE_ONLY: ContextVar[bool] = ContextVar("reuse_only", default=False)
@@ -126,3 +127,14 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
         except BaseException:
             draft.discard()
             raise
+
+
+def check_runtime(runtime: Runtime) -> None:
+    """The runtime options of a stage with rounds, valid and consistent: --gpus-per-client goes with --engine flower
+    on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
+    validate(runtime)
+    engine, gpus_per_client, on_gpu = runtime.engine, runtime.gpus_per_client, runtime.on_gpu
+    if gpus_per_client > 0 and not (engine == "flower" and on_gpu):
+        raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+    if engine == "flower" and on_gpu and gpus_per_client == 0:
+        raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")

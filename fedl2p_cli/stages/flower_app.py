@@ -35,7 +35,6 @@ from ..io import weights
 from ..models import registry
 from ..runtime import Runtime
 from . import meta_train as mt
-from .common import NoProgress
 from .pretrain import write_history
 
 SITE_FILE = "site.safetensors"
@@ -71,7 +70,7 @@ def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites
     c = art.config
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
             "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
-            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.active(),
+            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.current().active(),
             "site_input": site_input(store, art)}
     rc = {"meta-train": json.dumps(dataclasses.asdict(cfg)), "runtime": json.dumps(runtime.to_dict()),
           "model": json.dumps(spec),
@@ -234,13 +233,13 @@ def server_checkpoint(out: Path, rc) -> Path:
     return out / ".checkpoint" / hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-class ServerLog(NoProgress):
-    """What an operator watches: OUT/server.log (and the ServerApp's stdout, which `flwr run --stream` shows) get a
-    line where a run starts, one per finished round, and one where it ends; OUT/history.csv is rewritten atomically
-    after every round. The round loop reports the rounds a checkpoint had done as its first advance."""
+class ServerLog:
+    """What an operator watches, a round observer: OUT/server.log (and the ServerApp's stdout, which `flwr run
+    --stream` shows) get a line where a run starts, one per finished round, and one where it ends; OUT/history.csv is
+    rewritten atomically after every round."""
 
     def __init__(self, out: Path, rounds: int):
-        self.out, self.rounds, self.said = out, rounds, False
+        self.out, self.rounds = out, rounds
 
     def say(self, text: str) -> None:
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}"
@@ -248,18 +247,19 @@ class ServerLog(NoProgress):
             log.write(line + "\n")
         print(line, flush=True)
 
-    def advance(self, n: int = 1, **info) -> None:
-        if not self.said:
-            self.said = True
-            self.say(f"run of {self.rounds} rounds, " + (f"resuming after round {n}" if n else "from the start"))
+    def start(self, label: str, rounds: int, done: int) -> None:
+        self.say(f"run of {self.rounds} rounds, " + (f"resuming after round {done}" if done else "from the start"))
 
-    def round(self, rec: dict, st) -> None:
-        """The round loop's observer: the round's line, and history.csv so far."""
+    def round(self, label: str, rec: dict, st, shown: dict) -> None:
+        """The round's line, and history.csv so far."""
         sampled = str(rec.get("sampled", "")).split()
         self.say(f"round {rec['round']}/{self.rounds}: sampled {len(sampled)} ({' '.join(sampled)}), answered "
                  f"{rec['clients']}, failed: {rec.get('failed') or 'none'}, dropped: {rec.get('dropped') or 'none'}, "
                  f"val_loss {rec['val_loss']:.6g}, {rec['round_s']:.1f} s")
         write_atomic(self.out / "history.csv", lambda path: write_history(path, st.history))
+
+    def stop(self) -> None:
+        pass
 
     def end(self, status: str, reason: str = "") -> None:
         """The run's outcome, in the log and in OUT/status.json (what `fedl2p flower run` exits by)."""
@@ -384,7 +384,7 @@ def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDi
     strategy = mt.MetaStrategy(ctx, lam0)
     strategy.names = names
     ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
-    st = run_rounds(strategy, cfg.rounds, ckpt, log, execute, runtime.policy(), observers=(log.round,))
+    st = run_rounds(strategy, cfg.rounds, ckpt, log, execute, runtime.policy())
     weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
     write_atomic(out / "history.csv", lambda path: write_history(path, st.history))
 

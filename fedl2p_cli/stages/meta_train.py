@@ -32,7 +32,7 @@ from ..io.stats_h5 import StatsTable
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
-from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
 from .pretrain import write_history
 
 NORM_PREFIX = "input_norm."
@@ -44,17 +44,6 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     if cfg.local and runtime.engine != "local":
         raise FedL2PError("--engine flower runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
-
-
-def check_runtime(runtime: Runtime) -> None:
-    """The runtime options of a stage with rounds, valid and consistent: --gpus-per-client goes with --engine flower
-    on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
-    validate(runtime)
-    engine, gpus_per_client, on_gpu = runtime.engine, runtime.gpus_per_client, runtime.on_gpu
-    if gpus_per_client > 0 and not (engine == "flower" and on_gpu):
-        raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
-    if engine == "flower" and on_gpu and gpus_per_client == 0:
-        raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")
 
 
 @dataclass

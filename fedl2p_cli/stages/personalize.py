@@ -40,7 +40,7 @@ STAGES = (None, "meta-train", "pfl")  # rows in this order: no artifact (hand-ma
 
 def fixed(m: str) -> bool:
     """A hand-made method: one strategy for every client (the registry's HandMade)."""
-    return isinstance(methods.get(m), methods.HandMade)
+    return isinstance(methods.find(m), methods.HandMade)
 
 
 @dataclass
@@ -116,7 +116,7 @@ class Setup:
             given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
             out += [method_of(a).prepare(self, a) for a in given]
             for m in self.cfg.methods:
-                kind = methods.get(m)
+                kind = methods.find(m)
                 if (kind.trained_by if kind else "meta-train") == stage and not any(stands_for(a, m) for a in given):
                     out.append(self.requested(m, kind))
         return list({r.name: r for r in out}.values())
@@ -196,7 +196,7 @@ def stands_for(art: Artifact, name: str) -> bool:
     """A requested name that an artifact given by id answers: its own name (variant, algorithm), or the learned
     method it belongs to (`--methods fedl2p --meta ID` of any fedl2p variant)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
-    return name == own or method_of(art) is methods.get(name)
+    return name == own or method_of(art) is methods.find(name)
 
 
 def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress) -> results_h5.Results:
@@ -270,7 +270,7 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
                 diff = np.nanmean(r.acc_after[i] - r.acc_after[bi], axis=0)  # per client, over seeds
                 rows[m]["vs_best_baseline"] = float(np.nanmean(diff))
                 rows[m]["clients_better"] = float(np.mean(diff[~np.isnan(diff)] > 0))
-    tuned = next((m for m in r.methods if isinstance(methods.get(m), methods.Tuned)), None)
+    tuned = next((m for m in r.methods if isinstance(methods.find(m), methods.Tuned)), None)
     if tuned is not None:
         ti = r.methods.index(tuned)
         for i, m in enumerate(r.methods):
@@ -348,7 +348,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, pre_art.id)
         h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
-        methods.check.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
+        methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)

@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-from .. import device, methods
+from .. import device, plugins
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate
 from ..engine.loop import Checkpoint
-from ..errors import FedL2PError
 from ..models import guard, registry
 from ..runtime import Runtime
 from . import partition as partition_stage
@@ -29,14 +28,13 @@ from .pretrain import write_history
 
 def check(cfg: PFLConfig) -> None:
     validate(cfg)
-    if cfg.algo not in methods.systems():  # the registered systems
-        raise FedL2PError(f"unknown --algo '{cfg.algo}'; choose one of: {', '.join(methods.systems())}")
+    plugins.current().get("system", cfg.algo)  # a registered system
     registry.spec(cfg.model)
 
 
 def trainer(algo: str):
     """The module that trains and evaluates a registered system (methods.System.trainer)."""
-    return importlib.import_module(methods.get(algo).trainer)
+    return importlib.import_module(plugins.current().get("system", algo).trainer)
 
 
 def identity(cfg: PFLConfig) -> dict:

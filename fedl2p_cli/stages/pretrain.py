@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from .. import device, plugins
-from ..algorithms import local as local_algos
 from ..algorithms.local import LocalConfig
+from ..catalog import PretrainAlgo
 from ..runtime import Runtime
 from ..artifacts import Artifact, Draft, Store, sha256_file
 from ..core.aggregate import weighted_average
@@ -26,21 +26,19 @@ from ..io import weights
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from . import partition as partition_stage
-from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
 
 
-def algorithms() -> dict[str, local_algos.PretrainAlgo]:
-    """The pretraining algorithms, built-ins and plugins loaded first."""
-    plugins.ensure()
-    return local_algos.algorithms()
+def algorithm(name: str) -> PretrainAlgo:
+    """The registered pretraining algorithm `name` (built-ins and plugins)."""
+    return plugins.current().get("pretrain-algo", name)
 
 
 def check(cfg: PretrainConfig, runtime: Runtime) -> None:
     validate(cfg)
-    if cfg.init is None and cfg.algo not in algorithms():
-        raise FedL2PError(f"unknown algorithm '{cfg.algo}' (--algo); choose one of: {', '.join(algorithms())}")
+    if cfg.init is None:
+        algorithm(cfg.algo)
     registry.spec(cfg.model)
-    from .meta_train import check_runtime
     check_runtime(runtime)
 
 
@@ -107,7 +105,7 @@ class PretrainStrategy:
         self.tests = device.move({"seen": pool_tensors(part, self.seen, "test"),
                                   "unseen": pool_tensors(part, unseen, "test") if unseen else None}, self.dev)
         self.state_cache = device.RoundCache()
-        self.algo = algorithms()[cfg.algo]
+        self.algo = algorithm(cfg.algo)
         self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size, head=registry.head_prefix(model),
                                  freeze_head=self.algo.freeze_head, pf_alpha=cfg.pf_alpha)
 

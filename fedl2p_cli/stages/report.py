@@ -221,7 +221,7 @@ def pool_detail_html(store: Store, a: Artifact) -> str:
             title, cols, brows = beta_table(m, v["beta_per_domain"])
             side.append(H.table(cols, brows, f"{title}, {s['pool']} clients"))
         eta = r.eta.get(m)
-        if eta is not None and isinstance(methods.get(m), methods.Learned) and not np.isnan(eta).all():
+        if eta is not None and isinstance(methods.find(m), methods.Learned) and not np.isnan(eta).all():
             side.append(eta_table(m, eta, r.domain, doms, names))
     out.append(H.row(side))
     return "".join(out)

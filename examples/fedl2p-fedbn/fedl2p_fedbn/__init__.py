@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+FEDL2P_API = 1  # the fedl2p_cli.api version this plugin is written for
+
 
 def bn_tensors(model) -> list[str]:
     """The BN layers' scale and shift: what `ft-bn-only` fine-tunes (and what FedBN keeps on each client)."""
@@ -26,8 +28,7 @@ def load_dataset(cfg, data_dir: Path | None):
 
 def register(registry) -> None:
     """Called once per process by fedl2p's plugin loader (the CLI, worker processes, Flower sites)."""
-    from fedl2p_cli.data.sources import Source
-    from fedl2p_cli.methods import HandMade, System
+    from fedl2p_cli.api import HandMade, Source, System
 
     from .model import mobilenet_v3_small
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedl2p_cli.algorithms.local import LocalConfig, sgd_client
-from fedl2p_cli.core.aggregate import weighted_average
-from fedl2p_cli.core.bn import MixBN
-from fedl2p_cli.core.functional import epochs_of_batches, get_state, mean_loss, set_state
+from fedl2p_cli.api import (LocalConfig, epochs_of_batches, get_state, is_batchnorm, mean_loss, set_state, sgd_client,
+                            weighted_average)
 
 State = dict[str, Tensor]
 
@@ -25,7 +22,7 @@ def local_keys(model: nn.Module) -> frozenset[str]:
     """State-dict keys of the model's BatchNorm layers (ours or torch's): what FedBN keeps on each client."""
     out = set()
     for name, m in model.named_modules():
-        if isinstance(m, (MixBN, _BatchNorm)):
+        if is_batchnorm(m):
             prefix = f"{name}." if name else ""
             out |= {prefix + k for k in m.state_dict()}
     if not out:
@@ -87,7 +84,7 @@ def adapt_bn(model: nn.Module, shared: State, local: State, x: Tensor, y: Tensor
 def estimate_bn_statistics(model: nn.Module, x: Tensor, chunk: int) -> None:
     """Set every BN layer's running statistics to the client's own: a train-mode pass over `x` in chunks, the i-th
     chunk weighted 1/i (a cumulative mean over the chunks; one chunk gives exactly the data's statistics)."""
-    bns = [m for m in model.modules() if isinstance(m, (MixBN, _BatchNorm))]
+    bns = [m for m in model.modules() if is_batchnorm(m)]
     kept = [m.momentum for m in bns]
     model.train()
     for i, start in enumerate(range(0, len(x), chunk), start=1):

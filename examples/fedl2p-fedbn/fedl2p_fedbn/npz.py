@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedl2p_cli.data.datasets import Dataset, channel_stats
-from fedl2p_cli.errors import DataError
+from fedl2p_cli.api import DataError, Dataset, channel_stats
 
 
 def load_npz(path: Path | None) -> Dataset:

@@ -16,15 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedl2p_cli import device
-from fedl2p_cli.algorithms.local import LocalConfig
-from fedl2p_cli.core.client import Timer
-from fedl2p_cli.core.functional import evaluate, get_state
-from fedl2p_cli.engine.loop import LoopState, generator, group_of, nest, sample_clients
-from fedl2p_cli.engine.rounds import in_process, run_rounds
-from fedl2p_cli.io import weights
-from fedl2p_cli.models import registry
-from fedl2p_cli.stages.harness import batches
+from fedl2p_cli.api import (Artifact, Checkpoint, ClientData, Draft, LocalConfig, LoopState, Partition, PFLConfig,
+                            Progress, Runtime, Timer, TrainedSystem, batch_stream, build_model, evaluate, generator,
+                            get_state, group_of, in_process, load_weights, nest, run_rounds, sample_clients, save_weights,
+                            to_device, to_host)
 
 from . import fedbn
 
@@ -46,10 +41,10 @@ class FedBNStrategy:
     """FedBN (Alg. 1): every sampled client trains the whole model locally; the server averages the non-BN weights
     and each client keeps its BN layers. The state: `shared.` plus `local<c>.` for every client that trained."""
 
-    def __init__(self, cfg, part, dev: torch.device = torch.device("cpu")):
+    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device):
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
-        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
         self.keys = fedbn.local_keys(self.model)
         self.init_shared, self.init_local = fedbn.split(get_state(self.model), self.keys)
         self.local_cfg = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
@@ -68,12 +63,12 @@ class FedBNStrategy:
         return [FedBNTask(c, shared, group_of(st.tensors, f"local{c}") or None, rnd)
                 for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
-    def client(self, task: FedBNTask):
+    def client(self, task: FedBNTask) -> tuple[dict, int, float]:
         x, y = self.part.client_on(task.client, self.dev).train
-        state, loss = fedbn.client_update(self.model, device.move(task.shared, self.dev),
-                                          device.move(task.local or self.init_local, self.dev), x, y, self.cfg.lr,
+        state, loss = fedbn.client_update(self.model, to_device(task.shared, self.dev),
+                                          to_device(task.local or self.init_local, self.dev), x, y, self.cfg.lr,
                                           self.local_cfg, generator(self.cfg.seed, task.round, task.client))
-        return device.to_host(state), len(y), loss
+        return to_host(state), len(y), loss
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[FedBNTask], results: list, timer: Timer) -> dict:
         shared, locals_ = fedbn.aggregate([(r[0], r[1]) for r in results], self.keys)
@@ -108,19 +103,21 @@ def trained_of(tensors: dict, sizes: dict[int, int]) -> Trained:
     return Trained(group_of(tensors, "shared"), locals_, start)
 
 
-def client_model(model: torch.nn.Module, t: Trained, c: int, data, cfg, gen: torch.Generator) -> dict:
+def client_model(model: torch.nn.Module, t: Trained, c: int, data: ClientData, cfg: PFLConfig, gen: torch.Generator
+                 ) -> dict:
     """Client c's FedBN model on its data's device: its own BN layers if it trained, else BN layers trained and
     estimated on its train split (module docstring)."""
     dev = data.train[0].device
-    shared = device.move(t.shared, dev)
+    shared = to_device(t.shared, dev)
     if c in t.locals:
-        return fedbn.state_of(shared, device.move(t.locals[c], dev))
+        return fedbn.state_of(shared, to_device(t.locals[c], dev))
     local_cfg = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
-    local, _ = fedbn.adapt_bn(model, shared, device.move(t.start, dev), *data.train, cfg.lr, local_cfg, gen)
+    local, _ = fedbn.adapt_bn(model, shared, to_device(t.start, dev), *data.train, cfg.lr, local_cfg, gen)
     return fedbn.state_of(shared, local)
 
 
-def client_accuracy(model: torch.nn.Module, t: Trained, c: int, data, split, cfg, gen: torch.Generator) -> float:
+def client_accuracy(model: torch.nn.Module, t: Trained, c: int, data: ClientData, split: tuple, cfg: PFLConfig,
+                    gen: torch.Generator) -> float:
     """Accuracy on `split` (a split of `data`) of client c's FedBN model; NaN for an empty split."""
     if len(split[1]) == 0:
         return float("nan")
@@ -129,25 +126,26 @@ def client_accuracy(model: torch.nn.Module, t: Trained, c: int, data, split, cfg
     return evaluate(model, state, *split)[1]
 
 
-def sizes_of(part, clients: list[int]) -> dict[int, int]:
+def sizes_of(part: Partition, clients: list[int]) -> dict[int, int]:
     return {c: part.client(c).n_train for c in clients}
 
 
-def train(cfg, part, ckpt, progress, draft, runtime) -> tuple[list[dict], dict]:
+def train(cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress, draft: Draft, runtime: Runtime
+          ) -> tuple[list[dict], dict]:
     strategy = FedBNStrategy(cfg, part, runtime.torch_device)
     st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
     sizes = sizes_of(part, strategy.seen)
-    weights.save(draft.path(FILE), st.tensors, {"algo": cfg.algo, "model": cfg.model, "sizes": sizes})
+    save_weights(draft.path(FILE), st.tensors, {"algo": cfg.algo, "model": cfg.model, "sizes": sizes})
     trained = trained_of(st.tensors, sizes)
     return st.history, {"algo": cfg.algo, "clients_trained": len(trained.locals), "local_tensors": len(strategy.keys)}
 
 
-def load(art, cfg, model: torch.nn.Module) -> Trained:
-    tensors, meta = weights.load_with_meta(art.file(FILE))
+def load(art: Artifact, cfg: PFLConfig, model: torch.nn.Module) -> Trained:
+    tensors, meta = load_weights(art.file(FILE))
     return trained_of(tensors, {int(c): n for c, n in meta["sizes"].items()})
 
 
-def accuracy(t, c: int, data, seed: int, steps: int) -> float:
+def accuracy(t: TrainedSystem, c: int, data: ClientData, seed: int, steps: int) -> float:
     """Client c's test accuracy under FedBN; a client it never trained adapts its BN layers first, on the batches of
     personalisation seed `seed` (the same stream as the other methods')."""
-    return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, batches(seed, c))
+    return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, batch_stream(seed, c))

@@ -1,0 +1,179 @@
+"""fedl2p's extension API: the one module a plugin imports. Everything else in `fedl2p_cli` is internal and may change
+in any release; what is named here changes only with `API_VERSION`.
+
+A plugin is a module with `register(registry: api.Registry)`; it may say which API it was written for with
+`FEDL2P_API = 1` at its top (a plugin written for another version is refused in one line). What a user brings:
+
+- a model: `registry.add_model(name, factory)`, `factory(in_channels, num_classes) -> nn.Module` (`ModelFactory`);
+- a dataset: `registry.add_dataset(Source(name, load))`, `load(cfg, data_dir) -> Dataset` (`DatasetLoader`);
+- a method: `registry.add_method(HandMade(...))`, `Tuned(...)` or `Learned(...)`; a `Method` subclass's
+  `personalize(row, run)` gets a typed `ClientContext`;
+- a pFL system: `registry.add_system(System(name, label, trainer="module"))`, the module a `SystemTrainer`;
+- a pretraining algorithm: `registry.add_pretrain_algo(name, client)`, `client` a `PretrainClient`.
+
+The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
+does not import torch; the torch-side names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
+from .data.sources import Source
+from .errors import DataError, FedL2PError
+from .methods.context import Client, ClientContext, Row, Setup, Trial
+from .methods.registry import POOLS, HandMade, Learned, Method, Outcome, System, Tuned
+from .plugins import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from .algorithms.local import LocalConfig, sgd_client
+    from .artifacts import Artifact, Draft
+    from .configs import PartitionConfig, PFLConfig
+    from .core.aggregate import weighted_average
+    from .core.client import ClientData, Timer
+    from .core.functional import epochs_of_batches, evaluate, get_state, mean_loss, set_state
+    from .data.datasets import Dataset, channel_stats
+    from .device import to_host
+    from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
+    from .engine.rounds import Failed, RoundObserver, RoundStrategy, Task, in_process, run_rounds
+    from .io.partition_h5 import Partition
+    from .runtime import Runtime
+    from .stages.common import Progress
+    from .stages.pfl import Trained as TrainedSystem
+
+# the torch-side names, imported when first asked for (module, name there)
+_LAZY = {
+    "LocalConfig": ("algorithms.local", "LocalConfig"), "sgd_client": ("algorithms.local", "sgd_client"),
+    "Artifact": ("artifacts", "Artifact"), "Draft": ("artifacts", "Draft"),
+    "PartitionConfig": ("configs", "PartitionConfig"), "PFLConfig": ("configs", "PFLConfig"),
+    "weighted_average": ("core.aggregate", "weighted_average"),
+    "ClientData": ("core.client", "ClientData"), "Timer": ("core.client", "Timer"),
+    "epochs_of_batches": ("core.functional", "epochs_of_batches"), "evaluate": ("core.functional", "evaluate"),
+    "get_state": ("core.functional", "get_state"), "mean_loss": ("core.functional", "mean_loss"),
+    "set_state": ("core.functional", "set_state"),
+    "Dataset": ("data.datasets", "Dataset"), "channel_stats": ("data.datasets", "channel_stats"),
+    "to_host": ("device", "to_host"),
+    "Checkpoint": ("engine.loop", "Checkpoint"), "LoopState": ("engine.loop", "LoopState"),
+    "generator": ("engine.loop", "generator"), "group_of": ("engine.loop", "group_of"), "nest": ("engine.loop", "nest"),
+    "sample_clients": ("engine.loop", "sample_clients"),
+    "Failed": ("engine.rounds", "Failed"), "RoundStrategy": ("engine.rounds", "RoundStrategy"),
+    "RoundObserver": ("engine.rounds", "RoundObserver"),
+    "Task": ("engine.rounds", "Task"), "in_process": ("engine.rounds", "in_process"),
+    "run_rounds": ("engine.rounds", "run_rounds"),
+    "Partition": ("io.partition_h5", "Partition"), "Runtime": ("runtime", "Runtime"),
+    "Progress": ("stages.common", "Progress"), "TrainedSystem": ("stages.pfl", "Trained"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fedl2p_cli.api' has no attribute '{name}'")
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+    globals()[name] = value  # asked once
+    return value
+
+
+class ModelFactory(Protocol):
+    """What `registry.add_model` takes: an nn.Module for this many input channels and classes (either parameter may
+    be left out). Its BatchNorm1d/2d layers become fedl2p's mixing BN; FedL2P differentiates through it twice, so
+    every layer must be twice differentiable (checked when the model is built)."""
+
+    def __call__(self, in_channels: int, num_classes: int) -> nn.Module: ...
+
+
+class DatasetLoader(Protocol):
+    """`Source.load`: the dataset of a partition's config, `data_dir` being --data-dir (or FEDL2P_DATA; None if
+    neither). Images uint8 [N, C, H, W], labels, class names, normalisation, optionally a domain per image."""
+
+    def __call__(self, cfg: PartitionConfig, data_dir: Any) -> Dataset: ...
+
+
+class PretrainClient(Protocol):
+    """What `registry.add_pretrain_algo` takes: one client's local update from `state` on (x, y) with this LR, its
+    `LocalConfig` and the round's generator; the new state and the mean training loss."""
+
+    def __call__(self, model: nn.Module, state: dict[str, Tensor], x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,
+                 gen: torch.Generator) -> tuple[dict[str, Tensor], float]: ...
+
+
+class SystemTrainer(Protocol):
+    """The module a `System(trainer="module")` names: how `pfl-train` trains the system and `personalize` evaluates it.
+
+    - `SETTINGS`: {algo name: (PFLConfig field, ...)}, the options its artifact id includes besides the shared ones
+      (algo, model, rounds, fraction, batch_size, lr, eval_every, seed);
+    - `train`: runs its rounds (a `RoundStrategy` through `run_rounds`: checkpoints, resume, failure handling),
+      computing on `runtime.torch_device`; writes its weights into `draft` (`draft.path(FILE)`); returns
+      (history rows, metrics);
+    - `load`: its trained state from its artifact (`art.file(FILE)`);
+    - `accuracy`: client `client`'s test accuracy (NaN where it has no model for it); a system that adapts to a client
+      draws its batches from `batch_stream(seed, client)`, the stream every method shares."""
+    SETTINGS: dict[str, tuple[str, ...]]
+
+    def train(self, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress, draft: Draft,
+              runtime: Runtime) -> tuple[list[dict], dict]: ...
+
+    def load(self, art: Artifact, cfg: PFLConfig, model: nn.Module) -> Any: ...
+
+    def accuracy(self, trained: TrainedSystem, client: int, data: ClientData, seed: int, steps: int) -> float: ...
+
+
+def batch_stream(seed: int, client: int) -> torch.Generator:
+    """The batch order of every personalisation of `client` with personalisation seed `seed` (a fresh generator each
+    call): every method, system and analysis of a client and seed draws from it, so their accuracies are paired."""
+    from .stages.harness import batches
+    return batches(seed, client)
+
+
+def build_model(name: str, in_channels: int, num_classes: int, seed: int = 0) -> nn.Module:
+    """The model `name` (registered, or `package.module:factory`), initialised from `seed`, its BN layers mixing BN:
+    the model every stage builds for that name."""
+    from .models.registry import build
+    return build(name, in_channels, num_classes, seed)
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """Tensors in `obj` (a tensor, or dicts, lists, tuples and dataclasses of them) on `device`."""
+    from .device import move
+    return move(obj, device)
+
+
+def is_batchnorm(module: nn.Module) -> bool:
+    """Whether `module` is a BatchNorm layer: fedl2p's mixing BN (what a built model holds) or torch's own."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from .core.bn import MixBN
+    return isinstance(module, (MixBN, _BatchNorm))
+
+
+def save_weights(path: Any, tensors: dict[str, Tensor], meta: dict | None = None) -> None:
+    """Tensors (and a JSON-able `meta`) to a safetensors file, atomically; no pickle."""
+    from .io import weights
+    weights.save(path, tensors, meta)
+
+
+def load_weights(path: Any) -> tuple[dict[str, Tensor], dict]:
+    """A safetensors file `save_weights` wrote: its tensors and its meta."""
+    from .io import weights
+    return weights.load_with_meta(path)
+
+
+__all__ = [
+    "API_VERSION", "Registry", "Plugin", "PluginError", "UnknownName", "FedL2PError", "DataError",
+    # what a user brings
+    "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
+    "Method", "HandMade", "Tuned", "Learned", "System", "Outcome", "POOLS", "PretrainClient", "SystemTrainer",
+    # what a method is handed in `personalize`
+    "Setup", "Row", "ClientContext", "Client", "Trial",
+    # what a pFL system or a pretraining algorithm is handed and uses
+    "PFLConfig", "PartitionConfig", "Partition", "ClientData", "Runtime", "Progress", "Checkpoint", "Draft", "Artifact",
+    "TrainedSystem", "RoundStrategy", "Task", "Failed", "LoopState", "Timer", "RoundObserver", "run_rounds", "in_process",
+    "sample_clients", "generator", "batch_stream", "nest", "group_of",
+    "build_model", "is_batchnorm", "get_state", "set_state", "evaluate", "epochs_of_batches", "mean_loss",
+    "weighted_average", "LocalConfig", "sgd_client", "to_device", "to_host", "save_weights", "load_weights",
+]

@@ -1,0 +1,163 @@
+"""The package's shape, read from its source with ast: no import circle (function-level imports count; imports made
+only for type checkers do not), no module-level registry (a dict, list or set at the top of a module that code
+mutates: what a piece of the catalog would be), and the example plugins import nothing of fedl2p but its API."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fedl2p_cli"
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "clear", "remove", "discard",
+            "__setitem__"}
+CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter"}
+# not registries: per-process caches of something built there, which no lookup of a piece reads
+CACHES = {"fedl2p_cli.engine.flower._CONTEXTS": "a ClientApp process's client context, built on its first message"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.with_suffix("").parts)
+    parts = parts[len(parts) - 1 - parts[::-1].index("fedl2p_cli"):]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node of `tree` except what sits under `if TYPE_CHECKING:`."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at module level or inside functions."""
+    mods = {module_name(p): p for p in package.rglob("*.py")}
+    graph = {}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        out = set()
+        for node in runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names}
+        graph[mod] = {m for m in out if m in mods and m != mod}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def is_container(value: ast.AST | None) -> bool:
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    return isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in CONTAINERS
+
+
+def registries(path: Path) -> list[str]:
+    """Module-level containers of `path` that its code mutates (item assignment, a mutating method, |=, del)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if is_container(getattr(node, "value", None)):
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    mutated = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for t in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
+                base = t.value if isinstance(t, ast.Subscript) else t if isinstance(node, ast.AugAssign) else None
+                if isinstance(base, ast.Name) and base.id in names:
+                    mutated.add(base.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            if isinstance(node.func.value, ast.Name) and node.func.value.id in names:
+                mutated.add(node.func.value.id)
+    return [f"{module_name(path)}.{n}" for n in sorted(mutated)]
+
+
+def test_no_import_circle():
+    found = circles(import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_finds_one(tmp_path):
+    pkg = tmp_path / "fedl2p_cli"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..c import g\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\n"
+                              "def g():\n    from . import a\n")
+    assert circles(import_graph(pkg)) == [["fedl2p_cli.a", "fedl2p_cli.c", "fedl2p_cli.sub.b"]]
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\n")
+    assert circles(import_graph(pkg)) == []  # a type checker's import is no circle
+
+
+def test_no_module_level_registry():
+    found = [r for p in sorted(PACKAGE.rglob("*.py")) for r in registries(p) if r not in CACHES]
+    assert not found, f"module-level mutable registries: {found}"
+
+
+def test_the_registry_scan_finds_one(tmp_path):
+    f = tmp_path / "fedl2p_cli" / "m.py"
+    f.parent.mkdir()
+    f.write_text("_R: dict[str, int] = {}\nTABLE = {'a': 1}\nSEEN = set()\nL = []\n"
+                 "def add(k):\n    _R[k] = 1\n    SEEN.add(k)\n    x = TABLE['a']\n")
+    assert registries(f) == ["fedl2p_cli.m.SEEN", "fedl2p_cli.m._R"]
+
+
+def test_the_example_plugins_import_only_the_api():
+    imported = {}
+    for path in sorted((ROOT / "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}.{a.name}" if node.module == "fedl2p_cli" else node.module for a in node.names] \
+                if isinstance(node, ast.ImportFrom) and not node.level and node.module else []
+            imported |= {n: path.relative_to(ROOT) for n in names if n.split(".")[0] == "fedl2p_cli"}
+    assert imported and set(imported) == {"fedl2p_cli.api"}, imported
