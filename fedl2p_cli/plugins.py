@@ -307,7 +307,7 @@ def check_available(records: list[dict], what: str) -> None:
         module, dist = r.get("module"), r.get("dist")
         if module in loaded or (dist and any(p.dist == dist for p in loaded.values())):
             continue
-        if r.get("model") and _importable(module):  # a `package.module:factory` model: importable is enough
+        if r.get("model") and importable(module):  # a `package.module:factory` model: importable is enough
             continue
         pin = f"=={r['version']}" if r.get("version") else ""
         fix = f"pip install {dist}{pin} (or --plugin {module})" if dist else f"load it with --plugin {module}"
@@ -315,7 +315,7 @@ def check_available(records: list[dict], what: str) -> None:
         raise PluginError(f"{what} was made with {made}, which is not loaded here: {fix}")
 
 
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
     """Whether `module`'s top-level package is installed, without importing anything (find_spec of a dotted name
     imports its parents: an artifact's text must not run code)."""
     import importlib.util

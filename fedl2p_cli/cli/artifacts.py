@@ -29,6 +29,18 @@ def list_(stage: Optional[str] = typer.Argument(None, help="Only this stage."), 
         rows.append([art.stage, art.id, art.manifest["created"], " ".join(f"{k}:{v}" for k, v in art.parents.items()),
                      " ".join(f"{k}={v:.4g}" for k, v in list(m.items())[:4])])
     render.table(f"artifacts in {s.root}", ["stage", "id", "created", "parents", "metrics"], rows)
+    missing = {line for art in s.iter(_stage(stage) if stage else None) for line in missing_plugins(art)}
+    for line in sorted(missing):
+        render.err_console.print(line, highlight=False, markup=False)
+
+
+def missing_plugins(art) -> list[str]:
+    """A line per plugin the artifact was made with that is not installed here (its files stay readable; what
+    needs the plugin's pieces, such as building on it, does not work until it is)."""
+    from ..plugins import importable
+    return [f"note: {art.stage}/{art.id} was made with plugin {p.get('module')} ({p.get('dist') or 'not a package'} "
+            f"{p.get('version') or ''}), not installed here".replace(" )", ")")
+            for p in art.manifest.get("plugins") or [] if p.get("module") and not importable(str(p["module"]))]
 
 
 @app.command()
@@ -37,6 +49,8 @@ def show(stage: str = typer.Argument(..., help="Stage name."), ref: Optional[str
     """Print an artifact's manifest (config, parents, file hashes, metrics)."""
     art = options.store(store).load(_stage(stage), ref, verify=False)
     render.console.print_json(json.dumps(art.manifest, default=str))
+    for line in missing_plugins(art):
+        render.err_console.print(line, highlight=False, markup=False)
 
 
 @app.command()
