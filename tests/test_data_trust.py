@@ -138,13 +138,19 @@ def _npz(path: Path, ds: datasets.Dataset) -> Path:
     return path
 
 
-def test_changed_data_is_a_new_partition_and_the_same_data_elsewhere_the_same(register, tmp_path):
-    """The trial's case: another file under the same options was `reused partition artifact` of the first one."""
-    calls = []
+def _first(register, tmp_path) -> tuple:
+    """A counting npz source, a store, a data file and the partition of it (each `load` call is recorded)."""
+    calls: list = []
     register(lambda cfg, d: calls.append(d) or npz_load(cfg, d))
     store = Store(tmp_path / "store")
     a = _npz(tmp_path / "a.npz", good())
     first, reused = partition.run(PartitionConfig(**CFG, data_dir=str(a)), store)
+    return calls, store, a, first, reused
+
+
+def test_changed_data_is_a_new_partition_and_the_same_data_elsewhere_the_same(register, tmp_path):
+    """The trial's case: another file under the same options was `reused partition artifact` of the first one."""
+    _, store, a, first, reused = _first(register, tmp_path)
     assert not reused and first.manifest["data"]["fingerprint"] == first.config["data"]
     other = tmp_path / "elsewhere"
     other.mkdir()
@@ -159,11 +165,7 @@ def test_changed_data_is_a_new_partition_and_the_same_data_elsewhere_the_same(re
 
 
 def test_a_rerun_reads_the_fingerprint_from_the_cache_until_a_file_changes(register, tmp_path):
-    calls = []
-    register(lambda cfg, d: calls.append(d) or npz_load(cfg, d))
-    store = Store(tmp_path / "store")
-    a = _npz(tmp_path / "a.npz", good())
-    first, _ = partition.run(PartitionConfig(**CFG, data_dir=str(a)), store)
+    calls, store, a, first, _ = _first(register, tmp_path)
     again, reused = partition.run(PartitionConfig(**CFG, data_dir=str(a)), store)
     assert (again.id, reused, len(calls)) == (first.id, True, 1)  # the re-run loaded nothing
     shifted = good()

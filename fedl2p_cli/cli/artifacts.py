@@ -23,13 +23,13 @@ def _stage(stage: str) -> str:
 def list_(stage: Optional[str] = typer.Argument(None, help="Only this stage."), store: Optional[Path] = options.STORE) -> None:
     """One row per artifact: stage, id, created, parents, headline metrics."""
     s = options.store(store)
-    rows = []
+    rows, missing = [], set()
     for art in s.iter(_stage(stage) if stage else None):
+        missing.update(missing_plugins(art))
         m = {k: v for k, v in art.metrics.items() if isinstance(v, (int, float))}
         rows.append([art.stage, art.id, art.manifest["created"], " ".join(f"{k}:{v}" for k, v in art.parents.items()),
                      " ".join(f"{k}={v:.4g}" for k, v in list(m.items())[:4])])
     render.table(f"artifacts in {s.root}", ["stage", "id", "created", "parents", "metrics"], rows)
-    missing = {line for art in s.iter(_stage(stage) if stage else None) for line in missing_plugins(art)}
     for line in sorted(missing):
         render.err_console.print(line, highlight=False, markup=False)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -383,16 +382,12 @@ def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: 
         return None
     same = {k: v for k, v in config.items() if k != "rounds"}
     best: tuple[int, str] | None = None
-    for aid in store.ids("meta-train"):
-        try:
-            m = json.loads((store.root / "meta-train" / aid / "manifest.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        r = m.get("config", {}).get("rounds")
-        if (m.get("parents") == parents and isinstance(r, int) and r < rounds and (best is None or r > best[0])
-                and {k: v for k, v in m["config"].items() if k != "rounds"} == same
-                and (store.root / "meta-train" / aid / STATE).is_file()):
-            best = (r, aid)
+    for art in store.iter("meta-train"):
+        r = art.config.get("rounds")
+        if (art.parents == parents and isinstance(r, int) and r < rounds and (best is None or r > best[0])
+                and {k: v for k, v in art.config.items() if k != "rounds"} == same
+                and STATE in art.manifest["files"]):
+            best = (r, art.id)
     if best is None:
         return None
     art = store.load("meta-train", best[1])  # its hashes verified before its state is used
