@@ -2,8 +2,9 @@
 
 A call is a *second-order product* (a Hessian-vector or mixed product) when the graph it back-propagates through
 contains a gradient that an earlier call returned with `create_graph=True` (the IFT's products with dL_T/dtheta,
-FOMAML+'s backward through its in-graph step); any other call is a *first-order gradient*. `loss.backward()` is not
-counted (the meta-gradients never call it).
+FOMAML+'s backward through its in-graph step); any other call is a *first-order gradient*. `loss.backward()` (through
+`torch.autograd.backward`) counts the same way; a module that bound `grad` at import (`from torch.autograd import
+grad`, as the authors' client does) is named in `modules` so that its calls are counted too.
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ class Counts:
         return False
 
 
+    def count(self, outputs) -> None:
+        if self.through_a_gradient(outputs):
+            self.second_order += 1
+        else:
+            self.first_order += 1
+
+
 @contextmanager
-def count_backward() -> Iterator[Counts]:
-    counts, original = Counts(), torch.autograd.grad
+def count_backward(modules: tuple = ()) -> Iterator[Counts]:
+    counts, original, original_backward = Counts(), torch.autograd.grad, torch.autograd.backward
 
     def grad(outputs, inputs, *args, **kwargs):
-        if counts.through_a_gradient(outputs):
-            counts.second_order += 1
-        else:
-            counts.first_order += 1
+        counts.count(outputs)
         result = original(outputs, inputs, *args, **kwargs)
         if kwargs.get("create_graph"):
             made = [r for r in result if r is not None and r.grad_fn is not None]
@@ -52,8 +57,17 @@ def count_backward() -> Iterator[Counts]:
             counts._nodes.update(r.grad_fn for r in made)
         return result
 
-    torch.autograd.grad = grad
+    def backward(tensors, *args, **kwargs):
+        counts.count(tensors)
+        return original_backward(tensors, *args, **kwargs)
+
+    bound = [m for m in modules if getattr(m, "grad", None) is original]
+    torch.autograd.grad, torch.autograd.backward = grad, backward
+    for m in bound:
+        m.grad = grad
     try:
         yield counts
     finally:
-        torch.autograd.grad = original
+        torch.autograd.grad, torch.autograd.backward = original, original_backward
+        for m in bound:
+            m.grad = original
