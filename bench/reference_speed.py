@@ -116,6 +116,7 @@ def ours(model, data, meta_grad: str):
     """A callable running our client round; it fills CLOCK's sections."""
     from fedl2p_cli.algorithms import fedl2p as alg
     from fedl2p_cli.core import finetune as ft
+    from fedl2p_cli.core import hypergrad as hg
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.finetune import ClientBN
     from fedl2p_cli.core.metanets import init_lambda
@@ -135,7 +136,10 @@ def ours(model, data, meta_grad: str):
         with patched(alg, "finetune", CLOCK.timed("finetune", alg.finetune)), \
                 patched(ft, "precise_bn", CLOCK.timed("precise_bn", ft.precise_bn)), \
                 patched(alg, "personalized_accuracy", CLOCK.timed("val_loss", alg.personalized_accuracy)), \
-                patched(alg, "meta_gradient", CLOCK.timed("meta_gradient", alg.meta_gradient)):
+                patched(alg, "meta_gradient", CLOCK.timed("meta_gradient", alg.meta_gradient)), \
+                patched(hg, "val_loss", CLOCK.timed("mg_val_forward", hg.val_loss)), \
+                patched(hg, "train_loss", CLOCK.timed("mg_train_loss", hg.train_loss)), \
+                patched(hg, "krylov", CLOCK.timed("mg_krylov", hg.krylov)):
             alg.client_update(model, theta, lam, xi, xs, bn0, data, cfg, torch.Generator().manual_seed(0))
     return run
 
@@ -174,9 +178,10 @@ def theirs(client_mod, model_utils, algo: str, weights: Path):
 def phases(side: str) -> dict[str, float]:
     s = CLOCK.sections
     if side == "ours":
+        mg = {k: s.get(k, 0.0) for k in ("mg_val_forward", "mg_train_loss", "mg_krylov")}
         return {"round": s["round"], "finetune": s["finetune"] - s.get("precise_bn", 0.0),
                 "precise_bn": s.get("precise_bn", 0.0), "val_loss": s.get("val_loss", 0.0),
-                "meta_gradient": s["meta_gradient"]}
+                "meta_gradient": s["meta_gradient"], **mg, "mg_rest": s["meta_gradient"] - sum(mg.values())}
     return {"round": s["round"], "finetune": CLOCK.between("clone", "eval"),
             "meta_gradient": CLOCK.between("eval", "step"), "stats": s.get("stats", 0.0)}
 
@@ -251,8 +256,27 @@ def render(res: dict) -> str:
             lines.append(f"| | {a} | **theirs ÷ ours** | **{q['round']:.2f}×** | **{q['finetune']:.2f}×** | "
                          f"**{q['meta_gradient']:.2f}×** | | | |")
     lines += ["", "Ratios are of medians, theirs ÷ ours: above 1, ours is faster. Our round also holds PreciseBN and "
-              "the recorded validation loss; theirs their per-round KLD and feature statistics (seconds in the json)."]
+              "the recorded validation loss; theirs their per-round KLD and feature statistics (seconds in the json).",
+              "", "Where our default-IFT round's time goes (medians; share of the round):", "",
+              "| part | " + " | ".join(res["models"]) + " |", "|---|" + "---|" * len(res["models"])]
+    for key, label in SHARES:
+        cells = []
+        for r in res["models"].values():
+            t = r["median_s"]["IFT/ours"]
+            v = t["round"] - sum(t[k] for k in OWN) if key == "other" else t[key]
+            cells.append(f"{v:.3f} s ({v / t['round']:.0%})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+OWN = ("finetune", "precise_bn", "val_loss", "meta_gradient")  # our round's timed parts
+SHARES = [("finetune", "fine-tuning: e epochs of SGD steps"), ("precise_bn", "PreciseBN's pass"),
+          ("val_loss", "the validation loss recorded each round"), ("meta_gradient", "the meta-gradient"),
+          ("mg_val_forward", "  its L_V forward"),
+          ("mg_train_loss", "  its L_T at the `star` point: the in-graph step's forward and gradient, then L_T's forward"),
+          ("mg_krylov", "  its Q Hessian-vector products (Krylov)"),
+          ("mg_rest", "  the rest: L_V's and L_T's gradients, the mixed product, eta's last-step term"),
+          ("other", "the rest of the round (lambda to beta and eta, the meta-net update)")]
 
 
 def main(argv: list[str] | None = None) -> None:

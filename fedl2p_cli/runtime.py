@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, UNIT, opt
 from .core.settings import Engine, RoundPolicy
@@ -30,8 +30,10 @@ class Runtime:
     deterministic: bool = opt(False, "cuDNN's deterministic kernels and torch.use_deterministic_algorithms.", cli=False)
     threads: int = opt(1, "Torch CPU threads of this process (worker processes and ClientApps: one each).", AT_LEAST_1,
                        cli=False)
-    workers: int = opt(1, "Processes running a round's clients in parallel, one torch thread each; the same artifact "
-                          "as with 1 (not part of its id).", AT_LEAST_1, scope=ROUNDS)
+    workers: int | Literal["auto"] = opt(1, "Processes running a round's clients in parallel, one torch thread each; "
+                                            "the same artifact as with 1 (not part of its id). auto: one per free core "
+                                            "(cores this process may use less the 1-minute load average, at least 1).",
+                                         AT_LEAST_1, scope=ROUNDS)
     engine: Engine = opt("local", "Where client updates run: local = this process or --workers processes | flower = "
                                   "Flower simulation (pip install 'fedl2p[flower]').", scope=ROUNDS)
     gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "
@@ -46,6 +48,10 @@ class Runtime:
                              NON_NEGATIVE, scope=ROUNDS)
     plugins: tuple[str, ...] = opt((), "The plugin modules a worker process or Flower site loads before it builds "
                                    "anything.", cli=False)
+
+    def __post_init__(self) -> None:
+        if self.workers == "auto":  # resolved once, here: a worker process or ClientApp receives the number
+            object.__setattr__(self, "workers", free_cores())
 
     @classmethod
     def create(cls, device: str = "auto", **fields: Any) -> "Runtime":
@@ -111,6 +117,15 @@ class Runtime:
             d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,
                   "cudnn": torch.backends.cudnn.version()}
         return d
+
+
+def free_cores() -> int:
+    """`--workers auto`: the cores this process may run on (its CPU affinity, which a container's or a batch
+    scheduler's limit sets) less those the rest of the machine keeps busy (the 1-minute load average, rounded), at
+    least 1."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+    return max(1, min(usable, usable - busy))
 
 
 def cpu_model() -> str:

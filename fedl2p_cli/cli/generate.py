@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..core.config import choices, flat_fields, flat_types, from_flat, option_name
+from ..core.config import choices, flat_fields, flat_types, from_flat, from_text, option_name
 from ..runtime import Runtime
 from . import options
 
@@ -25,8 +25,8 @@ def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
     inner = _unwrap(tp)
     if typing.get_origin(inner) in (list, dict):
         return Optional[str]
-    if choices(inner) is not None:
-        return str
+    if choices(inner) is not None or typing.get_origin(inner) in (typing.Union, types.UnionType):
+        return str  # choices, or a number or a word (`--workers auto`): checked with the config
     return Optional[inner] if inner is not tp else tp
 
 
@@ -106,12 +106,13 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
         generated = parameters(cls, only, skip)
         names = {p.name for p in generated}
         run_opts = parameters(Runtime, only=runtime) if runtime else []
+        run_types = typing.get_type_hints(Runtime)
         hints = typing.get_type_hints(body)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation)) for p in own]
 
         def command(**kw: Any) -> Any:
             cfg = build(cls, {k: kw.pop(k) for k in list(kw) if k in names})
-            ctx, run_kw = kw.pop(CONTEXT), {k: kw.pop(k) for k in runtime}
+            ctx, run_kw = kw.pop(CONTEXT), {k: from_text(kw.pop(k), run_types[k]) for k in runtime}
             return body(cfg, options.runtime(ctx, **run_kw), **kw) if wants_rt else body(cfg, **kw)
 
         ctx = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)  # Typer fills it in

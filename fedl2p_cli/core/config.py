@@ -80,6 +80,8 @@ def _type_ok(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
     if tp is Any:
         return True
+    if origin is typing.Literal:  # a word an option takes besides its type's values (`--workers auto`)
+        return value in typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         return any(_type_ok(value, a) for a in typing.get_args(tp))
     if tp is type(None):
@@ -105,6 +107,8 @@ def _type_ok(value: Any, tp: Any) -> bool:
 
 def _type_word(tp: Any) -> str:
     words = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(repr(v) for v in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_word(a) for a in typing.get_args(tp) if a is not type(None))
     if typing.get_origin(tp) is list:
@@ -136,6 +140,17 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
                 raise ConfigError(f"{name(f)} must be a finite number, got {v}")
             if rng is not None and isinstance(v, (int, float)) and not _in_range(v, rng):
                 raise ConfigError(f"{name(f)} must be {_describe(rng)}, got {v:g}")
+
+
+def from_text(value: Any, tp: Any) -> Any:
+    """A command-line string as a field of type `int | Literal[...]` holds it: digits become the integer, any other
+    word stays as it is (validation names the option if it is not one of the words)."""
+    if isinstance(value, str) and int in typing.get_args(tp):
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    return value
 
 
 def flat_fields(cls: type) -> list[dataclasses.Field]:
