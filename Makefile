@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-gateway bench-accuracy bench-pfl bench-reference clean-artifacts
+.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-gateway bench-accuracy bench-pfl bench-reference bench-reference-speed clean-artifacts
 
 setup: $(STAMP)
 	@$(BIN)/python -m fedl2p_cli.data.provision || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -77,6 +77,13 @@ bench-reference: data
 	@[ -n "$(REF)" ] || { echo "bench-reference: give the authors' repository: make bench-reference REF=path/to/fedl2p-clone"; exit 2; }
 	PY=$(PY) bash scripts/reference-venv.sh
 	.venv-ref/bin/python bench/reference.py --ref "$(REF)" $(ARGS)
+
+# speed beside the authors' client: one client round, its fine-tuning and meta-gradient, ours vs theirs, timed in
+# turns at one thread, with counts of forwards, gradients and second-order products; writes bench/reference-speed.md
+bench-reference-speed:
+	@[ -n "$(REF)" ] || { echo "bench-reference-speed: give the authors' repository: make bench-reference-speed REF=path/to/fedl2p-clone"; exit 2; }
+	PY=$(PY) bash scripts/reference-venv.sh
+	.venv-ref/bin/python bench/reference_speed.py --ref "$(REF)" $(ARGS)
 
 clean-artifacts:
 	find artifacts -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
