@@ -30,10 +30,9 @@ class Runtime:
     deterministic: bool = opt(False, "cuDNN's deterministic kernels and torch.use_deterministic_algorithms.", cli=False)
     threads: int = opt(1, "Torch CPU threads of this process (worker processes and ClientApps: one each).", AT_LEAST_1,
                        cli=False)
-    workers: int | Literal["auto"] = opt(1, "Processes running a round's clients in parallel, one torch thread each; "
-                                            "the same artifact as with 1 (not part of its id). auto: one per free core "
-                                            "(cores this process may use less the 1-minute load average, at least 1).",
-                                         AT_LEAST_1, scope=ROUNDS)
+    workers: int | Literal["auto"] = opt(1, "Processes running a round's clients at once, one torch thread each; "
+                                            "auto: one per free core (usable cores less the load average). The same "
+                                            "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
     engine: Engine = opt("local", "Where client updates run: local = this process or --workers processes | flower = "
                                   "Flower simulation (pip install 'fedl2p[flower]').", scope=ROUNDS)
     gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "
