@@ -28,28 +28,29 @@ sys.path.insert(0, str(HERE))
 import accuracy  # noqa: E402  (the cells' definitions)
 
 VARIANTS = {"IFT (default)": {}, "FOMAML+": {"meta_grad": "fomaml"}}
+CHOICES = {"ift": "IFT (default)", "fomaml": "FOMAML+"}  # --variants
 KEEPS = ("best", "last")  # best first: the last-kept twin then reuses its rounds
 HANDMADE = ["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"]
 
 
-def grid(cell: str, rounds: int) -> list[dict]:
-    """The cell's default meta-train runs (one per meta-train seed) as every variant and keep, at `rounds`."""
+def grid(cell: str, rounds: int, variants: list[str]) -> list[dict]:
+    """The cell's default meta-train runs (one per meta-train seed) as each variant and keep, at `rounds`."""
     base = accuracy.sections(cell, default_ift=True)["meta-train"]
-    return [m | {"rounds": rounds, "keep": keep, "workers": 1} | extra
-            for extra in VARIANTS.values() for m in base for keep in KEEPS]
+    return [m | {"rounds": rounds, "keep": keep, "workers": 1} | VARIANTS[v]
+            for v in variants for m in base for keep in KEEPS]
 
 
-def run(cell: str, rounds: int) -> list[str]:
+def run(cell: str, rounds: int, variants: list[str]) -> list[str]:
     """Build (or reuse) one round count's runs and their personalisation; the personalize artifacts' ids."""
     import torch
     torch.set_num_threads(1)
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import pipeline
     secs = accuracy.sections(cell, full=False)
-    secs["meta-train"] = grid(cell, rounds)
+    secs["meta-train"] = grid(cell, rounds, variants)
     secs["personalize"] = dict(accuracy.sections(cell)["personalize"], methods=HANDMADE)
     t0 = time.time()
-    res = pipeline.run(pipeline.Pipeline(f"budget-{cell}-{rounds}", secs, pipeline.Store(accuracy.STORE)), None,
+    res = pipeline.run(pipeline.Pipeline(f"budget-{cell}-{rounds}-{len(variants)}", secs, pipeline.Store(accuracy.STORE)), None,
                        RichProgress)
     print(f"[{cell}, {rounds} rounds] done in {time.time() - t0:.0f} s", flush=True)
     return [r.artifact.id for r in res if r.stage == "personalize"]
@@ -110,9 +111,11 @@ def _load() -> dict:
     return json.loads(f.read_text()) if f.is_file() else {}
 
 
-def _record(cell: str, rounds: int, ids: list[str]) -> None:
+def _record(cell: str, rounds: int, variants: list[str], ids: list[str]) -> None:
+    """Keep each round count's personalisations, one per pool and set of variants (a later run adds, never drops)."""
     d = _load()
-    d.setdefault(cell, {})[str(rounds)] = ids
+    got = d.setdefault(cell, {}).setdefault(str(rounds), [])
+    d[cell][str(rounds)] = got + [i for i in ids if i not in got]
     (HERE / "budget-ids.json").write_text(json.dumps(d, indent=2))
 
 
@@ -163,17 +166,22 @@ def main() -> None:
     ap.add_argument("cells", nargs="*", default=["fs-1000"], choices=list(accuracy.CELLS), metavar="CELL",
                     help=f"bench-accuracy cells ({', '.join(accuracy.CELLS)}; default fs-1000)")
     ap.add_argument("--rounds", default="20,60,200", help="meta-train round counts, comma-separated (default 20,60,200)")
+    ap.add_argument("--variants", default="ift,fomaml", help="which of ift (the default IFT) and fomaml (FOMAML+) to run, "
+                    "comma-separated (default both)")
     ap.add_argument("--report", action="store_true", help="only write the report from the runs already finished")
     args = ap.parse_args()
     try:
         counts = sorted({int(x) for x in args.rounds.split(",")})
     except ValueError:
         raise SystemExit(f"budget: --rounds must be integers separated by commas, got {args.rounds!r}") from None
+    variants = [CHOICES.get(v.strip(), v.strip()) for v in args.variants.split(",")]
+    if not set(variants) <= set(VARIANTS):
+        raise SystemExit(f"budget: --variants takes ift and/or fomaml, got {args.variants!r}")
     if not args.report:
         for cell in args.cells:
             accuracy.prerequisites(cell)
             for r in counts:
-                _record(cell, r, run(cell, r))
+                _record(cell, r, variants, run(cell, r, variants))
     all_rows, curves = [], {}
     for cell in args.cells:
         done = _done(cell)
@@ -185,6 +193,8 @@ def main() -> None:
             curves[cell] = val_curves(cell, longest)
     if not all_rows:
         raise SystemExit("budget: no finished run yet")
+    # a round count personalised more than once (other --variants): each row once, from its latest personalisation
+    all_rows = list({(r["cell"], r["pool"], r["rounds"], r["variant"], r["keep"]): r for r in all_rows}.values())
     (HERE / "budget.json").write_text(json.dumps({"rows": all_rows, "val_loss": curves}, indent=2))
     (HERE / "budget.md").write_text(table(all_rows) + "\n")
     plot(all_rows, curves, HERE / "budget.png")
