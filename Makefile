@@ -10,7 +10,7 @@ setup: $(STAMP)
 	@$(BIN)/python -m fedl2p_cli.data.provision || echo "(continuing: the tests do not need Fashion-MNIST)"
 	@bash scripts/get-espeak.sh || echo "(continuing: only --dataset speech-synth needs espeak-ng)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
@@ -32,7 +32,7 @@ test: $(STAMP)
 
 # The whole suite with the flower extra installed (its own venv: the extra pins typer<0.21, rich<15, click<8.3).
 FLVENV ?= .venv-flower
-$(FLVENV)/.installed: pyproject.toml
+$(FLVENV)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(FLVENV)
 	$(FLVENV)/bin/pip install -q --upgrade pip
 	$(FLVENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1

@@ -10,7 +10,7 @@ Cells (each: meta-train on the seen pool, personalise seen and unseen pools, 3 s
 - the planted-signal cell (issue 26) and the speakers of the embedded spoken-commands set.
 
 Each cell is declared by its shipped pipeline files, bench/CELL and its extra groups bench/CELL.GROUP
-(fedl2p_cli/pipelines/bench/): `fedl2p run bench/CELL` builds (or reuses) the same artifacts this script does. Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
+(pipelines/bench/): `fedl2p run bench/CELL` builds (or reuses) the same artifacts this script does. Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
 named cells (default: all, most important first) in `--jobs` processes of one torch thread each, then writes
 bench/accuracy.md and bench/accuracy.json from whatever cells are complete. The oracle row picks, per client, the
 ft-tuned candidate with the best *test* accuracy: an upper bound on any per-client choice among those recipes, never
@@ -37,7 +37,7 @@ META_SEEDS = [0, 1, 2]     # meta-train seeds (meta-net init, client sampling, b
 EPOCHS = 5
 BASE_LR = 0.01
 
-BENCH = HERE.parent / "fedl2p_cli" / "pipelines" / "bench"
+BENCH = HERE.parent / "pipelines" / "bench"
 # The cells, each declared by its pipeline files (bench/CELL.toml and its extra groups CELL.GROUP.toml there):
 # what `fedl2p run` runs, once. Kind (how the report reads it) and alpha (its label in the tables):
 CELLS = {"fs-1000": ("feature", 1000.0), "fs-0.1": ("feature", 0.1), "ls-1000": ("label", 1000.0),

@@ -38,3 +38,21 @@ def test_more_rounds_continue_a_shorter_run_and_equal_a_run_from_the_start(tiny_
     other, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=3, fraction=0.5, seed=6, keep="last",
                                                          meta=TINY_META), steps, pre, st)
     assert "extended_from" not in other.metrics
+
+
+def test_keep_last_of_as_many_rounds_reuses_a_keep_best_run_and_equals_a_run_from_the_start(tiny_store, tmp_path):
+    """--keep only picks which lambda is stored at the end: the --keep last run of a finished --keep best run's rounds
+    is its last state, with no round run again, and equals a --keep last run from the start."""
+    cfg = lambda keep: meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=5, keep=keep, meta=TINY_META)  # noqa: E731
+    pre, st = tiny_store["pretrain"].id, tiny_store["stats"].id
+    whole, _ = meta_train.run(cfg("last"), _copy(tiny_store, tmp_path / "a"), pre, st)
+
+    store = _copy(tiny_store, tmp_path / "b")
+    best, _ = meta_train.run(cfg("best"), store, pre, st)
+    last, reused = meta_train.run(cfg("last"), store, pre, st)
+    assert not reused and last.id == whole.id and last.metrics["extended_from"] == best.id
+    assert last.metrics["kept_round"] == 2 and last.metrics["rounds_run"] == 2
+    a, b = (weights.load(x.file("lambda.safetensors")) for x in (whole, last))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a_hist, b_hist = (x.file("history.csv").read_text().splitlines() for x in (whole, last))
+    assert [r.split(",")[:3] for r in a_hist] == [r.split(",")[:3] for r in b_hist]

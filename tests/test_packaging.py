@@ -19,7 +19,7 @@ from fedl2p_cli.cli.main import run_cli
 from fedl2p_cli.data import datasets, provision
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in")
 
 
 def _idx(path: Path, array: np.ndarray) -> None:
@@ -87,7 +87,8 @@ def test_the_wheel_works_without_the_source_tree(tmp_path):
     """Build the wheel, install it alone into a fresh venv whose other packages (torch, ...) come from this one's
     site-packages by a .pth line, and run it from an empty folder: --version, run --list, and the tiny pipeline."""
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "fedl2p_cli", src / "fedl2p_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("fedl2p_cli", "pipelines"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     for f in SOURCES:
         shutil.copy(ROOT / f, src / f)
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]

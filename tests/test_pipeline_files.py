@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import tomllib
 
@@ -102,3 +103,9 @@ def test_run_of_a_shown_copy_reuses_the_shipped_run(tmp_path, capsys):
     ids = [set(re.findall(r"\b[0-9a-f]{12}\b", out)) for out in (first, second)]
     assert len(ids[0]) == 7 and ids[0] == ids[1] and "built" in first and "built" not in second
 
+
+
+def test_a_clone_reads_the_shipped_pipelines_from_the_top_level_folder():
+    """The repository keeps pipelines/ at its top level (the wheel installs it as fedl2p_cli/pipelines)."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    assert pf.SHIPPED == root / "pipelines" and not (root / "fedl2p_cli" / "pipelines").exists()

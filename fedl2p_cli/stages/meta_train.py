@@ -373,19 +373,26 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
 STATE = "state.safetensors"  # a federated meta-train artifact's last loop state (lambda, best, history, counters)
 
 
+# settings the federated loop never reads: runs that differ only in these share every round (`extend`)
+LOOP_FREE = ("rounds", "keep", "variant")
+
+
 def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: int) -> str | None:
-    """Start a run of `rounds` rounds from the longest shorter run of the same settings, parents and data, if the
+    """Start a run of `rounds` rounds from the longest run of at most as many rounds whose loop is this run's (the same
+    settings, parents and data; `--keep` may differ, since it only picks which lambda is stored at the end), if the
     store holds one (and this run has no checkpoint of its own): its last state becomes this run's checkpoint. Every
     draw of round t is seeded by (seed, t, client) and no round depends on the total, so the result is the one a run
-    from the start gives, and the id stays the hash of the settings (`rounds` included). Returns the source's id."""
+    from the start gives, and the id stays the hash of the settings (`rounds` included). A `--keep last` run of as
+    many rounds as a `--keep best` one runs no round. Returns the source's id."""
     if (ckpt.folder / Checkpoint.NAME).is_file():
         return None
-    same = {k: v for k, v in config.items() if k != "rounds"}
+    loop = {k: v for k, v in config.items() if k not in LOOP_FREE}
     best: tuple[int, str] | None = None
     for art in store.iter("meta-train"):
         r = art.config.get("rounds")
-        if (art.parents == parents and isinstance(r, int) and r < rounds and (best is None or r > best[0])
-                and {k: v for k, v in art.config.items() if k != "rounds"} == same
+        if (art.parents == parents and isinstance(r, int) and r <= rounds and (best is None or r > best[0])
+                and art.config != config  # itself (a --force rebuild) is never its own source
+                and {k: v for k, v in art.config.items() if k not in LOOP_FREE} == loop
                 and STATE in art.manifest["files"]):
             best = (r, art.id)
     if best is None:

@@ -11,7 +11,9 @@ from typing import Any
 
 from ..errors import FedL2PError
 
-SHIPPED = Path(__file__).resolve().parent.parent / "pipelines"  # package data: installed with the wheel
+_PACKAGE = Path(__file__).resolve().parent.parent
+# the shipped pipelines: pipelines/ at the top of a clone, installed by the wheel as the package's data folder
+SHIPPED = next((p for p in (_PACKAGE / "pipelines", _PACKAGE.parent / "pipelines") if p.is_dir()), _PACKAGE / "pipelines")
 OWN_KEYS = ("name", "description")  # a file's own: never inherited from the file it extends
 
 

@@ -1,0 +1,180 @@
+"""`python bench/objective.py [CELL]`: does meta-training lower the objective it descends, on every client at once?
+
+The validation loss a meta-train run records per round is the mean over that round's *sampled* clients (a quarter
+of the seen pool), each scored under the lambda it received: rounds see different clients, so its course mixes the
+lambda's progress with which clients were drawn, and `--keep best` keeps the round whose sample scored lowest. This
+script scores lambdas on one fixed footing: every seen client, the same fine-tuning batches for every lambda (the
+meta-objective of Alg. 1: fine-tune e epochs under (beta, eta), then the loss on the client's whole validation split),
+and the same clients' test split beside it. Lambdas: the initial one (round 0), and each `bench/budget.py` run's
+kept lambda (`--keep best` and `--keep last` at every round count), per meta-train seed. Differences are paired on
+clients.
+
+It also fits the recorded per-round validation loss against the round number with one effect per domain (the
+sampled clients' domain mix), so a trend is told apart from the draw.
+
+Writes bench/objective.md and bench/objective.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import accuracy  # noqa: E402
+import budget  # noqa: E402
+
+EVAL_SEED = 1000  # fine-tuning batches of the scoring: the same for every lambda, independent of any run's seeds
+
+
+def score(ctx, lam) -> dict[str, np.ndarray]:
+    """Per seen client: validation loss (the meta-objective), validation and test accuracy under lambda."""
+    import torch
+    from fedl2p_cli.algorithms.fedl2p import hyper_fn
+    from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
+    from fedl2p_cli.engine.loop import generator
+    cfg = ctx.cfg.meta
+    out: dict[str, list[float]] = {"val_loss": [], "val_acc": [], "test_loss": [], "test_acc": []}
+    for c in ctx.part.pool(False):
+        data = ctx.part.client_on(c, torch.device("cpu"))
+        with torch.no_grad():
+            beta, eta = hyper_fn(*ctx.inputs(c), len(ctx.theta_g), cfg)(lam)
+        s = Strategy(beta, eta)
+        ft = finetune(ctx.model, ctx.theta_g, *data.train, s, ctx.stats.client_bn(c), cfg.epochs, cfg.batch_size,
+                      generator(EVAL_SEED, c), cfg.client_bn)
+        for split, (x, y) in (("val", data.val), ("test", data.test)):
+            loss, acc = personalized_accuracy(ctx.model, ft.params, x, y, s, ft.bn, cfg.batch_size, cfg.val_stats)
+            out[f"{split}_loss"].append(loss)
+            out[f"{split}_acc"].append(acc)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def domain_trend(art, domains: np.ndarray) -> tuple[float, float]:
+    """Slope (per 10 rounds) of the recorded validation loss with one intercept per domain share of the sample,
+    and its standard error (ordinary least squares)."""
+    h = list(csv.DictReader(open(art.file("history.csv"))))
+    n_dom = int(domains.max()) + 1
+    rows, y = [], []
+    for rec in h:
+        sampled = [int(c) for c in rec["sampled"].split()]
+        share = np.bincount(domains[sampled], minlength=n_dom) / len(sampled)
+        rows.append([*share, int(rec["round"]) / 10])
+        y.append(float(rec["val_loss"]))
+    a, y = np.array(rows), np.array(y)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    resid = y - a @ coef
+    dof = max(1, len(y) - np.linalg.matrix_rank(a))
+    cov = (resid @ resid / dof) * np.linalg.pinv(a.T @ a)
+    return float(coef[-1]), float(np.sqrt(cov[-1, -1]))
+
+
+def runs(cell: str) -> list:
+    """The budget runs' meta-train artifacts (each once), from bench/budget-ids.json."""
+    from fedl2p_cli.artifacts import Store
+    store = Store(accuracy.STORE)
+    seen: dict[str, object] = {}
+    for ids in budget._done(cell).values():
+        for pid in ids:
+            for r in accuracy.meta_runs(pid):
+                seen.setdefault(r["id"], store.load("meta-train", r["id"], verify=False))
+    return list(seen.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cell", nargs="?", default="fs-1000", choices=list(accuracy.CELLS))
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import meta_train
+    arts = runs(args.cell)
+    if not arts:
+        raise SystemExit(f"objective: no bench/budget.py run of {args.cell} yet")
+    results, ctxs = [], {}
+    for art in sorted(arts, key=lambda a: (a.metrics["variant"], a.config["rounds"])):
+        cfg = meta_train.config_from_dict(art.config)
+        key = (art.parents["pretrain"], art.parents["partition"], art.parents["stats"], cfg.seed, art.config["meta"]["meta_grad"])
+        if key not in ctxs:  # one context (and one round-0 score) per meta-train seed and meta-gradient
+            ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
+                                          art.parents["stats"], cfg, Runtime())
+            lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+            ctxs[key] = (ctx, score(ctx, lam0))
+            results.append({"variant": budget.label(art.metrics["variant"].split("-seed")[0])[0], "seed": cfg.seed,
+                            "rounds": 0, "keep": "initial", **{k: v.tolist() for k, v in ctxs[key][1].items()}})
+        ctx, _ = ctxs[key]
+        _, lam, _ = meta_train.load_lambda(Store(accuracy.STORE), art.id)
+        sc = score(ctx, lam)
+        slope, se = domain_trend(art, np.asarray(ctx.part.domain))
+        results.append({"variant": budget.label(art.metrics["variant"].split("-seed")[0])[0], "seed": cfg.seed,
+                        "rounds": art.config["rounds"], "keep": art.config["keep"],
+                        "kept_round": art.metrics.get("kept_round"), "trend_per_10_rounds": slope, "trend_se": se,
+                        **{k: v.tolist() for k, v in sc.items()}})
+        print(f"scored {art.metrics['variant']} ({art.config['rounds']} rounds, keep {art.config['keep']})", flush=True)
+    sweep = beta_sweep(*next(iter(ctxs.values()))[:1], arts[0])
+    (HERE / "objective.json").write_text(json.dumps({"lambdas": results, "beta_sweep": sweep}, indent=1))
+    text = report(results) + "\n\n" + sweep_report(sweep)
+    (HERE / "objective.md").write_text(text + "\n")
+    print(text)
+
+
+BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def beta_sweep(ctx, art) -> list[dict]:
+    """The meta-objective and test accuracy with one fixed beta for every BN layer and client (the initial LRNet's
+    learning rates): does the validation loss the meta-gradient descends prefer the beta that tests best?"""
+    import dataclasses
+    from fedl2p_cli.stages import meta_train
+    cfg = meta_train.config_from_dict(art.config)
+    lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+    lam = {k: v for k, v in lam0.items() if not k.startswith("bnnet.")}
+    out = []
+    for b in BETAS:
+        fixed = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, meta=dataclasses.replace(ctx.cfg.meta, fixed_beta=b)))
+        out.append({"beta": b, "seed": cfg.seed, **{k: v.tolist() for k, v in score(fixed, lam).items()}})
+        print(f"scored beta = {b}", flush=True)
+    return out
+
+
+def sweep_report(sweep: list[dict]) -> str:
+    lines = ["| β (every layer) | val. loss, all seen clients | val. acc. | test loss | test acc. |", "|---|---|---|---|---|"]
+    for r in sweep:
+        lines.append(f"| {r['beta']:g} | {np.mean(r['val_loss']):.3f} | {100 * np.mean(r['val_acc']):.2f} "
+                     f"| {np.mean(r['test_loss']):.3f} | {100 * np.mean(r['test_acc']):.2f} |")
+    return "\n".join(lines)
+
+
+def report(results: list[dict]) -> str:
+    """Per variant, round count and keep: the all-client validation loss and test accuracy, paired against round 0
+    of the same meta-train seed; mean ± SD over seeds."""
+    base = {(r["variant"], r["seed"]): r for r in results if r["rounds"] == 0}
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["variant"], r["rounds"], r["keep"]), []).append(r)
+    lines = ["| variant | rounds | keep | kept round per seed | val. loss, all seen clients | Δ vs round 0 | test acc. "
+             "| Δ vs round 0 | recorded val. loss trend per 10 rounds, domain-adjusted |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def ms(xs) -> str:
+        return f"{np.mean(xs):.3f} ± {np.std(xs):.3f}"
+    for (variant, rounds, keep), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        vl = [np.mean(r["val_loss"]) for r in rs]
+        ta = [100 * np.mean(r["test_acc"]) for r in rs]
+        dvl = [np.mean(np.subtract(r["val_loss"], base[(variant, r["seed"])]["val_loss"])) for r in rs]
+        dta = [100 * np.mean(np.subtract(r["test_acc"], base[(variant, r["seed"])]["test_acc"])) for r in rs]
+        kept = " / ".join(str(r.get("kept_round", "")) for r in rs) if rounds else ""
+        trend = " / ".join(f"{r['trend_per_10_rounds']:+.3f} ± {r['trend_se']:.3f}" for r in rs) if rounds else ""
+        lines.append(f"| {variant} | {rounds} | {keep} | {kept} | {ms(vl)} | {'' if not rounds else f'{np.mean(dvl):+.3f} ± {np.std(dvl):.3f}'} "
+                     f"| {np.mean(ta):.2f} ± {np.std(ta):.2f} | {'' if not rounds else f'{np.mean(dta):+.2f} ± {np.std(dta):.2f}'} | {trend} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
