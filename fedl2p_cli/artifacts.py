@@ -29,7 +29,6 @@ from .errors import ArtifactError
 from .runtime import Runtime
 
 SCHEMA_VERSION = 1
-ENV_LOCK_TIMEOUT = "FEDL2P_LOCK_TIMEOUT"
 
 
 def _stderr(message: str) -> None:
@@ -300,7 +299,8 @@ class Store:
         try:
             return json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and re-run `fedl2p {stage}`") from None
+            raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and "
+                                f"re-run `fedl2p {stage}`") from None
 
     def load(self, stage: str, ref: str | None = None, verify: bool = True, plugins: bool = True) -> Artifact:
         """The artifact, its files verified (`verify`) and, with `plugins`, the plugins it was made with loaded here
@@ -309,7 +309,8 @@ class Store:
         manifest = self._manifest(stage, aid)
         art = Artifact(self.root / stage / aid, manifest)
         if manifest.get("schema") != SCHEMA_VERSION:
-            raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads {SCHEMA_VERSION}; re-run `fedl2p {stage}`")
+            raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads "
+                                f"{SCHEMA_VERSION}; re-run `fedl2p {stage}`")
         if verify:
             self.verify(art)
             if plugins and manifest.get("plugins"):
@@ -330,4 +331,5 @@ class Store:
             if not p.is_file():
                 raise ArtifactError(f"artifact {art.stage}/{art.id} is missing '{name}'; delete it and re-run `fedl2p {art.stage}`")
             if sha256_file(p) != digest:
-                raise ArtifactError(f"artifact {art.stage}/{art.id}: '{name}' fails its sha256 check (corrupted); delete it and re-run `fedl2p {art.stage}`")
+                raise ArtifactError(f"artifact {art.stage}/{art.id}: '{name}' fails its sha256 check (corrupted); delete it "
+                                    f"and re-run `fedl2p {art.stage}`")

@@ -9,7 +9,6 @@ import tomllib
 import pytest
 
 from fedl2p_cli.cli.main import run_cli
-from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import pipeline
 from fedl2p_cli.stages import pipeline_files as pf
 

@@ -140,7 +140,8 @@ def run_cli(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug: still one line, the traceback on request
         if debug:
             raise
-        render.err_console.print(f"[red]internal error:[/red] {e.__class__.__name__}: {escape(str(e))} (set FEDL2P_DEBUG=1 for the traceback)",
+        render.err_console.print(f"[red]internal error:[/red] {e.__class__.__name__}: {escape(str(e))} "
+                                 "(set FEDL2P_DEBUG=1 for the traceback)",
                                  highlight=False)
         return 1
     return 0

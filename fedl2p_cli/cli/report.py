@@ -15,7 +15,8 @@ files = options.Lazy("fedl2p_cli.stages.pipeline_files")
 
 
 def report(
-    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact ids (each with its lineage); "
+    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact "
+                                        "ids (each with its lineage); "
                                         "several are shown side by side in one page.", show_default=False),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also copy the page to this file (the artifact keeps "
                                        "its own copy in the store)."),

@@ -140,7 +140,8 @@ class Setup:
     def newest_meta(self, variant: str) -> Artifact:
         """The newest meta-train artifact of `variant` learned on these clients' statistics, else of this model."""
         hit = (self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("stats") == self.stats_id)
-               or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("pretrain") == self.pretrain_id))
+               or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant
+                                    and a.parents.get("pretrain") == self.pretrain_id))
         if hit is None:
             raise FedL2PError(self.unknown(variant))
         return self.store.load("meta-train", hit.id)

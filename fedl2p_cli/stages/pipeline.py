@@ -142,7 +142,8 @@ def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         try:
             art, reused = fn(stage in forced)
         except DataError as e:  # the data layer speaks of the CLI's flag; a pipeline file sets a key instead
-            raise DataError(str(e).replace("--data-dir", f"data_dir (a key of [{'pretrain.partition' if 'pretraining' in label else stage}] in {name}, or "
+            where = 'pretrain.partition' if 'pretraining' in label else stage
+            raise DataError(str(e).replace("--data-dir", f"data_dir (a key of [{where}] in {name}, or "
                                            "the FEDL2P_DATA variable)")) from None
         r = StepResult(stage, label, art, reused)
         p.results.append(r)

@@ -241,7 +241,8 @@ def training_html(arts: list[Artifact]) -> str:
         m = a.metrics
         if a.stage == "meta-train":
             what = (f"val loss {_f(m.get('first_val_loss'))} → best {_f(m.get('best_val_loss'))} (round "
-                    f"{m.get('best_round')}) of {m.get('rounds_run')} rounds" + (f"; diverged: {m['diverged']}" if m.get("diverged") else ""))
+                    f"{m.get('best_round')}) of {m.get('rounds_run')} rounds"
+                    + (f"; diverged: {m['diverged']}" if m.get("diverged") else ""))
         else:
             what = "; ".join(f"{k} {_f(v)}" for k, v in m.items())
         rows.append([a.stage, label(a), a.id, what, timing(a)])
