@@ -33,9 +33,11 @@ from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
+from . import table
 from ..analysis.text import signed
 
-STAGES = (None, "meta-train", "pfl")  # rows in this order: no artifact (hand-made, tuned), learned, other systems
+# rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
+STAGES = (None, *(s.name for s in table.STAGES if s.method))
 
 
 def fixed(m: str) -> bool:
