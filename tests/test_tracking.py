@@ -121,3 +121,16 @@ def test_missing_extra_is_one_line(monkeypatch, capsys):
     assert code == 2 and err == ["error: --track mlflow needs its extra: pip install 'fedl2p[mlflow]'"]
     assert run_cli(["--track", "wandb", "artifacts", "list"]) == 2
     assert "--track takes tensorboard or mlflow" in capsys.readouterr().err
+
+
+def test_the_command_line_hands_track_to_a_partition(tmp_path):
+    """`fedl2p --track tensorboard --track-uri DIR partition ...`: the command's Runtime carries --track to the build,
+    whose manifest names the run (a command that computes on no device tracks too)."""
+    pytest.importorskip("tensorboard", reason="the [tensorboard] extra is not installed")
+    from fedl2p_cli.cli.main import run_cli
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    assert run_cli(["--track", "tensorboard", "--track-uri", str(runs), "partition", "--dataset", "digits-c",
+                    "--clients", "7", "--samples-per-client", "30", "--no-plot", "--store", str(store)]) == 0
+    art = Store(store).load("partition")
+    assert art.manifest["tracking"] == {"backend": "tensorboard", "uri": str(runs.resolve()), "run": f"partition/{art.id}"}
+    assert art.manifest["computed_on"]["device"] == "cpu"
