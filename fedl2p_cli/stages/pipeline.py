@@ -249,11 +249,6 @@ def _personalize_pool(cfg: Any, pool: str) -> Callable[[Run, bool], tuple[Artifa
     return make
 
 
-def check_sections(p: Pipeline) -> Plan:
-    """The whole file validated without running anything (what `compile` does)."""
-    return compile(p)
-
-
 # -- running -----------------------------------------------------------------------------------------------------
 def execute(plan: Plan, force_from: str | None, progress: Callable[[], Progress],
             on_step: Callable[[StepResult], None] = lambda r: None, runtime: Runtime | None = None) -> list[StepResult]:
