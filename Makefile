@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup data quickstart test test-flower docs docs-reference dist bench bench-gpu bench-gateway bench-accuracy bench-pfl bench-reference bench-reference-speed clean-artifacts
+.PHONY: setup data quickstart test lint test-flower docs docs-reference dist bench bench-gpu bench-gateway bench-accuracy bench-pfl bench-reference bench-reference-speed clean-artifacts
 
 setup: $(STAMP)
 	@$(BIN)/python -m fedl2p_cli.data.provision || echo "(continuing: the tests do not need Fashion-MNIST)"
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[test,tensorboard,mlflow,docs]'  # trackers and docs: their tests skip without them
+	$(BIN)/pip install -q -e '.[test,tensorboard,mlflow,docs,dev]'  # trackers and docs: their tests skip without them; dev: make lint
 	touch $(STAMP)
 
 data: $(STAMP)  # Fashion-MNIST (Debian's dataset-fashion-mnist, as `fedl2p` itself installs it when missing) and espeak-ng
@@ -25,6 +25,10 @@ quickstart: $(STAMP) data  # feature shift over 7 domains, then the small plante
 	$(BIN)/fedl2p run quickstart
 	$(BIN)/fedl2p run quickstart-planted
 	$(BIN)/fedl2p report quickstart quickstart-planted  # both parts on one HTML page
+
+lint: $(STAMP)  # ruff over the repository, mypy over the typed core (pyproject.toml: [tool.ruff], [tool.mypy])
+	$(BIN)/ruff check --quiet .
+	$(BIN)/mypy
 
 test: $(STAMP)
 	@bash scripts/get-espeak.sh >/dev/null 2>&1 || echo "(espeak-ng missing: the synthetic-speech tests are skipped)"

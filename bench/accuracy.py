@@ -10,8 +10,9 @@ Cells (each: meta-train on the seen pool, personalise seen and unseen pools, 3 s
 - the planted-signal cell (issue 26) and the speakers of the embedded spoken-commands set.
 
 Each cell is declared by its shipped pipeline files, bench/CELL and its extra groups bench/CELL.GROUP
-(pipelines/bench/): `fedl2p run bench/CELL` builds (or reuses) the same artifacts this script does. Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]` runs the
-named cells (default: all, most important first) in `--jobs` processes of one torch thread each, then writes
+(pipelines/bench/): `fedl2p run bench/CELL` builds (or reuses) the same artifacts this script does.
+Every stage is an artifact, so a killed run resumes where it stopped: `python bench/accuracy.py [CELL ...]`
+runs the named cells (default: all, most important first) in `--jobs` processes of one torch thread each, then writes
 bench/accuracy.md and bench/accuracy.json from whatever cells are complete. The oracle row picks, per client, the
 ft-tuned candidate with the best *test* accuracy: an upper bound on any per-client choice among those recipes, never
 a method.
@@ -345,7 +346,8 @@ def report(done: list[list[dict]]) -> str:
                            cwd=HERE).stdout.strip()
     stamp = f"Report written {time.strftime('%Y-%m-%d %H:%M %Z')} from commit {commit or 'unknown'}" + \
         (" (with uncommitted changes)" if dirty else "") + "; each row's artifacts were built by the code of their own day."
-    lines = [stamp, "", f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR} unless the scenario names another, small CNN, 2-core CPU. Hand-made rows: mean ± SD "
+    lines = [stamp, "", f"Personalised test accuracy (%), e = {EPOCHS}, base LR {BASE_LR} unless the scenario names another, small CNN, "
+             "2-core CPU. Hand-made rows: mean ± SD "
              f"over personalisation seeds {SEEDS}. Learned rows: mean ± SD over meta-train seeds {META_SEEDS} (each the mean "
              f"over the personalisation seeds), [the mean personalisation-seed SD], (Δ vs best of FT BN C/G/I; Δ vs FT "
              "tuned, paired, mean over meta-train seeds).", "", head,

@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="meta-train seeds of the authors' side")
     a = ap.parse_args(argv)
     client_mod, model_utils = import_reference(a.ref.resolve())
-    import numpy as np
     import torch
     torch.set_num_threads(1)
     import accuracy
@@ -182,7 +181,8 @@ def render(a, cfg: dict, our: dict, theirs: list, names: list[str], part, gap: f
              f"Their clients' meta-steps per round (first seen client): {theirs[0][0]['meta_steps_first_client']}; "
              f"ours: K = {cfg['iterations']}.", ""]
     doms = sorted(set(int(d) for d in part.domain))
-    head = "| | " + " | ".join(f"β {names[d]} (per BN layer)" for d in doms) + " | η̃ after the last round (× start) | end | kept round | " + " | ".join(f"{p} acc. (%)" for p in pools) + " |"
+    head = ("| | " + " | ".join(f"β {names[d]} (per BN layer)" for d in doms)
+            + " | η̃ after the last round (× start) | end | kept round | " + " | ".join(f"{p} acc. (%)" for p in pools) + " |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     # the authors' side
     th_beta = {}

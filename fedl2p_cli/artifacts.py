@@ -27,9 +27,9 @@ from typing import Any, Callable, Iterator
 from . import __version__
 from .errors import ArtifactError
 from .runtime import Runtime
+from .stages.table import NAMES as STAGES  # the store's folders, in pipeline order
 
 SCHEMA_VERSION = 1
-ENV_LOCK_TIMEOUT = "FEDL2P_LOCK_TIMEOUT"
 
 
 def _stderr(message: str) -> None:
@@ -37,17 +37,6 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-@dataclass
-class LockWait:
-    """How a builder waits for another process building the same artifact (as huggingface_hub's cache lock):
-    `timeout` seconds (None: as long as it takes; 0: refuse at once), telling `notify` once what it waits for."""
-
-    timeout: float | None = None
-    notify: Callable[[str], None] = _stderr
-
-
-LOCK_WAIT = LockWait()
-STAGES = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze", "report")
 ENV_STORE = "FEDL2P_STORE"
 
 
@@ -168,6 +157,37 @@ class Draft:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class StoreIndex:
+    """A JSON table in a store's root (key -> value) that the store keeps beside its artifacts: what it has computed
+    once (data fingerprints, a pipeline's ids). A store that cannot be written to only reads; a lost update (two
+    processes at once) only costs a recomputation."""
+
+    def __init__(self, root: Path, name: str):
+        self.path = Path(root) / name
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, key: str | None) -> Any:
+        return None if key is None else self._read().get(key)
+
+    def put(self, key: str | None, value: Any) -> None:
+        if key is None or not self.path.parent.is_dir():
+            return  # no store folder yet: a refused build must not create one
+        data = self._read() | {key: value}
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.stem.lstrip('.')}-", dir=self.path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
 class Store:
     """A folder of artifacts."""
 
@@ -176,15 +196,16 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------------
     @contextmanager
-    def building(self, stage: str, aid: str) -> Iterator[None]:
+    def building(self, stage: str, aid: str, lock_timeout: float | None = None) -> Iterator[None]:
         """Hold the artifact's build lock; clean temporary folders left by dead builders; on the way out remove
-        the folders this build created if they stayed empty (a refused build leaves the store as it was)."""
+        the folders this build created if they stayed empty (a refused build leaves the store as it was). Another
+        process building the same artifact is waited for `lock_timeout` seconds (None: as long as it takes; 0: not)."""
         made = [p for p in (self.root, self.root / stage) if not p.exists()]
         (self.root / stage).mkdir(parents=True, exist_ok=True)
         lock = self.root / stage / f".lock-{aid}"
         fd = None
         try:
-            fd = self._acquire(lock, f"{stage}/{aid}")
+            fd = self._acquire(lock, f"{stage}/{aid}", lock_timeout)
             self._clean_stale(stage, aid)
             yield
         finally:
@@ -197,11 +218,11 @@ class Store:
                 except OSError:
                     pass
 
-    def _acquire(self, lock: Path, what: str) -> int:
-        """The build lock's descriptor, once no other process holds it (waiting as LOCK_WAIT says). A holder removes
-        the lock file on its way out, so a lock taken on a file no longer at `lock` is dropped and taken again."""
-        wait = LOCK_WAIT
-        deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
+    def _acquire(self, lock: Path, what: str, timeout: float | None) -> int:
+        """The build lock's descriptor, once no other process holds it (as huggingface_hub's cache lock: waiting up to
+        `timeout` seconds, saying once on stderr what it waits for). A holder removes the lock file on its way out, so
+        a lock taken on a file no longer at `lock` is dropped and taken again."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         told = False
         while True:
             fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
@@ -211,10 +232,10 @@ class Store:
                 os.close(fd)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ArtifactError(f"another fedl2p process is building {what} in {self.root}; gave up waiting after "
-                                        f"{wait.timeout:g} s (--lock-timeout)") from None
+                                        f"{timeout:g} s (--lock-timeout)") from None
                 if not told:
-                    limit = "" if wait.timeout is None else f" (at most {wait.timeout:g} s, --lock-timeout)"
-                    wait.notify(f"waiting for another fedl2p process building {what} in {self.root}{limit}")
+                    limit = "" if timeout is None else f" (at most {timeout:g} s, --lock-timeout)"
+                    _stderr(f"waiting for another fedl2p process building {what} in {self.root}{limit}")
                     told = True
                 time.sleep(0.2)
                 continue
@@ -300,7 +321,8 @@ class Store:
         try:
             return json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and re-run `fedl2p {stage}`") from None
+            raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and "
+                                f"re-run `fedl2p {stage}`") from None
 
     def load(self, stage: str, ref: str | None = None, verify: bool = True, plugins: bool = True) -> Artifact:
         """The artifact, its files verified (`verify`) and, with `plugins`, the plugins it was made with loaded here
@@ -309,7 +331,8 @@ class Store:
         manifest = self._manifest(stage, aid)
         art = Artifact(self.root / stage / aid, manifest)
         if manifest.get("schema") != SCHEMA_VERSION:
-            raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads {SCHEMA_VERSION}; re-run `fedl2p {stage}`")
+            raise ArtifactError(f"artifact {stage}/{aid} has schema {manifest.get('schema')}, this fedl2p reads "
+                                f"{SCHEMA_VERSION}; re-run `fedl2p {stage}`")
         if verify:
             self.verify(art)
             if plugins and manifest.get("plugins"):
@@ -330,4 +353,5 @@ class Store:
             if not p.is_file():
                 raise ArtifactError(f"artifact {art.stage}/{art.id} is missing '{name}'; delete it and re-run `fedl2p {art.stage}`")
             if sha256_file(p) != digest:
-                raise ArtifactError(f"artifact {art.stage}/{art.id}: '{name}' fails its sha256 check (corrupted); delete it and re-run `fedl2p {art.stage}`")
+                raise ArtifactError(f"artifact {art.stage}/{art.id}: '{name}' fails its sha256 check (corrupted); delete it "
+                                    f"and re-run `fedl2p {art.stage}`")

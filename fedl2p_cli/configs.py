@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
-from .core.settings import DEFAULT_ETA_BOUND, DEFAULT_ETA_GRAD, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode, EvalStats, MetaConfig
+from .core.settings import (DEFAULT_ETA_BOUND, DEFAULT_ETA_GRAD, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode,
+                            EvalStats, MetaConfig)
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
 PFLOrder = Literal["first", "second"]
 PFLOuter = Literal["adam", "sgd"]
-SCHEMES = get_args(Scheme)
 DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
 MODEL_HELP = ("small-cnn | resnet18-cifar | resnet18 | resnet18-speech | package.module:factory (any nn.Module with "
               "BatchNorm).<plugin-models>")

@@ -44,7 +44,8 @@ def resolve(spec: str) -> torch.device:
     if dev.type == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise FedL2PError(f"--device {spec.strip().lower()}: no CUDA device is available here (torch {torch.__version__}); use --device cpu")
+        raise FedL2PError(f"--device {spec.strip().lower()}: no CUDA device is available here (torch {torch.__version__}); "
+                          "use --device cpu")
     index = 0 if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
         raise FedL2PError(f"--device {spec.strip().lower()}: this machine has {torch.cuda.device_count()} CUDA device(s)")

@@ -1,8 +1,8 @@
 """Where and how work runs, as one value: the `Runtime`. Never what it computes, so no field of it enters an
 artifact's id.
 
-The command line builds it once per command (`fedl2p --device/--deterministic/--threads`, a pipeline file's `device`,
-and the command's own runtime options: `--workers`, `--engine`, `--gpus-per-client` and the failure policy) and
+The command line builds it once per command (`fedl2p --device/--deterministic/--threads/--lock-timeout/--track`, a
+pipeline file's `device`, and the command's own runtime options: `--workers`, `--engine`, `--gpus-per-client` and the failure policy) and
 passes it to the stage, which hands it to its executor. A worker process or a Flower ClientApp receives it whole as
 a plain dict (`to_dict`; no pickle) and applies it (`apply`) before building anything. `core/` never sees it: its
 functions follow their inputs' device. The artifact's manifest records it (`describe`: `computed_on`).
@@ -47,6 +47,15 @@ class Runtime:
                              NON_NEGATIVE, scope=ROUNDS)
     plugins: tuple[str, ...] = opt((), "The plugin modules a worker process or Flower site loads before it builds "
                                    "anything.", cli=False)
+    # how a build meets the store and what it reports (`fedl2p --lock-timeout --track --track-uri`; report's mode)
+    lock_timeout: float | None = opt(None, "Seconds to wait while another process builds the same artifact (None: as "
+                                           "long as it takes; 0: refuse at once).", cli=False)
+    track: str | None = opt(None, "The experiment tracker every build logs to: tensorboard or mlflow (None: none).",
+                            cli=False)
+    track_uri: str | None = opt(None, "Where `track` logs: a folder or an MLflow server URI (None: the tracker's own "
+                                      "folder, ./runs or ./mlruns).", cli=False)
+    reuse_only: bool = opt(False, "Build nothing: each stage returns the artifact its inputs name, or refuses (how "
+                                  "`fedl2p report` finds a pipeline's artifacts).", cli=False)
 
     def __post_init__(self) -> None:
         if self.workers == "auto":  # resolved once, here: a worker process or ClientApp receives the number

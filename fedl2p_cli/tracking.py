@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import FedL2PError
+from .runtime import Runtime
 
 BACKENDS = ("tensorboard", "mlflow")
 DEFAULT_URI = {"tensorboard": "runs", "mlflow": "mlruns"}  # each library's own default folder
@@ -26,24 +27,15 @@ EXPERIMENT = "fedl2p"
 TEXT_KEYS = ("failed", "dropped")  # per-round strings: logged as a count of clients
 
 
-@dataclass
-class Settings:
-    backend: str | None = None
-    uri: str | None = None
-
-
-SETTINGS = Settings()
-
-
-def use(backend: str | None, uri: str | None = None) -> None:
-    """Choose the tracker for this process (None: none). Checks now that its library is installed."""
+def check(backend: str | None, uri: str | None = None) -> None:
+    """--track and --track-uri, checked when the command starts (its library installed), before anything runs; the
+    command's Runtime carries them (`track`, `track_uri`) to every build."""
     if backend is not None and backend not in BACKENDS:
         raise FedL2PError(f"--track takes {' or '.join(BACKENDS)}, got '{backend}'")
     if backend is None and uri is not None:
         raise FedL2PError("--track-uri needs --track tensorboard or --track mlflow")
     if backend is not None:
         _require(backend)
-    SETTINGS.backend, SETTINGS.uri = backend, uri
 
 
 def _require(backend: str) -> None:
@@ -124,21 +116,20 @@ class RoundLogger:
         pass
 
 
-def open_run(stage: str, aid: str) -> TensorBoardRun | MLflowRun:
-    backend = SETTINGS.backend
+def open_run(stage: str, aid: str, backend: str, uri: str | None) -> TensorBoardRun | MLflowRun:
     cls = {"tensorboard": TensorBoardRun, "mlflow": MLflowRun}[backend]
-    return cls(SETTINGS.uri or DEFAULT_URI[backend], stage, aid)
+    return cls(uri or DEFAULT_URI[backend], stage, aid)
 
 
 @contextmanager
-def tracked(stage: str, draft: Any) -> Iterator[None]:
+def tracked(stage: str, draft: Any, runtime: Runtime) -> Iterator[None]:
     """Around a build: its rounds go to the tracker as they happen, its headline metrics at the end (step 0, under
-    "summary/"), and the draft's manifest names the run. Without --track: nothing."""
-    if SETTINGS.backend is None:
+    "summary/"), and the draft's manifest names the run. Without a tracker (`runtime.track`): nothing."""
+    if runtime.track is None:
         yield
         return
     from .engine.rounds import observing
-    run = open_run(stage, draft.id)
+    run = open_run(stage, draft.id, runtime.track, runtime.track_uri)
     ok = False
     try:
         with observing(RoundLogger(run)):

@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import math
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -197,8 +198,6 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     (--min-answers 0.6), or dies and the run fails (--min-answers 1): exit 1 with the reason, history.csv holding
     the round before."""
     import subprocess
-    import time
-    from pathlib import Path
 
     import tomli_w
 

@@ -139,15 +139,21 @@ def test_the_circle_finder_finds_one(tmp_path):
     assert circles(import_graph(pkg)) == []  # a type checker's import is no circle
 
 
+def scratch_module(tmp_path: Path, text: str) -> Path:
+    """`fedl2p_cli/m.py` under tmp_path holding `text`: what a scan test feeds its scan."""
+    f = tmp_path / "fedl2p_cli" / "m.py"
+    f.parent.mkdir()
+    f.write_text(text)
+    return f
+
+
 def test_no_module_level_registry():
     found = [r for p in sorted(PACKAGE.rglob("*.py")) for r in registries(p) if r not in CACHES]
     assert not found, f"module-level mutable registries: {found}"
 
 
 def test_the_registry_scan_finds_one(tmp_path):
-    f = tmp_path / "fedl2p_cli" / "m.py"
-    f.parent.mkdir()
-    f.write_text("_R: dict[str, int] = {}\nTABLE = {'a': 1}\nSEEN = set()\nL = []\n"
+    f = scratch_module(tmp_path, "_R: dict[str, int] = {}\nTABLE = {'a': 1}\nSEEN = set()\nL = []\n"
                  "def add(k):\n    _R[k] = 1\n    SEEN.add(k)\n    x = TABLE['a']\n")
     assert registries(f) == ["fedl2p_cli.m.SEEN", "fedl2p_cli.m._R"]
 
@@ -161,3 +167,88 @@ def test_the_example_plugins_import_only_the_api():
                 if isinstance(node, ast.ImportFrom) and not node.level and node.module else []
             imported |= {n: path.relative_to(ROOT) for n in names if n.split(".")[0] == "fedl2p_cli"}
     assert imported and set(imported) == {"fedl2p_cli.api"}, imported
+
+
+# -- the stage list: one table (fedl2p_cli/stages/table.py) ----------------------------------------------------
+TABLE = PACKAGE / "stages" / "table.py"
+
+
+def stage_lists(path: Path, names: set[str], at_least: int = 4) -> list[str]:
+    """Literal tuples, lists, sets and dicts of `path` that name `at_least` of the stages: a stage list written out
+    again (a config's parents, which name two or three, are not one)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            named = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in names}
+            if len(named) >= at_least:
+                out.append(f"{path}:{node.lineno}")
+    return sorted(set(out))
+
+
+def stage_names() -> set[str]:
+    from fedl2p_cli.stages.table import STAGES
+    return {s.name for s in STAGES} | {s.command for s in STAGES if s.command}
+
+
+def test_the_stage_list_is_written_once():
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) if p != TABLE for hit in stage_lists(p, stage_names())]
+    assert not found, f"stage lists outside fedl2p_cli/stages/table.py: {found}"
+
+
+def test_the_stage_list_scan_finds_one(tmp_path):
+    f = scratch_module(tmp_path, 'ORDER = ("partition", "pretrain", "stats", "meta-train")\nparents = {"partition": 1, "pretrain": 2}\n'
+                 'COMMANDS = [("pfl-train", f, "x"), ("personalize", g, "y"), ("stats", h, "z"), ("analyze", i, "w")]\n')
+    assert len(stage_lists(f, stage_names())) == 2
+
+
+# -- process state: what a module keeps for the whole process besides its constants -----------------------------
+# the state a module may keep, each with its reason; anything else found by `process_state` fails the test
+PROCESS_STATE = {
+    "fedl2p_cli.core.bn._POLICY": "the BN policy of the forward in progress: a context, set and reset around it",
+    "fedl2p_cli.engine.rounds._OBSERVERS": "the round observers of the build in progress: a context",
+    "fedl2p_cli.plugins._USING": "the catalog a `using` block chose: a context",
+    "fedl2p_cli.engine.workers._CONTEXT": "a worker process's client context, set by its pool initializer",
+    "fedl2p_cli.engine.workers._UPDATE": "a worker process's update function, set by its pool initializer",
+    # not yet in the Runtime (issue 50 item 5): worker processes and Flower nodes inherit them through the
+    # environment; each leaves this list when the Runtime carries it there
+    "fedl2p_cli.models.guard.os.environ": "the --allow-import list (kept in FEDL2P_ALLOW_IMPORT for worker processes)",
+    "fedl2p_cli.plugins.os.environ": "the warned-once flag of plugins that import internals",
+}
+
+
+def process_state(path: Path) -> list[str]:
+    """Module-level state of `path` beyond constants and registries: an instance of a mutable class the module
+    defines (a settings object), a ContextVar, a name functions rebind (`global`), and writes to os.environ."""
+    tree = ast.parse(path.read_text())
+    mod = module_name(path)
+    mutable = {n.name for n in tree.body if isinstance(n, ast.ClassDef)
+               and not any("frozen=True" in ast.unparse(d) for d in n.decorator_list)}
+    found = set()
+    for node in tree.body:
+        value = getattr(node, "value", None)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if isinstance(value, ast.Call):
+            func = ast.unparse(value.func)
+            if func in mutable or func.split(".")[-1] == "ContextVar":
+                found |= {f"{mod}.{t.id}" for t in targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found |= {f"{mod}.{n}" for n in node.names}
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"
+                                                  for t in node.targets):
+            found.add(f"{mod}.os.environ")
+    return sorted(found)
+
+
+def test_no_new_process_state():
+    found = [s for p in sorted(PACKAGE.rglob("*.py")) for s in process_state(p)]
+    assert not set(found) - set(PROCESS_STATE), f"module-level process state: {sorted(set(found) - set(PROCESS_STATE))}"
+    assert not set(PROCESS_STATE) - set(found), f"gone, remove from PROCESS_STATE: {set(PROCESS_STATE) - set(found)}"
+
+
+def test_the_process_state_scan_finds_each_kind(tmp_path):
+    f = scratch_module(tmp_path, "import os\nfrom contextvars import ContextVar\nfrom dataclasses import dataclass\n"
+                 "@dataclass\nclass S:\n    x: int = 0\n@dataclass(frozen=True)\nclass F:\n    x: int = 0\n"
+                 "SETTINGS = S()\nFIXED = F()\n_V = ContextVar('v')\n_C = None\n"
+                 "def f():\n    global _C\n    _C = 1\n    os.environ['X'] = '1'\n")
+    assert process_state(f) == ["fedl2p_cli.m.SETTINGS", "fedl2p_cli.m._C", "fedl2p_cli.m._V", "fedl2p_cli.m.os.environ"]

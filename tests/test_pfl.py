@@ -20,7 +20,8 @@ NAMES = ["a.weight", "a.bias", "b.weight"]
 def tiny_server(n: int = 3, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     states = [{"a.weight": torch.randn(2, 3, generator=g, dtype=torch.float64), "a.bias": torch.randn(2, generator=g, dtype=torch.float64),
-               "b.weight": torch.randn(4, generator=g, dtype=torch.float64), "b.running_mean": torch.randn(4, generator=g, dtype=torch.float64)}
+               "b.weight": torch.randn(4, generator=g, dtype=torch.float64),
+               "b.running_mean": torch.randn(4, generator=g, dtype=torch.float64)}
               for _ in range(n)]
     layers = lm.layers_of(NAMES)
     hn = {k: v.double() for k, v in lm.init_hypernet(n, layers, 5, 7, g).items()}

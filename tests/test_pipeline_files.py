@@ -10,7 +10,6 @@ import tomllib
 import pytest
 
 from fedl2p_cli.cli.main import run_cli
-from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import pipeline
 from fedl2p_cli.stages import pipeline_files as pf
 
@@ -87,7 +86,7 @@ def test_every_shipped_pipeline_passes_validation(tmp_path):
     """Every shipped pipeline (the paper's, the quickstart's, the benchmark's cells) resolves and passes the
     whole-file validation (keys, types, ranges) without any data."""
     for _, f in pf.shipped():
-        pipeline.check_sections(pipeline.load(f, tmp_path / "store"))
+        pipeline.compile(pipeline.load(f, tmp_path / "store"))
     assert not (tmp_path / "store").exists()
 
 
@@ -103,6 +102,24 @@ def test_run_of_a_shown_copy_reuses_the_shipped_run(tmp_path, capsys):
     ids = [set(re.findall(r"\b[0-9a-f]{12}\b", out)) for out in (first, second)]
     assert len(ids[0]) == 7 and ids[0] == ids[1] and "built" in first and "built" not in second
 
+    # a report reads what the run recorded: the plugins a copy of the pipeline names need not be installed
+    (tmp_path / "elsewhere.toml").write_text('plugins = ["fedl2p_no_such_plugin"]\n' + (tmp_path / "my.toml").read_text())
+    assert run_cli(["run", str(tmp_path / "elsewhere.toml"), "--store", store]) == 2
+    assert "fedl2p_no_such_plugin" in capsys.readouterr().err
+    assert run_cli(["report", str(tmp_path / "elsewhere.toml"), "--store", store]) == 0
+    page = capsys.readouterr().out
+    assert run_cli(["report", "tiny", "--store", store]) == 0
+    assert set(re.findall(r"\b[0-9a-f]{12}\b", page)) == set(re.findall(r"\b[0-9a-f]{12}\b", capsys.readouterr().out))
+    (tmp_path / "store" / pipeline.PLANS).unlink()  # no record: the plan is compiled, which needs the plugin
+    assert run_cli(["report", str(tmp_path / "elsewhere.toml"), "--store", store]) == 2
+
+
+def test_a_stage_refusal_in_a_pipeline_names_the_key(tmp_path, capsys):
+    """A stage's message about one of its options names the key of the file's section, not the command's option."""
+    (tmp_path / "few.toml").write_text(f'extends = "{pf.SHIPPED / "tiny.toml"}"\n[partition]\nclients = 2\n')
+    assert run_cli(["run", str(tmp_path / "few.toml"), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "[partition]" in err and "got clients 2" in err and "--clients" not in err, err
 
 
 def test_a_clone_reads_the_shipped_pipelines_from_the_top_level_folder():

@@ -127,21 +127,19 @@ def test_stale_temporary_folders_are_removed_and_live_ones_kept(tmp_path):
     assert sorted(p.name for p in stage.iterdir()) == sorted([art.id, live.name, unknown.name, ".lock-cafe00000000"])
 
 
-def test_a_second_builder_waits_up_to_its_timeout(tmp_path, monkeypatch):
-    from fedl2p_cli.artifacts import LOCK_WAIT
+def test_a_second_builder_waits_up_to_its_timeout(tmp_path, capfd):
+    from fedl2p_cli.runtime import Runtime
     store = Store(tmp_path)
     aid = artifact_id("partition", {"a": 2}, {})
     (tmp_path / "partition").mkdir()
     fd = os.open(tmp_path / "partition" / f".lock-{aid}", os.O_CREAT | os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    told = []
-    monkeypatch.setattr(LOCK_WAIT, "timeout", 0.5)
-    monkeypatch.setattr(LOCK_WAIT, "notify", told.append)
     try:
         with pytest.raises(ArtifactError, match=r"gave up waiting after 0.5 s \(--lock-timeout\)"):
-            build_or_reuse(store, "partition", {"a": 2}, {}, _dummy)
+            build_or_reuse(store, "partition", {"a": 2}, {}, _dummy, runtime=Runtime(lock_timeout=0.5))
     finally:
         os.close(fd)
+    told = [line for line in capfd.readouterr().err.splitlines() if line.startswith("waiting")]
     assert len(told) == 1 and f"partition/{aid}" in told[0]
     art, reused = build_or_reuse(store, "partition", {"a": 2}, {}, _dummy)
     assert not reused and art.id == aid

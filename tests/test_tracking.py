@@ -10,6 +10,7 @@ import pytest
 
 from fedl2p_cli import tracking
 from fedl2p_cli.artifacts import Store
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, pretrain
 
 from .conftest import TINY_META, TINY_PRETRAIN
@@ -22,7 +23,6 @@ def store_copy(tiny_store, tmp_path):
     for key, stage in (("partition", "partition"), ("pretrain", "pretrain"), ("stats", "stats")):
         shutil.copytree(tiny_store[key].path, store.root / stage / tiny_store[key].id)
     yield store, tiny_store
-    tracking.use(None)
 
 
 def numeric_history(art) -> list[dict[str, float]]:
@@ -45,12 +45,12 @@ def _number(v: str) -> bool:
 def build_tracked(store_copy, backend: str, uri) -> tuple:
     """A pretrain and a meta-train built while `backend` tracks into `uri`."""
     store, tiny = store_copy
-    tracking.use(backend, str(uri))
+    tracking.check(backend, str(uri))
+    rt = Runtime(track=backend, track_uri=str(uri))
     pre, reused = pretrain.run(pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 2, "seed": 1})), store,
-                               tiny["partition"].id, plot=False)
+                               tiny["partition"].id, plot=False, runtime=rt)
     meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=TINY_META), store,
-                             tiny["pretrain"].id, tiny["stats"].id)
-    tracking.use(None)
+                             tiny["pretrain"].id, tiny["stats"].id, runtime=rt)
     assert not reused
     return pre, meta
 
@@ -121,4 +121,16 @@ def test_missing_extra_is_one_line(monkeypatch, capsys):
     assert code == 2 and err == ["error: --track mlflow needs its extra: pip install 'fedl2p[mlflow]'"]
     assert run_cli(["--track", "wandb", "artifacts", "list"]) == 2
     assert "--track takes tensorboard or mlflow" in capsys.readouterr().err
-    tracking.use(None)
+
+
+def test_the_command_line_hands_track_to_a_partition(tmp_path):
+    """`fedl2p --track tensorboard --track-uri DIR partition ...`: the command's Runtime carries --track to the build,
+    whose manifest names the run (a command that computes on no device tracks too)."""
+    pytest.importorskip("tensorboard", reason="the [tensorboard] extra is not installed")
+    from fedl2p_cli.cli.main import run_cli
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    assert run_cli(["--track", "tensorboard", "--track-uri", str(runs), "partition", "--dataset", "digits-c",
+                    "--clients", "7", "--samples-per-client", "30", "--no-plot", "--store", str(store)]) == 0
+    art = Store(store).load("partition")
+    assert art.manifest["tracking"] == {"backend": "tensorboard", "uri": str(runs.resolve()), "run": f"partition/{art.id}"}
+    assert art.manifest["computed_on"]["device"] == "cpu"

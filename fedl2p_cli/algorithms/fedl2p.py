@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import get_args
 
 import torch
 from torch import Tensor, nn
@@ -17,11 +16,8 @@ from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params, random_batch
 from ..core.hypergrad import MetaGrad, fomaml_gradient, ift_hypergradient
-from ..core.settings import IftAt, MetaConfig
+from ..core.settings import MetaConfig
 from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
-
-
-IFT_AT = get_args(IftAt)
 
 
 class Diverged(Exception):

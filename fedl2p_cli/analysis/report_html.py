@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ..stages.table import SECTIONS, STAGES
+
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;margin:0 auto;max-width:1200px;
 padding:16px 24px}
@@ -75,10 +77,11 @@ class Node:
     label: str
 
 
-COLUMNS = ("partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze")
 BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 160, 42, 44, 14, 8
-FILL = {"partition": "#ddf4ff", "pretrain": "#fff8c5", "stats": "#f6f8fa", "meta-train": "#fbefff", "pfl": "#ffebe9",
-        "personalize": "#dafbe1", "analyze": "#fff1e5"}
+
+
+def _colour(stage: str) -> str:
+    return next((s.colour for s in STAGES if s.name == stage), "#fff")
 
 
 def _short(text: str, n: int = 22) -> str:
@@ -88,7 +91,7 @@ def _short(text: str, n: int = 22) -> str:
 def lineage_svg(nodes: list[Node], edges: list[tuple[str, str]], dashed: Iterable[tuple[str, str]] = ()) -> str:
     """Artifacts in columns by stage, an arrow from each parent to its child (dashed: a partition that excludes
     another's images). Every box links to its artifact's section (#art-<id>)."""
-    cols = [c for c in COLUMNS if any(n.stage == c for n in nodes)]
+    cols = [c for c in SECTIONS if any(n.stage == c for n in nodes)]  # a column per stage, in pipeline order
     cols += sorted({n.stage for n in nodes} - set(cols))
     pos: dict[str, tuple[float, float]] = {}
     for ci, c in enumerate(cols):
@@ -109,7 +112,7 @@ def lineage_svg(nodes: list[Node], edges: list[tuple[str, str]], dashed: Iterabl
     for n in nodes:
         x, y = pos[n.id]
         out.append(f'<a href="#art-{esc(n.id)}"><title>{esc(n.stage)} {esc(n.label)} {esc(n.id)}</title>'
-                   f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{FILL.get(n.stage, "#fff")}" '
+                   f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{_colour(n.stage)}" '
                    f'stroke="#57606a"/><text x="{x + 8}" y="{y + 17}" font-size="12" font-weight="600">'
                    f'{esc(_short(n.label))}</text><text x="{x + 8}" y="{y + 33}" font-size="11" '
                    f'font-family="ui-monospace,monospace" fill="#57606a">{esc(n.id)}</text></a>')

@@ -8,6 +8,7 @@ import typer
 
 from ..configs import BetaGridConfig, ClustersConfig, DecomposeConfig
 from . import options, render
+from .options import StoreRuntime
 from ..runtime import Runtime
 from .generate import config_command
 from ..analysis.text import signed
@@ -23,12 +24,13 @@ app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=T
 @config_command(ClustersConfig)
 def clusters(
     cfg: ClustersConfig,
+    rt: StoreRuntime,
     personalize: Optional[str] = options.PERSONALIZE,
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
-    art, reused = stage.run(cfg, options.store(store), personalize, force)
+    art, reused = stage.run(cfg, options.store(store), personalize, force, runtime=rt)
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])

@@ -44,7 +44,8 @@ def missing_plugins(art) -> list[str]:
 
 
 @app.command()
-def show(stage: str = typer.Argument(..., help="Stage name."), ref: Optional[str] = typer.Argument(None, help="Id or prefix; default newest."),
+def show(stage: str = typer.Argument(..., help="Stage name."),
+         ref: Optional[str] = typer.Argument(None, help="Id or prefix; default newest."),
          store: Optional[Path] = options.STORE) -> None:
     """Print an artifact's manifest (config, parents, file hashes, metrics)."""
     art = options.store(store).load(_stage(stage), ref, verify=False)

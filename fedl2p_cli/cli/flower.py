@@ -104,13 +104,14 @@ def run_config(
 
 @app.command("import")
 def import_run(
+    ctx: typer.Context,
     out: Path = typer.Argument(..., help="The folder `flwr run` wrote lambda.safetensors and history.csv to (the run "
                                "config's --out, with its run.toml)."),
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Bring a deployment's result into the store as a meta-train artifact of its pretrained model:
     `fedl2p personalize --meta ID` then compares it with the hand-made strategies."""
-    art, reused = flower_app.import_run(options.store(store), out)
+    art, reused = flower_app.import_run(options.store(store), out, options.store_runtime(ctx))
     render.artifact_line("meta-train", art.id, art.path, reused)
 
 

@@ -15,6 +15,7 @@ import typer
 from ..core.config import choices, flat_fields, flat_types, from_flat, from_text, option_name
 from ..runtime import Runtime
 from . import options
+from .options import StoreRuntime
 
 
 def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
@@ -98,10 +99,12 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
     """Decorate `body(cfg, **rest)` or `body(cfg, rt, **rest)`: the command's options are `cls`'s fields (or `only`
     those, less `skip`), then the `runtime` options (fields of Runtime: where and how it runs, never part of an id),
     then body's own parameters (artifact ids, --force, --store). `rt`, when body takes it, is the command's Runtime:
-    the global options (`fedl2p --device ...`) with this command's runtime options."""
+    the global options (`fedl2p --device ...`) with this command's runtime options; a body whose `rt` is annotated
+    `StoreRuntime` computes on no device and gets `options.store_runtime`."""
     def wrap(body: Callable) -> Callable:
         own = list(inspect.signature(body).parameters.values())[1:]
         wants_rt = bool(own) and own[0].name == "rt"
+        store_only = wants_rt and own[0].annotation in (StoreRuntime, "StoreRuntime")
         own = own[1:] if wants_rt else own
         generated = parameters(cls, only, skip)
         names = {p.name for p in generated}
@@ -113,7 +116,9 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
         def command(**kw: Any) -> Any:
             cfg = build(cls, {k: kw.pop(k) for k in list(kw) if k in names})
             ctx, run_kw = kw.pop(CONTEXT), {k: from_text(kw.pop(k), run_types[k]) for k in runtime}
-            return body(cfg, options.runtime(ctx, **run_kw), **kw) if wants_rt else body(cfg, **kw)
+            if not wants_rt:
+                return body(cfg, **kw)
+            return body(cfg, options.store_runtime(ctx) if store_only else options.runtime(ctx, **run_kw), **kw)
 
         ctx = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)  # Typer fills it in
         command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # what Typer reads

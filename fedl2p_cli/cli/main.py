@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Optional
@@ -11,7 +12,8 @@ from rich.markup import escape
 
 from .. import tracking
 from ..errors import USER_ERRORS
-from . import analyze, artifacts, flower, meta_train, partition, personalize, pfl, pretrain, render, report, stats
+from ..stages.table import STAGES, Stage
+from . import artifacts, flower, render
 from .run import run
 
 app = typer.Typer(
@@ -58,41 +60,33 @@ def _global(ctx: typer.Context,
                                                     show_default="./runs or ./mlruns",
                                                     help="Where --track logs: a local folder (the default: nothing is "
                                                     "sent anywhere) or an MLflow server URI.")) -> None:
-    """--device, --deterministic and --threads become each command's Runtime (cli/options.py `runtime`)."""
-    from ..artifacts import LOCK_WAIT
+    """--device, --deterministic, --threads, --lock-timeout and --track become each command's Runtime (cli/options.py
+    `runtime`); --track is checked here, before any command runs."""
     from .generate import load_pieces
-    LOCK_WAIT.timeout = lock_timeout
     from ..models import guard
     for module in allow_import or []:
         guard.allow(module)
     ctx.obj = {"plugin": plugin or []}
     if ctx.invoked_subcommand != "flower":  # `flower` loads them for the commands that need pieces (cli/flower.py)
         load_pieces(ctx)
-    tracking.use(track, track_uri)
+    tracking.check(track, track_uri)
 
 
-# the stages in pipeline order, one line each in `fedl2p --help`, each help ending with an example
-COMMANDS = [
-    ("partition", partition.partition, "1. Split a dataset into clients -> partition.h5.",
-     "fedl2p partition --dataset fmnist-c --alpha 0.1 --clients 70"),
-    ("pretrain", pretrain.pretrain, "2. Pretrain the global model federatedly (or import one with --init).",
-     "fedl2p pretrain --algo fedavg --rounds 40"),
-    ("stats", stats.stats, "3. Each client's data statistics under the pretrained model (the meta-nets' inputs).",
-     "fedl2p stats"),
-    ("meta-train", meta_train.meta_train, "4. Federatedly learn the meta-nets BNNet and LRNet (FedL2P).",
-     "fedl2p meta-train --meta-grad fomaml --rounds 20"),
-    ("pfl-train", pfl.pfl_train, "4b. Train another personalised-FL system (pFedLA, HeurpFedLA, CAFeMe).",
-     "fedl2p pfl-train --algo pfedla"),
-    ("personalize", personalize.personalize, "5. Fine-tune every client under each method and compare them.",
-     "fedl2p personalize --unseen --seeds 0,1,2"),
-]
-for _name, _fn, _short, _example in COMMANDS:
-    app.command(_name, short_help=_short, epilog=f"Example: {_example}")(_fn)
-app.add_typer(analyze.app, name="analyze", short_help="6. Analyse the results (clusters of the learned strategies).")
+def _stage_command(stage: Stage) -> None:
+    """A stage's command (the stage table's), one line in `fedl2p --help`: a command with its example, or a group."""
+    module, _, attr = (stage.cli or "").partition(":")
+    target = getattr(importlib.import_module(module), attr)
+    if isinstance(target, typer.Typer):
+        app.add_typer(target, name=stage.command, short_help=stage.help)
+    else:
+        app.command(stage.command, short_help=stage.help, epilog=f"Example: {stage.example}")(target)
+
+
+for _stage in STAGES:  # the stages in pipeline order, then the commands that are no stage
+    if _stage.command:
+        _stage_command(_stage)
 app.command("run", short_help="Run a pipeline file: every stage in order, reusing existing artifacts.",
             epilog="Example: fedl2p run quickstart")(run)
-app.command("report", short_help="Write one HTML page of pipelines or artifacts (lineage, results, plots).",
-            epilog="Example: fedl2p report quickstart quickstart-planted -o report.html")(report.report)
 app.add_typer(artifacts.app, name="artifacts", short_help="See what the store holds and where it came from.")
 app.add_typer(flower.app, name="flower", short_help="Deploy meta-training across real sites with Flower.")
 
@@ -140,7 +134,8 @@ def run_cli(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug: still one line, the traceback on request
         if debug:
             raise
-        render.err_console.print(f"[red]internal error:[/red] {e.__class__.__name__}: {escape(str(e))} (set FEDL2P_DEBUG=1 for the traceback)",
+        render.err_console.print(f"[red]internal error:[/red] {e.__class__.__name__}: {escape(str(e))} "
+                                 "(set FEDL2P_DEBUG=1 for the traceback)",
                                  highlight=False)
         return 1
     return 0

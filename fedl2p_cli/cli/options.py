@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NewType, Optional
 
 import typer
 
@@ -56,14 +56,31 @@ def domain_values(value: Optional[str], cast: type, option: str) -> dict:
 
 def runtime(ctx: typer.Context, device: str | None = None, **options: Any) -> Runtime:
     """This command's Runtime, built once and applied to this process: the global options (`fedl2p --device
-    --deterministic --threads`; `device`, a pipeline file's, applies when --device was not given) and the command's
-    own runtime options (--workers, --engine, --gpus-per-client, the failure policy)."""
+    --deterministic --threads --lock-timeout --track --track-uri`; `device`, a pipeline file's, applies when --device
+    was not given) and the command's own runtime options (--workers, --engine, --gpus-per-client, the failure
+    policy)."""
     from ..core.config import validate
     g = ctx.find_root().params
     rt = Runtime.create(g.get("device") or device or "auto", deterministic=bool(g.get("deterministic")),
-                        threads=int(g.get("threads") or 1), **options)
+                        threads=int(g.get("threads") or 1), **store_options(ctx), **options)
     validate(rt)  # a bad value: one line naming the option
     return rt.apply()
+
+
+# the `rt` of a command that computes on no device (config_command hands it `store_runtime`)
+StoreRuntime = NewType("StoreRuntime", Runtime)
+
+
+def store_options(ctx: typer.Context) -> dict[str, Any]:
+    """The global options every build reads, whatever it computes on: --lock-timeout, --track, --track-uri."""
+    g = ctx.find_root().params
+    return {"lock_timeout": g.get("lock_timeout"), "track": g.get("track"), "track_uri": g.get("track_uri")}
+
+
+def store_runtime(ctx: typer.Context) -> Runtime:
+    """The Runtime of a command that computes nothing on a device (partition, clusters, report, flower import): this
+    process's CPU, with the global options every build reads; --device does not apply to it."""
+    return StoreRuntime(Runtime(**store_options(ctx)))
 
 
 class Lazy:

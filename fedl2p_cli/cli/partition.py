@@ -7,6 +7,7 @@ import typer
 
 from ..configs import PartitionConfig
 from . import options, render
+from .options import StoreRuntime
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.partition")
@@ -15,12 +16,13 @@ stage = options.Lazy("fedl2p_cli.stages.partition")
 @config_command(PartitionConfig)
 def partition(
     cfg: PartitionConfig,
+    rt: StoreRuntime,
     plot: bool = typer.Option(True, help="Write label_mix.png, a heatmap of the clients' label mixes."),
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
-    art, reused = stage.run(cfg, options.store(store), force, plot)
+    art, reused = stage.run(cfg, options.store(store), force, plot, runtime=rt)
     show(art.metrics)
     if art.metrics.get("source"):  # what loading did (image-folder: kept the images' size, or resized them)
         render.console.print(f"{cfg.dataset}: {art.metrics['source']}", highlight=False)

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import FedL2PError
+from ..runtime import Runtime
 from . import options, render
 
 stage = options.Lazy("fedl2p_cli.stages.report")
@@ -15,7 +16,9 @@ files = options.Lazy("fedl2p_cli.stages.pipeline_files")
 
 
 def report(
-    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact ids (each with its lineage); "
+    ctx: typer.Context,
+    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact "
+                                        "ids (each with its lineage); "
                                         "several are shown side by side in one page.", show_default=False),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also copy the page to this file (the artifact keeps "
                                        "its own copy in the store)."),
@@ -25,7 +28,7 @@ def report(
     """One self-contained HTML page of pipelines or artifacts: lineage, configs, results, β/η, ARI, plots, timings."""
     if out is not None:
         writable(out)
-    art, reused = write(sources, store, force)
+    art, reused = write(sources, store, force, options.store_runtime(ctx))
     if out is not None:
         try:
             shutil.copyfile(art.file("report.html"), out)
@@ -46,16 +49,17 @@ def writable(out: Path) -> None:
         raise FedL2PError(f"--out {out}: cannot write ({e.strerror or e.__class__.__name__})") from None
 
 
-def write(sources: list[str], store: Optional[Path], force: bool = False):
-    """The report artifact of `sources` (pipeline files or artifact ids) in `store` (default: the first pipeline's)."""
+def write(sources: list[str], store: Optional[Path], force: bool = False, runtime: Optional[Runtime] = None):
+    """The report artifact of `sources` (pipeline files or artifact ids) in `store` (default: the first pipeline's),
+    built on `runtime` (the command's: how it waits for the store's lock, what it logs to)."""
     sections, root = [], None
     for src in sources:
         if src.endswith(".toml") or Path(src).is_file() or src in dict(files.shipped()):  # a file or a shipped name
-            section, st = stage.from_pipeline(files.find(src), store)
+            section, st = stage.from_pipeline(files.find(src), store, runtime)
             root = root or st
         else:
             section = None
         sections.append(section or src)
     root = root or options.store(store)
     sections = [s if not isinstance(s, str) else stage.from_artifact(root, s) for s in sections]
-    return stage.run(sections, root, force)
+    return stage.run(sections, root, force, runtime)

@@ -62,7 +62,7 @@ def run(
     render.console.print(f"plots and tables live under {p.store.root}/<stage>/<id>/")
     if report:
         from .report import write
-        art, reused = write([str(path)], store)
+        art, reused = write([str(path)], store, runtime=options.store_runtime(ctx))
         render.artifact_line("report", art.id, art.file("report.html"), reused)
     else:
         render.console.print(f"one HTML page of it all: fedl2p report {path}" + (f" --store {store}" if store else ""))

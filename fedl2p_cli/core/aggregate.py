@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import cast
 
 import torch
 from torch import Tensor
-from .settings import Aggregator
 
 
 def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
@@ -26,9 +25,6 @@ def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> d
     return out
 
 
-ROBUST = get_args(Aggregator)  # how the server combines the clients' lambdas
-
-
 def reject_reason(sent: dict[str, Tensor], got: dict[str, Tensor], n: int, n_max: int | None) -> str | None:
     """Why a client's reply cannot be aggregated, or None: the tensors sent out come back, each with its shape and
     dtype, all finite, with a claimed sample count in [1, n_max] (n_max: the client's known train size, if any)."""
@@ -38,7 +34,8 @@ def reject_reason(sent: dict[str, Tensor], got: dict[str, Tensor], n: int, n_max
     for k, ref in sent.items():
         t = got[k]
         if not isinstance(t, Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
-            return f"{k} is {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}, expected {ref.dtype} {tuple(ref.shape)}"
+            return (f"{k} is {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}, expected "
+                    f"{ref.dtype} {tuple(ref.shape)}")
         if not bool(torch.isfinite(t).all()):
             return f"{k} is not finite"
     if not isinstance(n, int) or n < 1 or (n_max is not None and n > n_max):
@@ -48,12 +45,14 @@ def reject_reason(sent: dict[str, Tensor], got: dict[str, Tensor], n: int, n_max
 
 def update_norms(sent: dict[str, Tensor], updates: list[dict[str, Tensor]]) -> list[float]:
     """||lambda_i - lambda_sent|| of each client, over all tensors (float64)."""
-    return [float(torch.sqrt(sum(((u[k].double() - v.double()) ** 2).sum() for k, v in sent.items()))) for u in updates]
+    return [float(torch.sqrt(cast(Tensor, sum(((u[k].double() - v.double()) ** 2).sum() for k, v in sent.items()))))
+            for u in updates]
 
 
 def robust_average(states: list[dict[str, Tensor]], weights: list[float], rule: str, trim: float = 0.2) -> dict[str, Tensor]:
-    """`mean`: FedAvg (the paper). `median`: the coordinate-wise median (the lower one of an even count); `trimmed-mean`: the coordinate-wise mean of
-    what is left after dropping the `trim` share at each end (Yin et al. 2018; both unweighted, not in the paper)."""
+    """`mean`: FedAvg (the paper). `median`: the coordinate-wise median (the lower one of an even count);
+    `trimmed-mean`: the coordinate-wise mean of what is left after dropping the `trim` share at each end
+    (Yin et al. 2018; both unweighted, not in the paper)."""
     if rule == "mean":
         return weighted_average(states, weights)
     out = {}

@@ -23,6 +23,9 @@ _POLICY: contextvars.ContextVar["BNPolicy | None"] = contextvars.ContextVar("bn_
 class MixBN(nn.Module):
     """BatchNorm over dim 1 (works for [N,C] and [N,C,H,W]) that consults the active policy."""
 
+    running_mean: Tensor  # buffers (register_buffer): typed here for the type checker
+    running_var: Tensor
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
@@ -139,7 +142,7 @@ class BNPolicy:
             if out is not None:
                 return out
         i = m.bn_index
-        if self.train or self.client_mean is None:  # batch statistics: the hand-derived backward (MixedBatchNorm)
+        if self.train or self.client_mean is None or self.client_var is None:  # batch statistics: MixedBatchNorm's backward
             b = x.new_ones(()) if self.beta is None else self.beta[i]
             out, cm, cv = MixedBatchNorm.apply(x, m.weight, m.bias, b, m.running_mean, m.running_var, m.eps)
             if self.train:

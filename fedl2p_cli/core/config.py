@@ -100,7 +100,7 @@ def _type_ok(value: Any, tp: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is str:
         return isinstance(value, str)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return isinstance(value, tp)
     return True
 
@@ -126,8 +126,9 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value, tp = getattr(cfg, f.name), hints[f.name]
-        if choices(tp) is not None and value not in choices(tp):
-            raise ConfigError(f"unknown {name(f)} '{value}'; choose one of: {', '.join(choices(tp))}")
+        allowed = choices(tp)
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"unknown {name(f)} '{value}'; choose one of: {', '.join(allowed)}")
         if not _type_ok(value, tp):
             raise ConfigError(f"{name(f)} must be {_type_word(tp)}, got {value!r}")
         if dataclasses.is_dataclass(value):
@@ -171,7 +172,7 @@ def _flat(cls: type) -> list[tuple[dataclasses.Field, Any]]:
     out = []
     for f in [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]:
         tp = hints[f.name]
-        out += _flat(tp) if dataclasses.is_dataclass(tp) else [(f, tp)]
+        out += _flat(tp) if isinstance(tp, type) and dataclasses.is_dataclass(tp) else [(f, tp)]
     return out
 
 

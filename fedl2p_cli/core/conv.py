@@ -13,6 +13,8 @@ differentiable, so a third derivative (the IFT's `--hessian exact`) still works.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,7 +26,7 @@ class _Spec:
     """stride, padding, dilation, groups of one convolution (lists, as aten.convolution_backward takes them)."""
 
     def __init__(self, m: nn.Conv2d):
-        self.stride, self.padding = list(m.stride), list(m.padding)
+        self.stride, self.padding = list(m.stride), cast(list[int], list(m.padding))  # the models pad by numbers
         self.dilation, self.groups = list(m.dilation), m.groups
 
     def conv(self, x: Tensor, w: Tensor) -> Tensor:
@@ -53,8 +55,8 @@ class _ConvGrad(torch.autograd.Function):
         spec, need = ctx.spec, ctx.needs_input_grad
         dg = dx = dw = None
         if need[0]:
-            parts = [spec.conv(ggx, w) if ggx is not None else None, spec.conv(x, ggw) if ggw is not None else None]
-            parts = [p for p in parts if p is not None]
+            parts = [p for p in (spec.conv(ggx, w) if ggx is not None else None,
+                                 spec.conv(x, ggw) if ggw is not None else None) if p is not None]
             dg = parts[0] + parts[1] if len(parts) == 2 else (parts[0] if parts else None)
         if need[1] and ggw is not None:
             dx = spec.grads(g, x, ggw, True, False)[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import get_args
 
 from dataclasses import dataclass
 
@@ -11,9 +10,6 @@ from torch import Tensor, nn
 
 from .bn import BNPolicy, MixBN, update_running
 from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward, mean_loss
-from .settings import ClientBNMode, EvalStats
-
-CLIENT_BN = get_args(ClientBNMode)  # how the client's statistics for evaluation are obtained after fine-tuning
 
 
 @dataclass
@@ -132,9 +128,6 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
         mu = acc[0] / acc[2]
         mean[b], var[b] = mu.float(), (acc[1] / acc[2] - mu * mu).clamp_min(0).float()
     return ClientBN(mean, var)
-
-
-EVAL_STATS = get_args(EvalStats)  # what a learned beta mixes with the pretrained statistics at test time
 
 
 def inference_policy(beta: Tensor | None, bn: ClientBN, stats: str = "running") -> BNPolicy:

@@ -18,7 +18,7 @@ terms are O(eta): dtheta'/dtheta = I - eta H ~ I and dtheta'/dbeta = -eta dg/dbe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, get_args
+from typing import Callable, Sequence, cast
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +27,6 @@ from .bn import BNPolicy
 from .finetune import ClientBN, inference_policy
 from .functional import Params, ce_loss
 from .metanets import Lambda
-from .settings import Hessian
 
 HyperFn = Callable[[Lambda], tuple[Tensor, Tensor]]  # lambda -> (beta [B], eta [|P|])
 Batch = tuple[Tensor, Tensor]
@@ -45,12 +44,11 @@ def _leaves(d: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().requires_grad_(True) for k, v in d.items()}
 
 
-def _grad(out: Tensor, inputs: list[Tensor], **kw) -> list[Tensor]:
+def _grad(out: Tensor | Sequence[Tensor], inputs: list[Tensor], **kw) -> list[Tensor]:
     gs = torch.autograd.grad(out, inputs, allow_unused=True, **kw)
     return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)]
 
 
-HESSIANS = get_args(Hessian)
 # psi_power's psi = PSI_MARGIN / lambda_max-estimate. The series converges only while psi * lambda_max < 2, so the
 # margin keeps it convergent for estimates down to a quarter of the true value; the Krylov estimate is never above it
 PSI_MARGIN = 0.5
@@ -66,7 +64,7 @@ def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch
     if exact or inner_grad is None:
         at = theta if exact else {k: v.detach().requires_grad_(True) for k, v in theta.items()}
         inner = ce_loss(model, at, x, y, BNPolicy(beta if exact else beta.detach(), train=True))
-        g = torch.autograd.grad(inner, list(at.values()), create_graph=exact)
+        g: Sequence[Tensor] = torch.autograd.grad(inner, list(at.values()), create_graph=exact)
     else:
         g = [t.detach() for t in inner_grad]
     stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
@@ -80,7 +78,7 @@ def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: Cl
 
 
 def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
-    return sum((x * y).sum() for x, y in zip(a, b))
+    return cast(Tensor, sum((x * y).sum() for x, y in zip(a, b)))
 
 
 def krylov(hvp: Callable[[list[Tensor]], list[Tensor]], v: list[Tensor], m: int

@@ -14,6 +14,7 @@ running statistics are the client's own: never mixed (they describe its data, th
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -64,7 +65,7 @@ def retained_layers(alpha: dict[str, Tensor], client: int, k: int) -> list[str]:
 
 
 def mix(stacked: Stacked, alpha: dict[str, Tensor], client: int, param_names: list[str],
-        retained: list[str] = ()) -> dict[str, Tensor]:
+        retained: Sequence[str] = ()) -> dict[str, Tensor]:
     """Eq. 5-6 for client `client`: every parameter mixed layer-wise over the clients; a retained layer and
     every buffer (BN running statistics) are the client's own stored tensor."""
     out = {}
@@ -79,7 +80,7 @@ def mix(stacked: Stacked, alpha: dict[str, Tensor], client: int, param_names: li
 
 
 def hypernet_step(hn: Hyper, stacked: Stacked, client: int, param_names: list[str], layers: list[str],
-                  delta: dict[str, Tensor], lr: float, retained: list[str] = ()) -> Hyper:
+                  delta: dict[str, Tensor], lr: float, retained: Sequence[str] = ()) -> Hyper:
     """Eq. 10-11: psi_i <- psi_i + lr (d theta_bar_i / d psi_i)^T delta_i (and the same for v_i).
     delta_i = theta_i - theta_bar_i is a descent direction of the client's loss at theta_bar_i, so this is a
     gradient step on that loss through the mix: it moves theta_bar_i towards theta_i. Retained layers

@@ -1,6 +1,7 @@
 """The settings that the maths and the engine read, as typed, documented config dataclasses without torch: choices
-as `Literal`s, and MetaConfig (the client update's options) and RoundPolicy (what a round does when clients fail). The stage configs (fedl2p_cli/configs.py) nest them; the command line and pipeline files are generated
-from all of them, so `fedl2p --help` never imports torch."""
+as `Literal`s, and MetaConfig (the client update's options) and RoundPolicy (what a round does when clients fail).
+The stage configs (fedl2p_cli/configs.py) nest them; the command line and pipeline files are generated from all of them,
+so `fedl2p --help` never imports torch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
+from .config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between, opt
 
 MetaGrad = Literal["ift", "fomaml"]
 IftAt = Literal["star", "last-step"]

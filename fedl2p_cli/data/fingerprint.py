@@ -12,9 +12,10 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
+
+from ..artifacts import StoreIndex
 
 if TYPE_CHECKING:
     from .datasets import Dataset
@@ -82,37 +83,15 @@ def cache_key(source: str, config: dict, reads: list[Path] | None) -> str | None
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class Cache:
-    """The fingerprints a store has computed, by cache key. A store that cannot be written to (read-only) only
-    reads; a lost update (two processes at once) only costs a recomputation."""
+class Cache(StoreIndex):
+    """The fingerprints a store has computed, by cache key."""
 
     def __init__(self, root: Path):
-        self.path = Path(root) / CACHE
-
-    def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        super().__init__(root, CACHE)
 
     def get(self, key: str | None) -> str | None:
-        if key is None:
-            return None
-        v = self._read().get(key)
+        v = super().get(key)
         return v if isinstance(v, str) and v.startswith("sha256:") else None
-
-    def put(self, key: str | None, fingerprint: str) -> None:
-        if key is None or not self.path.parent.is_dir():
-            return  # no store folder yet: a refused build must not create one
-        data = self._read() | {key: fingerprint}
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".fingerprints-", dir=self.path.parent)
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)
-        except OSError:
-            pass
 
 
 def options(cfg: object) -> dict:

@@ -31,7 +31,6 @@ ACCENTS = ["en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "
 VARIANTS = ["m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "croak", "klatt", "klatt2",
             "klatt3", "Andy", "Annie", "Belinda", "Boris", "David", "Gene", "Jacky", "Lee", "Linda", "Max", "Michael",
             "Paul", "Rob", "Steph", "Tweaky", "Zac", "grandma", "grandpa", "whisper"]
-ESPEAK_RATE = 22050
 NOISE_SECONDS = 20
 
 

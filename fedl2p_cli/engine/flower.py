@@ -18,14 +18,12 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, get_args
+from typing import Any, Callable
 
 from ..errors import FedL2PError
 from . import wire
 from .rounds import Failed
-from ..core.settings import Engine
 
-ENGINES = get_args(Engine)
 _CONTEXTS: dict[tuple, Any] = {}  # per ClientApp process: the built context, keyed by its builder's arguments
 
 

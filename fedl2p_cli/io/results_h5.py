@@ -1,7 +1,8 @@
 """`results.h5` of `fedl2p personalize`.
 
 Layout (plain h5py):
-  attrs: methods (JSON list), seeds (JSON list), pool ("seen"|"unseen"), epochs, base_lr, client_bn, eval_stats (absent from files written before that option existed)
+  attrs: methods (JSON list), seeds (JSON list), pool ("seen"|"unseen"), epochs, base_lr, client_bn,
+         eval_stats (absent from files written before that option existed)
   /client      int64   [C]
   /domain      int64   [C]
   /acc_before  float64 [C]            the global model, pretrained BN statistics

@@ -1,7 +1,7 @@
 """One object per personalisation method: its name in --methods, its table label, how it is trained (or that it is
 hand-made), how it personalises a client, and which pools it has a model for. Adding a method is one module that
-builds such an object plus one `registry.add_method` call in a plugin's `register(registry)` (fedl2p_cli/plugins.py); `personalize`, `analyze`, the pipeline and the benchmarks read it
-from here, never by comparing names."""
+builds such an object plus one `registry.add_method` call in a plugin's `register(registry)` (fedl2p_cli/plugins.py);
+`personalize`, `analyze`, the pipeline and the benchmarks read it from here, never by comparing names."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from ..artifacts import Artifact, Draft, Store
 from ..configs import ClustersConfig
 from ..core.config import validate
 from ..errors import FedL2PError
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import stats as stats_stage
@@ -40,7 +41,8 @@ def markdown(table: dict, names: list[str], method: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False) -> tuple[Artifact, bool]:
+def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
+        runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     validate(cfg)
     pers_art, results = personalize_stage.load(store, personalize_ref)
     stats_art, table = stats_stage.load(store, pers_art.parents["stats"])
@@ -66,4 +68,4 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
         draft.path("ari.md").write_text(markdown(ari, names, method))
         draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
 
-    return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force)
+    return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force, runtime)

@@ -6,9 +6,7 @@ import copy
 import json
 import dataclasses
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
@@ -16,26 +14,12 @@ from ..core.config import validate
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 
-_REUSE_ONLY: ContextVar[bool] = ContextVar("reuse_only", default=False)
-
-
 class Missing(ArtifactError):
-    """An artifact asked for under `reuse_only` does not exist (its stage and id name it)."""
+    """An artifact asked for with `Runtime.reuse_only` does not exist (its stage and id name it)."""
 
     def __init__(self, stage: str, aid: str):
         super().__init__(f"no {stage} artifact {aid} yet")
         self.stage, self.id = stage, aid
-
-
-@contextmanager
-def reuse_only() -> Iterator[None]:
-    """Within it, every stage returns the artifact its inputs name and builds none (raises Missing instead): how
-    `fedl2p report` finds a pipeline's artifacts without running anything."""
-    token = _REUSE_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _REUSE_ONLY.reset(token)
 
 
 class Progress(Protocol):
@@ -106,21 +90,23 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
                    build: Callable[[Draft], None], force: bool = False, runtime: Runtime | None = None
                    ) -> tuple[Artifact, bool]:
     """Return the artifact for these inputs, building it (atomically) only if it does not exist. `runtime`: where it
-    is built, which its manifest records (never its id)."""
+    is built, which its manifest records (never its id), how long it waits for another builder, what it logs to, and
+    whether it may build at all (`reuse_only`)."""
+    rt = runtime or Runtime()
     aid = artifact_id(stage, config, parents)
-    if store.exists(stage, aid) and not (force and not _REUSE_ONLY.get()):
+    if store.exists(stage, aid) and not (force and not rt.reuse_only):
         return store.load(stage, aid), True
-    if _REUSE_ONLY.get():
+    if rt.reuse_only:
         raise Missing(stage, aid)
-    with store.building(stage, aid):
+    with store.building(stage, aid, rt.lock_timeout):
         if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
             return store.load(stage, aid), True
         draft = store.draft(stage, config, parents)
         draft.plugins = plugin_records(store, config, parents)
-        draft.computed_on = (runtime or Runtime()).describe()
+        draft.computed_on = rt.describe()
         try:
             t0 = time.perf_counter()
-            with tracking.tracked(stage, draft):  # --track: the rounds and metrics to TensorBoard / MLflow
+            with tracking.tracked(stage, draft, rt):  # --track: the rounds and metrics to TensorBoard / MLflow
                 build(draft)
             draft.build_s = time.perf_counter() - t0
             return draft.publish(), False

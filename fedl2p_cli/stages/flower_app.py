@@ -188,7 +188,7 @@ class _Sites:
         return [] if unseen else list(self.ids)
 
 
-def import_run(store, out: Path) -> tuple:
+def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
     """A deployment's result (`out`: the run config's folder, holding run.toml, lambda.safetensors and history.csv)
     as a meta-train artifact of the pretrained model it started from, usable by `personalize --meta ID`. Its id hashes
     the settings, the pretrained model and the lambda's sha256 (a federation's result is not reproducible from its
@@ -221,7 +221,7 @@ def import_run(store, out: Path) -> tuple:
         draft.metrics = {"variant": cfg.variant(), "rounds_run": rounds, "engine": "flower deployment",
                          "sites": rc.get("sites"), "diverged": None}
 
-    return build_or_reuse(store, "meta-train", config, {"pretrain": pre.id}, build)
+    return build_or_reuse(store, "meta-train", config, {"pretrain": pre.id}, build, runtime=runtime)
 
 
 def server_checkpoint(out: Path, rc) -> Path:

@@ -17,6 +17,7 @@ from ..data import datasets, fingerprint, sources, speech
 from ..data.partition import ClientSplit, choose_unseen, dirichlet_partition, label_entropy, shards_partition, split_client
 from ..errors import DataError, FedL2PError
 from ..io import partition_h5
+from ..runtime import Runtime
 from .common import build_or_reuse, config_dict
 
 def default_domains(dataset: str) -> list[str]:
@@ -201,7 +202,8 @@ def identify(cfg: PartitionConfig, store: Store, config: dict, force: bool
     return ds, fp, lambda: cache.put(key, fp)
 
 
-def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False) -> tuple[Artifact, bool]:
+def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False, runtime: Runtime | None = None
+        ) -> tuple[Artifact, bool]:
     check(cfg)
     excluded = None
     if cfg.exclude:
@@ -232,7 +234,7 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
             from ..analysis.plots import label_mix_heatmap
             label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
 
-    out = build_or_reuse(store, "partition", with_data(config, fp), {}, build, force)
+    out = build_or_reuse(store, "partition", with_data(config, fp), {}, build, force, runtime)
     remember()  # after the build: a refused one leaves no store folder behind
     return out
 

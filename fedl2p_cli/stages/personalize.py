@@ -33,9 +33,11 @@ from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
+from . import table
 from ..analysis.text import signed
 
-STAGES = (None, "meta-train", "pfl")  # rows in this order: no artifact (hand-made, tuned), learned, other systems
+# rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
+STAGES = (None, *(s.name for s in table.STAGES if s.method))
 
 
 def fixed(m: str) -> bool:
@@ -140,7 +142,8 @@ class Setup:
     def newest_meta(self, variant: str) -> Artifact:
         """The newest meta-train artifact of `variant` learned on these clients' statistics, else of this model."""
         hit = (self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("stats") == self.stats_id)
-               or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("pretrain") == self.pretrain_id))
+               or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant
+                                    and a.parents.get("pretrain") == self.pretrain_id))
         if hit is None:
             raise FedL2PError(self.unknown(variant))
         return self.store.load("meta-train", hit.id)

@@ -17,17 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import configs, methods
+from .. import methods
 from ..analysis import report_html as H
 from ..artifacts import STAGES, Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
-from .common import Missing, build_or_reuse, config_dict, reuse_only
+from ..runtime import Runtime
+from .common import Missing, build_or_reuse, config_dict
 from .personalize import beta_table, row_cells
+from .table import stage as stage_of
 
-CONFIGS = {"partition": configs.PartitionConfig, "pretrain": configs.PretrainConfig, "stats": configs.StatsConfig,
-           "meta-train": configs.MetaTrainConfig, "pfl": configs.PFLConfig, "personalize": configs.PersonalizeConfig,
-           "analyze:clusters": configs.ClustersConfig, "analyze:beta-grid": configs.BetaGridConfig,
-           "analyze:decompose": configs.DecomposeConfig}
 FORMAT = 1  # the page's layout version: part of the id, so a new layout is a new report
 
 
@@ -39,21 +37,25 @@ class Section:
 
 
 # -- what a report shows ---------------------------------------------------------------------------------------
-def from_pipeline(path: Path, store_override: Path | None) -> tuple[Section, Store]:
-    """A pipeline's artifacts as `fedl2p run` would reuse them; refused (one line) where one is missing."""
+def from_pipeline(path: Path, store_override: Path | None, runtime: Runtime | None = None) -> tuple[Section, Store]:
+    """A pipeline's artifacts: those its last run made in the store (read without its plugins), else those its plan
+    names, as `fedl2p run` would reuse them; refused (one line) where one is missing."""
     from . import pipeline
-    p = pipeline.load(path, store_override)
-    try:
-        with reuse_only():
-            results = pipeline.run(p, None, _no_progress)
-    except Missing as e:
-        raise FedL2PError(f"pipeline {path} has no {e.stage} artifact {e.id} in {p.store.root} yet; run `fedl2p run "
-                          f"{path}` first (or pass --store)") from None
+    p = pipeline.load(path, store_override, plugins=False)
+    steps = pipeline.recorded(p)
+    if steps is None:
+        p = pipeline.load(path, store_override)
+        try:  # every step finds its artifact, or names the one missing; nothing is built
+            results = pipeline.run(p, None, _no_progress, runtime=(runtime or Runtime()).replace(reuse_only=True))
+        except Missing as e:
+            raise FedL2PError(f"pipeline {path} has no {e.stage} artifact {e.id} in {p.store.root} yet; run `fedl2p "
+                              f"run {path}` first (or pass --store)") from None
+        steps = [(r.stage, r.label, r.artifact.id) for r in results]
     arts, seen = [], set()
-    for r in results:
-        if r.artifact.id not in seen:
-            seen.add(r.artifact.id)
-            arts.append((r.label, r.artifact))
+    for stage, lab, aid in steps:
+        if aid not in seen:
+            seen.add(aid)
+            arts.append((lab, p.store.load(stage, aid, plugins=False)))
     return Section(p.name, arts), p.store
 
 
@@ -94,9 +96,8 @@ def from_artifact(store: Store, ref: str) -> Section:
 
 def label(a: Artifact) -> str:
     """A short name of what an artifact is, where the stage alone does not say."""
-    c, m = a.config, a.metrics
-    return {"meta-train": m.get("variant"), "pfl": c.get("algo"), "personalize": m.get("pool"),
-            "analyze": c.get("analysis"), "partition": c.get("dataset")}.get(a.stage) or a.stage
+    where = stage_of(a.stage).label
+    return (a.config if where[0] == "config" else a.metrics).get(where[1]) or a.stage if where else a.stage
 
 
 # -- the artifact ----------------------------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def identity(sections: list[Section]) -> tuple[dict, dict[str, str]]:
     return config, parents
 
 
-def run(sections: list[Section], store: Store, force: bool = False) -> tuple[Artifact, bool]:
+def run(sections: list[Section], store: Store, force: bool = False, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     if not sections:
         raise FedL2PError("report: name at least one pipeline file or artifact id")
     for s in sections:
@@ -123,7 +124,7 @@ def run(sections: list[Section], store: Store, force: bool = False) -> tuple[Art
         draft.metrics = {"sections": [s.name for s in sections], "artifacts": len(parents)}
         draft.plugins = []  # a page: opening it again needs none of the plugins its artifacts were made with
 
-    return build_or_reuse(store, "report", config, parents, build, force)
+    return build_or_reuse(store, "report", config, parents, build, force, runtime)
 
 
 # -- the page --------------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def section_html(s: Section, store: Store) -> str:
                        f"{H.esc(a.file('summary.md').read_text())}</pre>")
     for a in pers:
         out.append(pool_detail_html(store, a))
-    metas = [a for a in arts if a.stage in ("pretrain", "meta-train", "pfl")]
+    metas = [a for a in arts if stage_of(a.stage).trains]
     if metas:
         out.append(training_html(metas))
     return "".join(out)
@@ -241,7 +242,8 @@ def training_html(arts: list[Artifact]) -> str:
         m = a.metrics
         if a.stage == "meta-train":
             what = (f"val loss {_f(m.get('first_val_loss'))} → best {_f(m.get('best_val_loss'))} (round "
-                    f"{m.get('best_round')}) of {m.get('rounds_run')} rounds" + (f"; diverged: {m['diverged']}" if m.get("diverged") else ""))
+                    f"{m.get('best_round')}) of {m.get('rounds_run')} rounds"
+                    + (f"; diverged: {m['diverged']}" if m.get("diverged") else ""))
         else:
             what = "; ".join(f"{k} {_f(v)}" for k, v in m.items())
         rows.append([a.stage, label(a), a.id, what, timing(a)])
@@ -264,13 +266,9 @@ def timing(a: Artifact) -> str:
     return "—"
 
 
-def config_key(a: Artifact) -> str:
-    return f"analyze:{a.config.get('analysis')}" if a.stage == "analyze" else a.stage
-
-
 def config_diff(a: Artifact) -> list[list[str]]:
     """Config keys whose value differs from the stage's default (keys the defaults lack: derived, shown too)."""
-    cls = CONFIGS.get(config_key(a))
+    cls = stage_of(a.stage).config_type(a.config)
     defaults = _flat(config_dict(cls())) if cls else {}
     return [[k, _show(v), _show(defaults[k]) if k in defaults else "(derived)"]
             for k, v in _flat(a.config).items() if k not in defaults or defaults[k] != v]

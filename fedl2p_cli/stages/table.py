@@ -1,0 +1,73 @@
+"""The stage table: every stage once, in pipeline order, with what the store, the pipeline compiler, the report and
+the command line need to know about it. Nothing else in the package lists the stages (tests/test_layout.py checks).
+
+Torch-free and free of the stage modules, so the store (artifacts.py) and `fedl2p --help` can read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import configs
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the store's folder and each artifact's `stage`; a pipeline file's section of the same name
+    configs: dict[str, type] = field(default_factory=dict)  # its config type; analyze: one per `analysis`
+    command: str | None = None  # its `fedl2p` command (None: the stage has none of its own)
+    cli: str | None = None  # "module:attribute" of the command: a function, or a typer app for a group of commands
+    help: str = ""  # its line in `fedl2p --help`
+    example: str = ""  # the example its --help ends with
+    section: bool = True  # a pipeline file may have a section of its name
+    required: bool = False  # ... and must
+    repeated: bool = False  # ... given as [[name]]: one table per artifact
+    trains: bool = False  # federated rounds: the report's training table
+    method: bool = False  # an artifact of it is a personalisation method (personalize's learned and pFL rows)
+    label: tuple[str, str] | None = None  # (config or metrics, key): the short name of one of its artifacts
+    colour: str = "#fff"  # its boxes in the report's lineage graph
+
+    def config_type(self, config: dict[str, Any]) -> type | None:
+        """The config class an artifact's config was made from (None: a stage without one)."""
+        return self.configs.get(config.get("analysis", "")) if "analysis" in config else self.configs.get("")
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("partition", {"": configs.PartitionConfig}, "partition", "fedl2p_cli.cli.partition:partition",
+          "1. Split a dataset into clients -> partition.h5.",
+          "fedl2p partition --dataset fmnist-c --alpha 0.1 --clients 70",
+          required=True, label=("config", "dataset"), colour="#ddf4ff"),
+    Stage("pretrain", {"": configs.PretrainConfig}, "pretrain", "fedl2p_cli.cli.pretrain:pretrain",
+          "2. Pretrain the global model federatedly (or import one with --init).",
+          "fedl2p pretrain --algo fedavg --rounds 40", required=True, trains=True, colour="#fff8c5"),
+    Stage("stats", {"": configs.StatsConfig}, "stats", "fedl2p_cli.cli.stats:stats",
+          "3. Each client's data statistics under the pretrained model (the meta-nets' inputs).", "fedl2p stats",
+          colour="#f6f8fa"),
+    Stage("meta-train", {"": configs.MetaTrainConfig}, "meta-train", "fedl2p_cli.cli.meta_train:meta_train",
+          "4. Federatedly learn the meta-nets BNNet and LRNet (FedL2P).",
+          "fedl2p meta-train --meta-grad fomaml --rounds 20", repeated=True, trains=True, method=True,
+          label=("metrics", "variant"), colour="#fbefff"),
+    Stage("pfl", {"": configs.PFLConfig}, "pfl-train", "fedl2p_cli.cli.pfl:pfl_train",
+          "4b. Train another personalised-FL system (pFedLA, HeurpFedLA, CAFeMe).", "fedl2p pfl-train --algo pfedla",
+          repeated=True, trains=True, method=True, label=("config", "algo"), colour="#ffebe9"),
+    Stage("personalize", {"": configs.PersonalizeConfig}, "personalize", "fedl2p_cli.cli.personalize:personalize",
+          "5. Fine-tune every client under each method and compare them.",
+          "fedl2p personalize --unseen --seeds 0,1,2", label=("metrics", "pool"), colour="#dafbe1"),
+    Stage("analyze", {"clusters": configs.ClustersConfig, "beta-grid": configs.BetaGridConfig,
+                      "decompose": configs.DecomposeConfig}, "analyze", "fedl2p_cli.cli.analyze:app",
+          "6. Analyse the results (clusters of the learned strategies).", "fedl2p analyze clusters",
+          label=("config", "analysis"), colour="#fff1e5"),
+    Stage("report", {}, "report", "fedl2p_cli.cli.report:report",
+          "Write one HTML page of pipelines or artifacts (lineage, results, plots).",
+          "fedl2p report quickstart quickstart-planted -o report.html", section=False),
+)
+NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+SECTIONS: tuple[str, ...] = tuple(s.name for s in STAGES if s.section)  # a pipeline file's stage sections, in order
+
+
+def stage(name: str) -> Stage:
+    """The stage of this name (KeyError: none; the store and the CLI refuse unknown names before asking)."""
+    for s in STAGES:
+        if s.name == name:
+            return s
+    raise KeyError(name)
