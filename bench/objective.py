@@ -171,8 +171,10 @@ def report(results: list[dict]) -> str:
         dta = [100 * np.mean(np.subtract(r["test_acc"], base[(variant, r["seed"])]["test_acc"])) for r in rs]
         kept = " / ".join(str(r.get("kept_round", "")) for r in rs) if rounds else ""
         trend = " / ".join(f"{r['trend_per_10_rounds']:+.3f} ± {r['trend_se']:.3f}" for r in rs) if rounds else ""
-        lines.append(f"| {variant} | {rounds} | {keep} | {kept} | {ms(vl)} | {'' if not rounds else f'{np.mean(dvl):+.3f} ± {np.std(dvl):.3f}'} "
-                     f"| {np.mean(ta):.2f} ± {np.std(ta):.2f} | {'' if not rounds else f'{np.mean(dta):+.2f} ± {np.std(dta):.2f}'} | {trend} |")
+        dv = f"{np.mean(dvl):+.3f} ± {np.std(dvl):.3f}" if rounds else ""
+        da = f"{np.mean(dta):+.2f} ± {np.std(dta):.2f}" if rounds else ""
+        lines.append(f"| {variant} | {rounds} | {keep} | {kept} | {ms(vl)} | {dv} | {np.mean(ta):.2f} ± {np.std(ta):.2f} "
+                     f"| {da} | {trend} |")
     return "\n".join(lines)
 
 
