@@ -89,7 +89,12 @@ def runs(cell: str) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cell", nargs="?", default="fs-1000", choices=list(accuracy.CELLS))
+    ap.add_argument("--report", action="store_true", help="only rewrite the report from bench/objective.json")
     args = ap.parse_args()
+    if args.report:
+        d = json.loads((HERE / "objective.json").read_text())
+        print(report(d["lambdas"]) + "\n\n" + sweep_report(d["beta_sweep"]))
+        return
     import torch
     torch.set_num_threads(1)
     from fedl2p_cli.artifacts import Store
@@ -145,10 +150,15 @@ def beta_sweep(ctx, art) -> list[dict]:
 
 
 def sweep_report(sweep: list[dict]) -> str:
-    lines = ["| β (every layer) | val. loss, all seen clients | val. acc. | test loss | test acc. |", "|---|---|---|---|---|"]
+    """Means over the clients whose loss is finite (at beta 0 a client may diverge: counted in the last column)."""
+    lines = ["| β (every layer) | val. loss, all seen clients | val. acc. | test loss | test acc. | clients with a non-finite loss |",
+             "|---|---|---|---|---|---|"]
     for r in sweep:
-        lines.append(f"| {r['beta']:g} | {np.mean(r['val_loss']):.3f} | {100 * np.mean(r['val_acc']):.2f} "
-                     f"| {np.mean(r['test_loss']):.3f} | {100 * np.mean(r['test_acc']):.2f} |")
+        bad = int(np.sum(~np.isfinite(r["val_loss"]) | ~np.isfinite(r["test_loss"])))
+        lines.append(f"| {r['beta']:g} | {np.nanmean(np.where(np.isfinite(r['val_loss']), r['val_loss'], np.nan)):.3f} "
+                     f"| {100 * np.mean(r['val_acc']):.2f} "
+                     f"| {np.nanmean(np.where(np.isfinite(r['test_loss']), r['test_loss'], np.nan)):.3f} "
+                     f"| {100 * np.mean(r['test_acc']):.2f} | {bad} of {len(r['val_loss'])} |")
     return "\n".join(lines)
 
 
