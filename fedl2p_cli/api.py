@@ -137,6 +137,14 @@ def build_model(name: str, in_channels: int, num_classes: int, seed: int = 0) ->
     return build(name, in_channels, num_classes, seed)
 
 
+def head_prefix(model: nn.Module) -> str:
+    """The parameter-name prefix of a built model's classifier (e.g. "fc."): the head its registration declared
+    (`add_model(..., head=)`), else its last nn.Linear. FedBABU freezes it and `--reset-head` replaces it; a system
+    that keeps the head on the client (FedPer) should split the model here too."""
+    from .models.registry import head_prefix as prefix
+    return prefix(model)
+
+
 def to_device(obj: Any, device: torch.device | str) -> Any:
     """Tensors in `obj` (a tensor, or dicts, lists, tuples and dataclasses of them) on `device`."""
     from .device import move
@@ -174,6 +182,6 @@ __all__ = [
     "PFLConfig", "PartitionConfig", "Partition", "ClientData", "Runtime", "Progress", "Checkpoint", "Draft", "Artifact",
     "TrainedSystem", "RoundStrategy", "Task", "Failed", "LoopState", "Timer", "RoundObserver", "run_rounds", "in_process",
     "sample_clients", "generator", "batch_stream", "nest", "group_of",
-    "build_model", "is_batchnorm", "get_state", "set_state", "evaluate", "epochs_of_batches", "mean_loss",
+    "build_model", "head_prefix", "is_batchnorm", "get_state", "set_state", "evaluate", "epochs_of_batches", "mean_loss",
     "weighted_average", "LocalConfig", "sgd_client", "to_device", "to_host", "save_weights", "load_weights",
 ]

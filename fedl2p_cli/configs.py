@@ -226,7 +226,7 @@ class PersonalizeConfig:
     unseen: bool = opt(False, "Evaluate the unseen pool (clients never used in meta-training).", flag=True)
     methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated methods: ft-bnc, ft-bng, ft-bni, ft-tuned, meta-train "
                                               "variants (fedl2p-fomaml, ...), pfedla, heurpfedla, "
-                                              "cafeme.<plugin-methods>")
+                                              "cafeme.<plugin-methods><plugin-systems>")
     # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
     pfl_steps: int = opt(50, "CAFeMe: personalisation steps of every evaluated client before testing (paper: 50).",
                          AT_LEAST_1, identity_default=True)

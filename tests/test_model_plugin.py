@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from torch import nn
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # the FedBN example's registration as it was written before fedl2p_cli.api: internal modules of three layers
@@ -78,3 +80,31 @@ def test_a_plugin_on_the_old_internals_works_and_warns_once(tmp_path):
     r = fedl2p(["--plugin", "old_plugin", "run", pipe, "--store", tmp_path / "store"], [tmp_path], tmp_path)
     assert r.returncode == 0, r.stderr
     assert sum(line.startswith("warning:") for line in r.stderr.splitlines()) == 1, r.stderr
+
+
+
+class _TwoLinears(nn.Module):
+    """A classifier `out` followed in module order by another Linear: the last Linear is not the head."""
+
+    def __init__(self, in_channels: int, num_classes: int):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(in_channels, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                  nn.Flatten())
+        self.out = nn.Linear(4, num_classes)
+        self.aux = nn.Linear(num_classes, 2)
+
+    def forward(self, x):
+        return self.out(self.body(x))
+
+
+def test_api_head_prefix_is_the_declared_head_or_the_last_linear():
+    """A plugin system splitting body and head (FedPer) gets the same head FedBABU and --reset-head use."""
+    from fedl2p_cli import api, plugins
+
+    def models(reg):
+        reg.add_model("declared", _TwoLinears, head="out")
+        reg.add_model("undeclared", _TwoLinears)
+
+    with plugins.using(plugins.build(models)):
+        assert api.head_prefix(api.build_model("declared", 1, 10)) == "out."
+        assert api.head_prefix(api.build_model("undeclared", 1, 10)) == "aux."

@@ -48,7 +48,7 @@ STAGES: tuple[Stage, ...] = (
           "fedl2p meta-train --meta-grad fomaml --rounds 20", repeated=True, trains=True, method=True,
           label=("metrics", "variant"), colour="#fbefff"),
     Stage("pfl", {"": configs.PFLConfig}, "pfl-train", "fedl2p_cli.cli.pfl:pfl_train",
-          "4b. Train another personalised-FL system (pFedLA, HeurpFedLA, CAFeMe).", "fedl2p pfl-train --algo pfedla",
+          "4b. Train another personalised-FL system (pFedLA, HeurpFedLA, CAFeMe, or a plugin's).", "fedl2p pfl-train --algo pfedla",
           repeated=True, trains=True, method=True, label=("config", "algo"), colour="#ffebe9"),
     Stage("personalize", {"": configs.PersonalizeConfig}, "personalize", "fedl2p_cli.cli.personalize:personalize",
           "5. Fine-tune every client under each method and compare them.",
