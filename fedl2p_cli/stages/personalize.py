@@ -18,7 +18,7 @@ from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PersonalizeConfig
 from ..core import metanets
-from ..core.config import validate
+from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
 from ..core.metanets import normalize_inputs
 from ..engine.loop import group_of
@@ -149,8 +149,8 @@ class Setup:
         _, lam, norm = meta_stage.load_lambda(self.store, art.id)
         check_shapes(art, lam, self.table)
         nets = MetaNets(lam, MetaConfig(**art.config["meta"]), norm, bool(art.config.get("local")))
-        suffix = "-tbs" if self.cfg.eval_stats == "test-batch" else ""  # its rows must not pass for the paper's inference
-        return self.row(art.metrics["variant"] + suffix, method, art, nets)
+        # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
+        return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
     def learned_strategy(self, row: Row, c: int) -> Strategy | None:
         """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
