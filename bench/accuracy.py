@@ -260,7 +260,7 @@ def cell_harness(ids: dict[str, str]):
     _, model, state = pretrain_stage.load(store, ids["pretrain"])
     _, table = stats_stage.load(store, ids["stats"])
     _, part = partition_stage.load(store, ids["partition"])
-    return Harness(model, state, part, table, torch.device("cpu"), EPOCHS, 32)
+    return Harness.on(torch.device("cpu"), model, state, part, table, EPOCHS, 32)
 
 
 def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[float]]]:

@@ -22,6 +22,7 @@ from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
 from ..core.metanets import normalize_inputs
 from ..engine.loop import group_of
+from ..engine.placement import OnDevice
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
@@ -176,7 +177,7 @@ class Setup:
     def pfl_row(self, method: methods.System, art: Artifact) -> Row:
         if art.parents.get("partition") != self.partition_id:
             raise FedL2PError(f"pfl artifact {art.id} was trained on partition {art.parents.get('partition')}, not {self.partition_id}")
-        return self.row(method.name, method, art, pfl_stage.to_device(pfl_stage.load(self.store, art.id), self.dev))
+        return self.row(method.name, method, art, OnDevice(pfl_stage.load(self.store, art.id), self.dev).context)
 
 
 def canonical(rows: list[Row]) -> list[Row]:
@@ -347,7 +348,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
 
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, pre_art.id)
-        h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
+        h = Harness.on(setup.dev, model, state, part, table, cfg.epochs, cfg.batch_size, cfg.client_bn)
         methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)
