@@ -21,10 +21,10 @@ a method.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -175,8 +175,7 @@ def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
         metas = [v for k, v in art.parents.items() if k.startswith("meta-train:")]
         if "ft-tuned" not in art.config.get("methods", []) or len(metas) != n_meta:
             continue
-        if default_ift and not all(re.fullmatch(r"fedl2p(-seed\d+)?", store.load("meta-train", i, verify=False).metrics["variant"])
-                                   for i in metas):
+        if default_ift and not all(is_default_variant(store.load("meta-train", i, verify=False).config) for i in metas):
             continue
         _, r = pers_stage.load(store, art.id)
         s = json.loads(art.file("summary.json").read_text())
@@ -262,7 +261,7 @@ def cell_harness(ids: dict[str, str]):
     _, model, state = pretrain_stage.load(store, ids["pretrain"])
     _, table = stats_stage.load(store, ids["stats"])
     _, part = partition_stage.load(store, ids["partition"])
-    return Harness(model, state, part, table, torch.device("cpu"), EPOCHS, 32)
+    return Harness.on(torch.device("cpu"), model, state, part, table, EPOCHS, 32)
 
 
 def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[float]]]:
@@ -305,16 +304,44 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-def over_meta_seeds(methods: dict) -> dict:
-    """Learned rows of one pool merged over their meta-train seeds (variant names ending -seedN): mean and SD over
-    the meta-train seeds of each seed's mean over personalisation seeds; `pers_sd` is the mean personalisation-seed SD.
-    Hand-made rows (no meta-train seed) are kept as they are."""
-    import re
-    groups: dict[str, list[dict]] = {}
-    for m, v in methods.items():
-        groups.setdefault(re.sub(r"-seed\d+$", "", m), []).append(v)
+def is_default_variant(config: dict) -> bool:
+    """A meta-train artifact's config (by its options, not its name): FedL2P's default variant, at any seed."""
+    from dataclasses import replace
+
+    from fedl2p_cli.stages.meta_train import config_from_dict
+    return replace(config_from_dict(config), seed=0).variant() == "fedl2p"
+
+
+def seed_groups(store) -> dict[str, str]:
+    """Each meta-train variant's name -> the name its seeds share (the same options at seed 0), from the configs."""
+    from dataclasses import replace
+
+    from fedl2p_cli.stages.meta_train import config_from_dict
     out = {}
-    for m, vs in groups.items():
+    for art in store.iter("meta-train"):
+        cfg = config_from_dict(art.config)
+        out[cfg.variant()] = replace(cfg, seed=0).variant()
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _store_seed_groups(store: str) -> dict[str, str]:  # one scan per report, not one per row
+    from fedl2p_cli.artifacts import Store
+    return seed_groups(Store(Path(store)))
+
+
+def over_meta_seeds(methods: dict, groups: dict[str, str] | None = None) -> dict:
+    """Learned rows of one pool merged over their meta-train seeds (`groups`: variant -> its seed-0 name; default:
+    from the store's meta-train configs): mean and SD over the meta-train seeds of each seed's mean over
+    personalisation seeds; `pers_sd` is the mean personalisation-seed SD. Hand-made rows (no meta-train seed) are
+    kept as they are."""
+    if groups is None:
+        groups = _store_seed_groups(str(STORE))
+    merged_by: dict[str, list[dict]] = {}
+    for m, v in methods.items():
+        merged_by.setdefault(groups.get(m, m), []).append(v)
+    out = {}
+    for m, vs in merged_by.items():
         if len(vs) == 1 and m.startswith("ft-"):
             out[m] = vs[0]
             continue

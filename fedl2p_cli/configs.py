@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, between, opt
-from .core.settings import (DEFAULT_ETA_BOUND, DEFAULT_ETA_GRAD, DEFAULT_META_LR, DEFAULT_PSI_POWER, Aggregator, ClientBNMode,
-                            EvalStats, MetaConfig)
+from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Tag, between, opt, variant_words
+from .core.settings import Aggregator, ClientBNMode, EvalStats, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -114,82 +113,36 @@ class MetaTrainConfig:
     rounds: int = opt(30, "Communication rounds (paper: up to 500).", AT_LEAST_1)
     fraction: float = opt(0.1, "Share r of the seen clients sampled per round.", FRACTION)
     meta: MetaConfig = field(default_factory=MetaConfig)
-    nets: Nets = opt("both", "both | bnnet (LRs fixed at --base-lr) | lrnet (beta fixed at --beta).")
+    nets: Nets = opt("both", "both | bnnet (LRs fixed at --base-lr) | lrnet (beta fixed at --beta).",
+                     tag=Tag(lambda v, c: "bnnet" if v == "bnnet" else f"lrnet-b{c.meta.fixed_beta:g}", 30))
     local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
     patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
     input_norm: InputNorm = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored "
-                                        "over the seen clients (stored with lambda).")
+                                        "over the seen clients (stored with lambda).", tag=Tag("std", 80))
     meta_opt: MetaOpt = opt("fedavg", "Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
-                            "Adam on the mean client change (Reddi et al. 2021; not in the paper).")
+                            "Adam on the mean client change (Reddi et al. 2021; not in the paper).", tag=Tag("adam", 90))
     server_lr: float = opt(1e-3, "Step size of --meta-opt fedadam.", POSITIVE)
     keep: Keep = opt("best", "Which lambda to keep: best = the round with the lowest mean validation loss (the paper) "
-                             "| last = the final aggregate.")
-    seed: int = opt(0, "Seed (meta-net init, sampling, batches).", NON_NEGATIVE)
+                             "| last = the final aggregate.",
+                     tag=Tag("last", 100, lambda c: not c.local))
+    # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
+    seed: int = opt(0, "Seed (meta-net init, sampling, batches).", NON_NEGATIVE, tag=Tag("seed{v}", 240))
     # untrusted replies (not in the paper); left out of the artifact id at their defaults (added later)
     norm_bound: float = opt(0.0, "Drop a client whose lambda moved more than K times the round's median move (0: no "
-                                 "bound). Not in the paper.", NON_NEGATIVE, identity_default=True)
+                                 "bound). Not in the paper.", NON_NEGATIVE, identity_default=True,
+                           tag=Tag("nb{v:g}", 230))
     aggregator: Aggregator = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | "
                                          "median | trimmed-mean (20% cut at each end).", option="--aggregate",
-                                 identity_default=True)
+                                 identity_default=True, tag=Tag({"median": "median", "trimmed-mean": "trim"}, 220))
 
     def family(self) -> str:
         """The learned method (methods.Learned.family) its artifact belongs to: L2P with --local, else FedL2P."""
         return "l2p" if self.local else "fedl2p"
 
     def variant(self) -> str:
-        """The variant's name in result tables: its family and a word per option that differs from its default."""
-        name = self.family()
-        if self.meta.meta_grad == "fomaml":
-            name += "-fomaml"
-        elif self.meta.hessian == "exact":
-            name += "-exact"
-        if self.nets == "bnnet":
-            name += "-bnnet"
-        elif self.nets == "lrnet":
-            name += f"-lrnet-b{self.meta.fixed_beta:g}"
-        if self.meta.meta_grad == "ift":  # the Neumann series: psi = min(psi, 1/lambda_max), p scaled by psi
-            if self.meta.psi_power == 0:
-                name += "-psifixed"
-            elif self.meta.psi_power != DEFAULT_PSI_POWER:
-                name += f"-psipow{self.meta.psi_power}"
-            if not self.meta.scale_by_psi:
-                name += "-unscaled"
-            if self.meta.eta_bound != DEFAULT_ETA_BOUND:
-                name += f"-etab{self.meta.eta_bound:g}"
-            if self.meta.eta_grad != DEFAULT_ETA_GRAD:
-                name += f"-eta{self.meta.eta_grad}"
-        if self.input_norm == "standardize":
-            name += "-std"
-        if self.meta_opt == "fedadam":
-            name += "-adam"
-        if self.keep == "last" and not self.local:
-            name += "-last"
-        if self.meta.hidden_bias == "zero":
-            name += "-zerobias"
-        if self.meta.beta_init != 0.5:
-            name += f"-binit{self.meta.beta_init:g}"
-        if self.meta.init_gain != 0.1:
-            name += f"-gain{self.meta.init_gain:g}"
-        if self.meta.client_bn == "running":
-            name += "-runningbn"
-        if self.meta.ift_at == "last-step" and self.meta.meta_grad == "ift":
-            name += "-laststep"
-        if self.meta.val_stats == "test-batch":
-            name += "-valtbs"
-        if self.meta.eta_nonneg:
-            name += "-etapos"
-        if self.meta.beta_output == "sigmoid":
-            name += "-sigmoid"
-        for group, lr in self.meta.meta_lrs.items():  # a meta-LR other than App. E's is part of the name
-            if lr != DEFAULT_META_LR[group]:
-                name += f"-{group}lr{lr:g}"
-        if self.aggregator != "mean":
-            name += "-" + {"median": "median", "trimmed-mean": "trim"}[self.aggregator]
-        if self.norm_bound:
-            name += f"-nb{self.norm_bound:g}"
-        if self.seed:  # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
-            name += f"-seed{self.seed}"
-        return name
+        """The variant's name in result tables: its family and the word each option declares (`Tag`) that differs
+        from its default."""
+        return "-".join([self.family(), *variant_words(self)])
 
 
 @dataclass(kw_only=True)
@@ -239,7 +192,7 @@ class PersonalizeConfig:
     # the learned methods' test-time statistics (see core.finetune.personalized_accuracy); added later
     eval_stats: EvalStats = opt("running", "Learned methods' test-time BN statistics: running = beta mixes the "
                                            "client's (the paper) | test-batch = each test batch's (-tbs).",
-                                identity_default=True)
+                                identity_default=True, tag=Tag("tbs", 10))  # its rows must not pass for the paper's
 
 
 @dataclass(kw_only=True)

@@ -1,9 +1,10 @@
-"""Devices: naming one (`parse`, `resolve`) and moving values to it (`move`, `to_host`, `RoundCache`).
+"""Devices: naming one (`parse`, `resolve`) and moving values to it (`move`, `to_host`).
 
 Which device a run computes on is part of its `Runtime` (fedl2p_cli/runtime.py): `fedl2p --device auto|cpu|cuda|cuda:N`
-(or FEDL2P_DEVICE, or `device = ...` at the top of a pipeline file) decides it once per command, and stages, worker
-processes and Flower ClientApps receive it with the runtime. `core/` never calls this module: its functions follow
-their inputs' device.
+(or FEDL2P_DEVICE, or `device = ...` at the top of a pipeline file) decides it once per command (`Runtime.resolved`,
+the one caller of `resolve`), and stages, worker processes and Flower ClientApps receive it with the runtime. The
+executors move work there (engine/placement.py); stages never call this module's movers, and `core/` never calls it:
+its functions follow their inputs' device.
 
 The device is not part of an artifact's id (it says where the work ran, not what it is); the manifest records it. A
 GPU run agrees with a CPU run to float32 rounding, not bit for bit; `--deterministic` makes GPU runs repeat bit for bit.
@@ -70,19 +71,3 @@ def move(obj: Any, dev: torch.device | str, non_blocking: bool = False) -> Any:
 def to_host(obj: Any) -> Any:
     """A client's result, back on the CPU for aggregation, checkpoints and artifacts."""
     return move(obj, "cpu")
-
-
-class RoundCache:
-    """The server state of the round on the device, copied once per round however many clients this process runs
-    (tasks of one round share the same dict object)."""
-
-    def __init__(self) -> None:
-        self._state: Any = None  # held, so its id cannot be reused by a later round's state
-        self._value: Any = None
-
-    def get(self, state: Any, dev: torch.device) -> Any:
-        if dev.type == "cpu":
-            return state
-        if state is not self._state:
-            self._state, self._value = state, move(state, dev)
-        return self._value

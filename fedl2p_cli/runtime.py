@@ -65,8 +65,13 @@ class Runtime:
     def create(cls, device: str = "auto", **fields: Any) -> "Runtime":
         """A runtime on the device `device` names (auto: the first CUDA GPU when one is present, else the CPU);
         a device that does not exist here is refused with one line."""
+        return cls(device=device, **fields).resolved()
+
+    def resolved(self) -> "Runtime":
+        """This runtime on the device its `device` names here (auto: the first CUDA GPU when one is present, else the
+        CPU): the one place a device is decided, by the command line, a worker process and a Flower site alike."""
         from .device import resolve
-        return cls(device=str(resolve(device)), **fields)
+        return self.replace(device=str(resolve(self.device)))
 
     @property
     def torch_device(self):

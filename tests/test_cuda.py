@@ -114,3 +114,19 @@ def test_one_client_update_agrees_on_cpu_and_cuda_and_repeats_when_deterministic
         assert all(torch.equal(a.lam[k], b.lam[k]) for k in lam) and a.val_loss == b.val_loss
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_executor_puts_context_and_tasks_on_the_gpu_and_results_back_on_the_cpu(workers):
+    """tests/test_device.py shows this on the `meta` stand-in; here on the GPU, results included."""
+    from fedl2p_cli.engine.workers import ClientPool
+
+    from .test_device import toy_context, toy_tasks, where
+
+    def back(ctx, task):  # a tensor made on the device: the executor brings it back
+        return where(ctx, task) | {"out": task.x * 2}
+
+    with ClientPool(workers, toy_context, (), where if workers > 1 else back, toy_context(), torch.device("cuda", 0)) as pool:
+        out = pool.map(toy_tasks())
+    assert all(r["model"] == r["client"] == r["state"] == r["x"] == "cuda" for r in out)
+    assert workers > 1 or all(r["out"].device.type == "cpu" for r in out)

@@ -2,7 +2,7 @@
 CPU tensors, so a tensor created without following its inputs (a bare torch.zeros / arange / full / tensor) lands on
 the meta device and the update fails. Plus the one place that decides the device, and what the manifest records."""
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -205,10 +205,11 @@ def test_worker_processes_receive_the_runtime_whole():
     sent = json.loads(json.dumps(rt.to_dict()))  # JSON-safe, as a Flower message or a run config carries it
     threads = torch.get_num_threads()
     try:
-        args, got = on_runtime(sent, lambda *a: (a[:-1], a[-1]), "store", "id")
+        placed = on_runtime(sent, lambda *a: (a[:-1], a[-1]), "store", "id")
     finally:
         torch.set_num_threads(threads)
-    assert args == ("store", "id") and got == rt and got.policy() == rt.policy()
+    args, got = placed.context
+    assert args == ("store", "id") and got == rt and got.policy() == rt.policy() and placed.dev == rt.torch_device
 
 
 def test_runtime_options_never_enter_an_artifact_id():
@@ -221,3 +222,92 @@ def test_runtime_options_never_enter_an_artifact_id():
     for cls in (configs.PartitionConfig, configs.PretrainConfig, configs.StatsConfig, configs.MetaTrainConfig,
                 configs.PFLConfig, configs.PersonalizeConfig, configs.BetaGridConfig, configs.DecomposeConfig):
         assert not runtime_names & {f.name for f in flat_fields(cls)}, cls.__name__
+
+
+# --- the executors own the device: a stand-in device ("meta") shows where each executor puts a task's tensors ---
+
+META_DEV = torch.device("meta")
+
+
+@dataclass
+class ToyContext:
+    model: torch.nn.Module
+    theta: dict
+    part: object
+
+
+@dataclass
+class ToyTask:
+    client: int
+    state: dict
+    x: torch.Tensor
+
+
+def toy_context() -> ToyContext:
+    """A context as a stage builds it, on the CPU: a module, a dict of tensors and a partition of two clients."""
+    import numpy as np
+
+    from fedl2p_cli.io.partition_h5 import Partition
+    images = torch.arange(8 * 16, dtype=torch.uint8).reshape(8, 1, 4, 4)
+    offsets = np.array([[0, 2, 3, 4], [4, 6, 7, 8]])
+    part = Partition("toy", images, torch.arange(8) % 2, torch.arange(8), offsets, np.zeros(2, int), np.zeros(2, bool),
+                     np.ones((2, 2), int), ["a", "b"], ["d"], (0.5,), (0.25,))
+    return ToyContext(torch.nn.Linear(2, 2), {"w": torch.ones(2)}, part)
+
+
+def where(ctx: ToyContext, task: ToyTask) -> dict:
+    """Where the update finds each input (device types only: no tensor to bring back from the stand-in device)."""
+    return {"model": next(ctx.model.parameters()).device.type, "theta": ctx.theta["w"].device.type,
+            "client": ctx.part.client(task.client).train[0].device.type, "state": task.state["w"].device.type,
+            "x": task.x.device.type, "state_id": id(task.state)}
+
+
+def toy_tasks() -> list[ToyTask]:
+    state = {"w": torch.zeros(2)}  # the round's broadcast state: one dict that every task of the round shares
+    return [ToyTask(c, state, torch.ones(3)) for c in (0, 1)]
+
+
+def test_in_process_executor_puts_context_and_tasks_on_the_runtimes_device():
+    from fedl2p_cli.engine.placement import OnDevice
+    from fedl2p_cli.engine.rounds import in_process
+    ctx = toy_context()
+    out = in_process(where, OnDevice(ctx, META_DEV))(toy_tasks())
+    assert all({k: v for k, v in r.items() if k != "state_id"} == dict.fromkeys(("model", "theta", "client", "state", "x"),
+                                                                                "meta") for r in out)
+    assert out[0]["state_id"] == out[1]["state_id"]  # the shared state moved once for the round, not once per client
+    # the stage's own context stays where it was built
+    assert next(ctx.model.parameters()).device.type == "cpu" and ctx.part.client(0).train[0].device.type == "cpu"
+
+
+def test_a_result_comes_back_to_the_host_once(monkeypatch):
+    from fedl2p_cli.engine import placement
+    back = []
+    monkeypatch.setattr(placement, "to_host", lambda r: back.append(r) or "host")
+    on = placement.OnDevice(toy_context(), META_DEV)
+    assert on(lambda ctx, task: task.x * 2, toy_tasks()[0]) == "host"
+    assert len(back) == 1 and back[0].device.type == "meta"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_worker_pool_puts_context_and_tasks_on_its_device(workers):
+    """In this process (--workers 1) and in spawned worker processes, each of which builds and places its own context."""
+    from fedl2p_cli.engine.workers import ClientPool
+    with ClientPool(workers, toy_context, (), where, toy_context(), META_DEV) as pool:
+        out = pool.map(toy_tasks())
+    assert [{k: v for k, v in r.items() if k != "state_id"} for r in out] == \
+        [dict.fromkeys(("model", "theta", "client", "state", "x"), "meta")] * 2
+
+
+def test_the_flower_client_app_places_what_its_builder_gives(monkeypatch):
+    """A ClientApp's context comes from `workers.on_runtime`, which places it on the runtime's device (resolved in
+    that process); a context already placed is not placed again by a pool."""
+    from fedl2p_cli.engine import placement, workers
+    monkeypatch.setattr(Runtime, "resolved", lambda self: self)  # the stand-in device is no --device choice
+    threads = torch.get_num_threads()
+    placed = workers.on_runtime(Runtime(device="meta", plugins=("fedl2p_cli.builtin",)).to_dict(),
+                                lambda rt: toy_context())
+    try:
+        assert placed.dev == META_DEV and placed(where, toy_tasks()[1])["client"] == "meta"
+        assert placement.placed(placed, torch.device("cpu")) is placed
+    finally:
+        torch.set_num_threads(threads)

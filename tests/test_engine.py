@@ -169,7 +169,7 @@ def test_a_worker_process_that_dies_is_a_failed_client_and_the_pool_starts_afres
     from fedl2p_cli.engine.rounds import Failed
     from fedl2p_cli.engine.workers import ClientPool
     t0 = time.time()
-    with ClientPool(2, _no_context, (), _die, None) as pool:
+    with ClientPool(2, _no_context, (), _die, None, torch.device("cpu")) as pool:
         assert pool.map([0, 2]) == [0, 2]
         out = pool.map([0, 1, 2])
         assert isinstance(out[1], Failed) and "worker process died" in out[1].reason
@@ -183,7 +183,7 @@ def test_a_client_without_a_reply_within_the_timeout_is_a_failed_client():
     from fedl2p_cli.engine.rounds import Failed
     from fedl2p_cli.engine.workers import ClientPool
     t0 = time.time()
-    with ClientPool(2, _no_context, (), _slow, None, timeout=5.0) as pool:
+    with ClientPool(2, _no_context, (), _slow, None, torch.device("cpu"), timeout=5.0) as pool:
         assert pool.map([0, 2]) == [0, 2]  # the workers have started (the first round includes their start-up)
         out = pool.map([0, 1, 2])
         assert out[0] == 0 and out[2] == 2 and isinstance(out[1], Failed) and "no reply within 5 s" in out[1].reason
@@ -195,7 +195,7 @@ def test_a_round_s_timeout_does_not_count_the_workers_start_up():
     """The pool starts its workers (and their context) before any round: clients that answer at once are not failed
     because their workers took longer than --round-timeout to start, neither at first nor after a restart."""
     from fedl2p_cli.engine.workers import ClientPool
-    with ClientPool(2, _slow_start, (), _echo, None, timeout=2.0) as pool:
+    with ClientPool(2, _slow_start, (), _echo, None, torch.device("cpu"), timeout=2.0) as pool:
         assert pool.map([0, 1, 2]) == [0, 1, 2]
         pool.close()
         pool.pool = pool._start()  # as after a hung or dead worker

@@ -104,7 +104,7 @@ def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
     seen = ctx.part.pool(False)
     assert 2 in seen
-    with ClientPool(2, meta_train.make_context, (*ids, cfg, rt), _dies_for_client_2, ctx) as pool:
+    with ClientPool(2, meta_train.make_context, (*ids, cfg, rt), _dies_for_client_2, ctx, rt.torch_device) as pool:
         strategy = meta_train.MetaStrategy(ctx, lam0)
         st = run_rounds(strategy, 1, None, NoProgress(), pool.map, rt.policy())
     rec = st.history[0]

@@ -252,3 +252,79 @@ def test_the_process_state_scan_finds_each_kind(tmp_path):
                  "SETTINGS = S()\nFIXED = F()\n_V = ContextVar('v')\n_C = None\n"
                  "def f():\n    global _C\n    _C = 1\n    os.environ['X'] = '1'\n")
     assert process_state(f) == ["fedl2p_cli.m.SETTINGS", "fedl2p_cli.m._C", "fedl2p_cli.m._V", "fedl2p_cli.m.os.environ"]
+
+
+DEVICE_WORK = {"move", "to_host", "RoundCache", "client_on", "resolve"}  # fedl2p_cli.device's movers, and the decision
+
+
+def device_work(path: Path) -> list[str]:
+    """Where a module moves tensors itself or decides a device: a call of device.move / to_host / RoundCache /
+    resolve (by attribute or imported name), a partition's client_on, a module's .cpu() / .cuda()."""
+    tree = ast.parse(path.read_text())
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("device")
+                for a in n.names if a.name in DEVICE_WORK}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and (f.attr in ("client_on", "cpu", "cuda") or
+                                             (f.attr in DEVICE_WORK and ast.unparse(f.value).endswith("device"))):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(f)}")
+        elif isinstance(f, ast.Name) and f.id in imported:
+            found.append(f"{path.name}:{node.lineno} {f.id}")
+    return found
+
+
+def test_the_default_device_scan_finds_each_kind():
+    src = ("def f(a, dev: torch.device = torch.device('cpu'), *, where='cuda:0', g: 'torch.device | None' = None):\n"
+           "    pass\n")
+    f = ast.parse(src).body[0].args
+    assert [names_a_device(d, a.annotation) for a, d in zip(f.args[1:] + f.kwonlyargs, f.defaults + f.kw_defaults)] == \
+        [True, True, False]
+
+
+def test_stages_never_move_tensors():
+    """The executors own the device (engine/placement.py): no stage module moves a tensor or decides a device."""
+    found = [w for p in sorted((PACKAGE / "stages").rglob("*.py")) for w in device_work(p)]
+    assert not found, f"device work in stages/: {found}"
+
+
+def test_one_place_decides_the_device():
+    calls = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") for w in device_work(p)
+             if w.endswith("resolve")}
+    assert calls == {"runtime.py"}, calls
+
+
+def test_the_device_work_scan_finds_each_kind(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from .. import device\nfrom ..device import to_host as th\n"
+                 "def u(ctx, dev):\n    x = device.move(ctx.x, dev)\n    d = ctx.part.client_on(0, dev)\n"
+                 "    ctx.model.cpu()\n    return th(x), device.resolve('auto'), device.RoundCache()\n")
+    assert [w.split()[1] for w in device_work(f)] == ["device.move", "ctx.part.client_on", "ctx.model.cpu", "th",
+                                                       "device.resolve", "device.RoundCache"]
+
+
+def names_a_device(default: ast.expr, annotation: ast.expr | None) -> bool:
+    """A default that is a device: torch.device(...), "cpu" / "cuda...", or any non-None value of a device-typed
+    parameter (None means "where the inputs are", which is no choice)."""
+    text = ast.unparse(default)
+    if "torch.device(" in text or (isinstance(default, ast.Constant) and str(default.value).startswith(("cpu", "cuda"))):
+        return True
+    return annotation is not None and "device" in ast.unparse(annotation) and text != "None"
+
+
+def test_no_default_device_in_a_signature():
+    """A device is the runtime's, never a parameter's silent default."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.args + node.args.kwonlyargs
+                defaults = dict(zip([a.arg for a in node.args.args][::-1], node.args.defaults[::-1]))
+                defaults |= {a.arg: d for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None}
+                found += [f"{p.name}:{node.lineno} {a.arg}" for a in args if a.arg in defaults
+                          and names_a_device(defaults[a.arg], a.annotation)]
+            elif isinstance(node, ast.AnnAssign) and "device" in ast.unparse(node.annotation) and node.value is not None:
+                found.append(f"{p.name}:{node.lineno} {ast.unparse(node.target)}")
+    assert not found, f"default devices: {found}"

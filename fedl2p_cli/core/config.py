@@ -32,12 +32,53 @@ UNIT = between(0, 1)                       # [0, 1]
 BELOW_1 = between(0, 1, hi_open=True)      # [0, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tag:
+    """How an option names a variant (`opt(..., tag=Tag(...))`): when its value differs from the option's declared
+    default and `when(owner)` holds (owner: the config holding the field), `word` joins the variant's name, placed by
+    `rank` among the other words. `word`: a format of the value (`"binit{v:g}"`), a dict value -> word, or a function
+    (value, owner) -> word."""
+    word: str | dict | Callable[[Any, Any], str]
+    rank: int
+    when: Callable[[Any], bool] | None = None
+
+    def spell(self, value: Any, owner: Any) -> str:
+        if callable(self.word):
+            return self.word(value, owner)
+        if isinstance(self.word, dict):
+            return self.word[value]
+        return self.word.format(v=value)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """The field's declared default (a fresh one for a default factory)."""
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def variant_words(cfg: Any) -> list[str]:
+    """The words naming `cfg`'s variant: one per tagged field (nested configs walked) whose value differs from its
+    declared default, in rank order."""
+    found: list[tuple[int, str]] = []
+
+    def walk(obj: Any) -> None:
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if dataclasses.is_dataclass(v):
+                walk(v)
+            elif (tag := f.metadata.get("tag")) and v != default_of(f) and (tag.when is None or tag.when(obj)):
+                found.append((tag.rank, tag.spell(v, obj)))
+    walk(cfg)
+    return [w for _, w in sorted(found, key=lambda rw: rw[0])]
+
+
 def opt(default: Any, help: str = "", *meta: dict, **extra: Any) -> Any:
     """A config field: its default (a list or dict is copied for each instance), help text and metadata dicts (a
     range such as `POSITIVE`). Keywords: `option` (the flag's spelling when it is not --field-name), `short` (e.g.
     "-k"), `flag` (a bool without its --no- form), `envvar`, `path` (a str the CLI takes as a path), `cli=False`
     (not a command-line option), `identity_default` (left out of the artifact id at its default: an option added
-    after artifacts existed)."""
+    after artifacts existed), `tag` (a `Tag`: the word this option adds to a variant's name)."""
     md: dict = {"help": help}
     for m in meta:
         md |= m

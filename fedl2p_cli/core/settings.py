@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, between, opt
+from .config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, UNIT, Tag, between, opt
 
 MetaGrad = Literal["ift", "fomaml"]
 IftAt = Literal["star", "last-step"]
@@ -28,6 +28,11 @@ DEFAULT_ETA_GRAD = "last-step"  # the learned LRs' meta-gradient through the las
 LEGACY_IFT = {"psi_power": 0, "scale_by_psi": False}  # the paper's Alg. 2 literally: the IFT defaults before the fix
 
 
+def _ift(m: "MetaConfig") -> bool:
+    """The IFT's own options name a variant only under the IFT (FOMAML+ ignores them)."""
+    return m.meta_grad == "ift"
+
+
 @dataclass(kw_only=True)
 class MetaConfig:
     """The client update's settings (Alg. 1 lines 6-12, Alg. 2, App. E): every `fedl2p meta-train` option of the
@@ -41,41 +46,52 @@ class MetaConfig:
     psi: float = opt(0.1, "psi: Neumann step size (Alg. 2).", POSITIVE)
     psi_power: int = opt(DEFAULT_PSI_POWER, "Krylov products for lambda_max (the series reuses them); psi = min(--psi, "
                                             "0.5/lambda_max). 0: the paper's fixed psi. See docs/explanation/ift.md.",
-                                            NON_NEGATIVE)
+                                            NON_NEGATIVE,
+                          tag=Tag(lambda v, m: "psifixed" if v == 0 else f"psipow{v}", 40, _ift))
     eta_bound: float = opt(DEFAULT_ETA_BOUND, "IFT only: keep every eta~ within [base LR / B, base LR x B] after each "
                                               "meta-step; 0: unbounded (the paper). See docs/explanation/ift.md.",
-                                              NON_NEGATIVE)
+                                              NON_NEGATIVE, tag=Tag("etab{v:g}", 60, _ift))
     eta_grad: EtaGrad = opt(DEFAULT_ETA_GRAD, "IFT only: the learned LRs' meta-gradient: last-step = through the last "
-                                              "fine-tuning step | ift = Alg. 2's implicit term. See docs/explanation/ift.md.")
+                                              "fine-tuning step | ift = Alg. 2's implicit term. See docs/explanation/ift.md.",
+                            tag=Tag("eta{v}", 70, _ift))
     scale_by_psi: bool = opt(True, "Multiply the Neumann sum p by psi (Lorraine et al.), so p -> H^-1 v; "
-                                   "--no-scale-by-psi: the paper's Alg. 2.")
-    meta_grad: MetaGrad = opt("ift", "ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F).")
+                                   "--no-scale-by-psi: the paper's Alg. 2.", tag=Tag("unscaled", 50, _ift))
+    meta_grad: MetaGrad = opt("ift", "ift (implicit function theorem, Alg. 2) | fomaml (FOMAML+, App. F).",
+                             tag=Tag("fomaml", 10))
     hessian: Hessian = opt("fo", "fo = Hessian of CE at theta', inner gradient held constant (~10x an SGD step) | "
-                                 "exact = full Hessian of Eq. 9-10 (~30-40x).")
+                                 "exact = full Hessian of Eq. 9-10 (~30-40x).",
+                           tag=Tag("exact", 20, lambda m: m.meta_grad != "fomaml"))
     fixed_beta: float = opt(1.0, "Fixed beta when BNNet is off (1: client statistics, 0: pretrained).", UNIT, option="--beta")
-    lr_bnnet: float = opt(DEFAULT_META_LR["bnnet"], "SGD learning rate of BNNet.", NON_NEGATIVE)
-    lr_lrnet: float = opt(DEFAULT_META_LR["lrnet"], "SGD learning rate of LRNet.", NON_NEGATIVE)
-    lr_eta: float = opt(DEFAULT_META_LR["eta"], "SGD learning rate of eta~.", NON_NEGATIVE)
+    lr_bnnet: float = opt(DEFAULT_META_LR["bnnet"], "SGD learning rate of BNNet.", NON_NEGATIVE,
+                           tag=Tag("bnnetlr{v:g}", 190))
+    lr_lrnet: float = opt(DEFAULT_META_LR["lrnet"], "SGD learning rate of LRNet.", NON_NEGATIVE,
+                           tag=Tag("lrnetlr{v:g}", 200))
+    lr_eta: float = opt(DEFAULT_META_LR["eta"], "SGD learning rate of eta~.", NON_NEGATIVE,
+                         tag=Tag("etalr{v:g}", 210))
     client_bn: ClientBNMode = opt("precise", "Client BN statistics after fine-tuning: precise = recomputed under the "
-                                             "fine-tuned weights (not in the paper) | running = the paper's.")
+                                             "fine-tuned weights (not in the paper) | running = the paper's.",
+                                tag=Tag("runningbn", 140))
     hidden_bias: HiddenBias = opt("paper", "Meta-net biases: paper = every bias 0.5 (BNNet) / 1.0 (LRNet), as App. E | "
-                                           "zero = hidden biases 0 (an ablation).")
+                                           "zero = hidden biases 0 (an ablation).", tag=Tag("zerobias", 110))
     # the options below were added after artifacts existed: left out of the artifact id at their defaults
     beta_init: float = opt(0.5, "Every client's initial beta, BNNet's bias constant (App. E: 0.5). Try 0.9 where BN C "
-                                "beats BN G. See docs/method/fedl2p.md.", UNIT, identity_default=True)
+                                "beats BN G. See docs/method/fedl2p.md.", UNIT, identity_default=True,
+                            tag=Tag("binit{v:g}", 120))
     init_gain: float = opt(0.1, "Xavier gain of the meta-nets' weights (App. E: 0.1); a larger gain lets them tell "
-                                "clients apart from the start.", POSITIVE, identity_default=True)
+                                "clients apart from the start.", POSITIVE, identity_default=True,
+                            tag=Tag("gain{v:g}", 130))
     ift_at: IftAt = opt("star", "Where the IFT differentiates L_T (Eq. 9-10): star = at theta* plus one step | "
-                                "last-step = the last fine-tuning step (authors' code).", identity_default=True)
+                                "last-step = the last fine-tuning step (authors' code).", identity_default=True,
+                        tag=Tag("laststep", 150, _ift))
     val_stats: EvalStats = opt("running", "Validation-loss BN statistics: running = beta mixes the client's (the "
                                           "paper) | test-batch = each batch's, for --eval-stats test-batch.",
-                               identity_default=True)
+                               identity_default=True, tag=Tag("valtbs", 160))
     eta_nonneg: bool = opt(False, "Clamp eta~ at 0 (straight-through): a tensor pushed below 0 is frozen instead of "
                                   "trained by gradient ascent. Not in the paper.",
-                           flag=True, identity_default=True)
+                           flag=True, identity_default=True, tag=Tag("etapos", 170))
     beta_output: BetaOutput = opt("ste-clamp", "How BNNet's output becomes beta: ste-clamp = clamp to [0, 1], "
                                                "straight-through gradient (App. E) | sigmoid = a logistic output.",
-                                               identity_default=True)
+                                               identity_default=True, tag=Tag("sigmoid", 180))
 
     @property
     def meta_lrs(self) -> dict[str, float]:

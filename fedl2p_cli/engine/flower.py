@@ -47,7 +47,8 @@ def unrecord(content) -> Any:
 
 
 def client_app(build: Callable[..., Any], args: tuple, update: Callable):
-    """A ClientApp that runs `update(context, task)`; `context = build(*args)` once per process."""
+    """A ClientApp that runs `update(context, task)` on its device; `build(*args)` (`workers.on_runtime`: the context
+    placed on the runtime's device) once per process."""
     from flwr.app import Message
     from flwr.clientapp import ClientApp
     app = ClientApp()
@@ -59,7 +60,7 @@ def client_app(build: Callable[..., Any], args: tuple, update: Callable):
         key = (build.__module__, build.__qualname__, repr(args))
         if key not in _CONTEXTS:
             _CONTEXTS[key] = build(*args)
-        return Message(records(update(_CONTEXTS[key], unrecord(msg.content))), reply_to=msg)
+        return Message(records(_CONTEXTS[key](update, unrecord(msg.content))), reply_to=msg)
 
     return app
 

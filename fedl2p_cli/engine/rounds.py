@@ -12,12 +12,15 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 from ..core.client import Timer
 from ..core.settings import RoundPolicy
 from ..errors import FedL2PError
 from .loop import Checkpoint, LoopState
+
+if TYPE_CHECKING:
+    from .placement import OnDevice
 
 class Task(Protocol):
     """What a round's client receives: each strategy's own dataclass (MetaTask, LocalTask, ...), naming its client."""
@@ -106,9 +109,12 @@ class RoundStrategy(Protocol):
         """What the progress bar shows after a round."""
 
 
-def in_process(fn: Callable[..., Any]) -> Executor:
-    """Run every task in this process, in order."""
-    return lambda tasks: [fn(t) for t in tasks]
+def in_process(fn: Callable[..., Any], placed: "OnDevice | None" = None) -> Executor:
+    """Run every task in this process, in order: `fn(task)`, or with `placed` (an `engine.placement.OnDevice`)
+    `fn(context, task)` with the task on the context's device and the result back on the host."""
+    if placed is None:
+        return lambda tasks: [fn(t) for t in tasks]
+    return lambda tasks: [placed(fn, t) for t in tasks]
 
 
 def client_name(strategy: RoundStrategy, c: int, bare: bool = False) -> str:

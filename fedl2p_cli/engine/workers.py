@@ -19,34 +19,39 @@ from typing import TYPE_CHECKING, Any, Callable
 from .rounds import Failed
 
 if TYPE_CHECKING:
+    import torch
+
     from ..runtime import Runtime
+    from .placement import OnDevice
 
 _BROKEN = object()  # a task the executor lost when a worker died (not necessarily this task's worker)
 _CONTEXT: Any = None
 _UPDATE: Callable | None = None
 
 
-def _init(build: Callable[..., Any], args: tuple, update: Callable) -> None:
+def _init(build: Callable[..., Any], args: tuple, update: Callable, dev: str) -> None:
     global _CONTEXT, _UPDATE
     import torch
+
+    from .placement import placed
     torch.set_num_threads(1)
-    _CONTEXT, _UPDATE = build(*args), update
+    _CONTEXT, _UPDATE = placed(build(*args), torch.device(dev)), update
 
 
-def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> Any:
-    """`build(*args, runtime)` after applying the parent's runtime (received whole, as a dict): how a worker process
-    or ClientApp makes the same choices (device, determinism, one torch thread)."""
+def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> "OnDevice":
+    """`build(*args, runtime)` after applying the parent's runtime (received whole, as a dict), placed on the
+    runtime's device: how a worker process or ClientApp makes the same choices (device, determinism, one torch
+    thread)."""
     from .. import plugins
-    from ..device import resolve
     from ..runtime import Runtime
-    rt = Runtime.from_dict(runtime)
-    rt = rt.replace(device=str(resolve(rt.device))).apply(threads=1)
+    from .placement import OnDevice
+    rt = Runtime.from_dict(runtime).resolved().apply(threads=1)
     plugins.load(list(rt.plugins), "the parent process's plugins")
-    return build(*args, rt)
+    return OnDevice(build(*args, rt), rt.torch_device)
 
 
 def _run(task: Any) -> Any:
-    return _UPDATE(_CONTEXT, task)
+    return _CONTEXT(_UPDATE, task)
 
 
 def _ready() -> int:
@@ -56,18 +61,21 @@ def _ready() -> int:
 
 
 class ClientPool:
-    """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context` (an
-    error there is a bug and propagates). With worker processes, a client whose worker dies (killed, out of memory),
-    raises, or does not answer within `timeout` seconds comes back as `Failed(reason)`, and the round's policy
-    decides (engine.rounds.RoundPolicy); the pool is then started afresh, since a dead or hung worker cannot be
-    reused. (A multiprocessing.Pool would lose a dead worker's task and wait for it forever.)"""
+    """`map(tasks)` -> results in task order. With workers == 1 it runs in this process on `local_context`, placed
+    on `dev` (an error there is a bug and propagates); worker processes place their own (`on_runtime`). With worker
+    processes, a client whose worker dies (killed, out of memory), raises, or does not answer within `timeout`
+    seconds comes back as `Failed(reason)`, and the round's policy decides (engine.rounds.RoundPolicy); the pool is
+    then started afresh, since a dead or hung worker cannot be reused. (A multiprocessing.Pool would lose a dead
+    worker's task and wait for it forever.)"""
 
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-                 timeout: float | None = None):
-        self.update, self.local, self.timeout = update, local_context, timeout
+                 dev: "torch.device", timeout: float | None = None):
+        from .placement import placed
+        self.update, self.timeout = update, timeout
+        self.local = placed(local_context, dev) if workers == 1 else None
         self.workers = workers
         self._executor = lambda: ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                                     initargs=(build, args, update))
+                                                     initargs=(build, args, update, str(dev)))
         self.pool = self._start() if workers > 1 else None
 
     def _start(self) -> ProcessPoolExecutor:
@@ -83,7 +91,7 @@ class ClientPool:
 
     def map(self, tasks: list[Any]) -> list[Any]:
         if self.pool is None:
-            return [self.update(self.local, t) for t in tasks]
+            return [self.local(self.update, t) for t in tasks]
         out = self._batch(tasks)
         # a dying worker breaks the whole executor: every unfinished client re-runs alone in a fresh pool, so the one
         # whose update kills its worker fails by itself and the others still answer
@@ -143,4 +151,4 @@ def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update
     if runtime.engine == "flower":
         from .flower import FlowerPool
         return FlowerPool(runtime.workers, on_runtime, args, update, nodes, runtime.gpus_per_client, runtime.timeout())
-    return ClientPool(runtime.workers, on_runtime, args, update, local_context, runtime.timeout())
+    return ClientPool(runtime.workers, on_runtime, args, update, local_context, runtime.torch_device, runtime.timeout())

@@ -14,7 +14,7 @@ Layout (readable with plain h5py):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import h5py
@@ -68,15 +68,19 @@ class Partition:
             self._cache[c] = self._slice(c, self.images, self.labels)
         return self._cache[c]
 
+    def on_device(self, device: torch.device) -> "Partition":
+        """This partition as an executor places it on `device` (engine/placement.py): its uint8 pixels and labels
+        copied there once, so each client's tensors are sliced and normalised there (no host traffic per update)."""
+        return replace(self, images=self.images.to(device), labels=self.labels.to(device), _cache={})
+
     def client_on(self, c: int, device: torch.device) -> ClientData:
-        """Client `c`'s tensors on `device`. The CPU: `client(c)`. A GPU: the partition's uint8 pixels go to the
-        device once per process, and each call slices and normalises them there (no host traffic per update)."""
+        """Client `c`'s tensors on `device`, for a plugin system that places its own tensors (the package's own
+        stages read a partition an executor placed)."""
         if device.type == "cpu":
             return self.client(c)
-        key = f"on:{device}"
-        if key not in self._cache:
-            self._cache[key] = (self.images.to(device), self.labels.to(device))
-        return self._slice(c, *self._cache[key])
+        if (key := f"on:{device}") not in self._cache:
+            self._cache[key] = self.on_device(device)
+        return self._cache[key].client(c)
 
     def _slice(self, c: int, images: torch.Tensor, labels: torch.Tensor) -> ClientData:
         o = self.offsets[c]

@@ -70,7 +70,7 @@ def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: 
 
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, parents["pretrain"])
-        h = Harness(model, state, part, table, runtime.torch_device, cfg.epochs, cfg.batch_size)
+        h = Harness.on(runtime.torch_device, model, state, part, table, cfg.epochs, cfg.batch_size)
         sc = scores(cfg, h, clients, grid, progress or NoProgress())
         domain = np.asarray(part.domain[clients])
         used = sorted(set(domain.tolist()))

@@ -105,7 +105,7 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         _, part = partition_stage.load(store, art.parents["partition"])
         pc = art.config
         base_lr = float(pc["base_lr"])
-        h = Harness(model, state, part, table, runtime.torch_device, int(pc["epochs"]), int(pc["batch_size"]),
+        h = Harness.on(runtime.torch_device, model, state, part, table, int(pc["epochs"]), int(pc["batch_size"]),
                     pc.get("client_bn", "precise"))
         per_client = [combos(r.beta[method][j], r.eta[method][j], b_fixed, base_lr, cfg.eta_scales, cfg.layer_betas)
                       for j in range(len(r.client))]

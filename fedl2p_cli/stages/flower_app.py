@@ -21,14 +21,16 @@ from pathlib import Path
 
 import torch
 
-from .. import device, plugins
+from .. import plugins
 from ..algorithms.fedl2p import MetaConfig, client_update
 from ..core.client import ClientData
 from ..core.finetune import ClientBN
 from ..core.functional import set_state
 from ..core.stats import client_stats
+from ..device import ENV as DEVICE_ENV
 from ..engine.flower import exchange, records, unrecord, wait_nodes
 from ..engine.loop import Checkpoint, generator
+from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
@@ -127,28 +129,30 @@ def site_code(spec: dict, node_config) -> list[str]:
 def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_dict: dict, runtime: Runtime,
                 node_config=None):
     """One site's meta-train client update, from its own data and statistics, on the runtime's device (the site's own:
-    `site_runtime`). The reply goes back from the CPU."""
+    `site_runtime`), where the executor puts the site's model, data and the server's message; the reply goes back
+    from the CPU."""
     runtime.apply(threads=1)
-    dev = runtime.torch_device
     plugins.load(site_code(spec, node_config or {}), "the run config's plugins")  # a site knows the server's models
     c, data = load_site(folder)
     model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])
     set_state(model, theta)
-    model.to(dev).eval()
-    data, theta, lam = device.move((data, theta, lam), dev)
-    st = client_stats(model, data.train[0])
-    theta_g = {n: theta[n] for n, _ in model.named_parameters()}
     meta = MetaConfig(**cfg_dict["meta"])
-    return device.to_host(mt.guarded(c, lambda timer: client_update(
-        model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
-        generator(cfg_dict["seed"], rnd, c), timer)))
+
+    def update(site: tuple, sent: tuple) -> mt.MetaReply:
+        (model, data), (theta, lam) = site, sent
+        st = client_stats(model, data.train[0])
+        theta_g = {n: theta[n] for n, _ in model.named_parameters()}
+        return mt.guarded(c, lambda timer: client_update(
+            model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
+            generator(cfg_dict["seed"], rnd, c), timer))
+    return OnDevice((model.eval(), data), runtime.torch_device)(update, (theta, lam))
 
 
 def site_runtime(sent: dict, node_config) -> Runtime:
     """The runtime the server sent, on the site's own device: the SuperNode's node-config `device`, else its
     FEDL2P_DEVICE, else auto."""
-    where = str(node_config.get("device", os.environ.get(device.ENV, "auto")))
-    return Runtime.from_dict(sent).replace(device=str(device.resolve(where)))
+    where = str(node_config.get("device", os.environ.get(DEVICE_ENV, "auto")))
+    return Runtime.from_dict(sent).replace(device=where).resolved()
 
 
 def build_client_app(reply=None):

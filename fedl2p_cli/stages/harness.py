@@ -1,21 +1,22 @@
 """The personalisation harness: what `personalize`, `analyze beta-grid`, `analyze decompose` and the bench scripts
-share when they fine-tune clients of a pretrained model. The model and its parameters go to the runtime's device
-once; a client's data and statistics go there once (`client`); every fine-tuning of client c with seed s draws its
+share when they fine-tune clients of a pretrained model. The executor's placement (`Harness.on`) puts the model, its
+parameters, the clients and their statistics on the runtime's device once, and each strategy there as it is
+fine-tuned (`place`); every fine-tuning of client c with seed s draws its
 batches from one named stream (`batches(seed, c)`), so every method, strategy and analysis of a client and seed sees
 the same batches and their accuracies are paired."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .. import device
 from ..core.client import ClientData
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
 from ..engine.loop import generator
+from ..engine.placement import OnDevice
 from ..io.stats_h5 import StatsTable
 from .pretrain import global_accuracy
 
@@ -54,23 +55,39 @@ class Trial:
         return self.scores[split, stats]
 
 
+def _unplaced(obj: Any) -> Any:
+    raise RuntimeError("a Harness computes where an executor placed it: build it with Harness.on(device, ...)")
+
+
 @dataclass
 class Harness:
-    """A pretrained model on `dev` (eval mode) with its parameters `theta`, the clients (`part`) and their statistics
-    (`table`), and the fine-tuning budget every strategy shares."""
+    """A pretrained model (eval mode) with its parameters `theta`, the clients (`part`) and their statistics
+    (`table`), and the fine-tuning budget every strategy shares; built by `on`, on a device."""
     model: torch.nn.Module
     state: dict
     part: object
     table: StatsTable
-    dev: torch.device
     epochs: int
     batch_size: int
     client_bn: str = "precise"
     theta: dict = field(init=False)
+    place: Callable[[Any], Any] = field(default=_unplaced, init=False, repr=False)  # a call's own inputs -> the device
 
     def __post_init__(self) -> None:
-        self.model.to(self.dev).eval()
-        self.theta = device.move({n: self.state[n] for n, _ in self.model.named_parameters()}, self.dev)
+        self.model.eval()
+        self.theta = {n: self.state[n] for n, _ in self.model.named_parameters()}
+
+    @classmethod
+    def on(cls, dev: torch.device, *args: Any, **kw: Any) -> "Harness":
+        """The harness the executor's placement puts on `dev` (engine/placement.py)."""
+        on = OnDevice(cls(*args, **kw), dev)
+        on.context.place = on.move
+        return on.context
+
+    @property
+    def dev(self) -> torch.device:
+        """Where the harness computes: its parameters' device."""
+        return next(iter(self.theta.values())).device
 
     @property
     def n_bn(self) -> int:
@@ -81,7 +98,7 @@ class Harness:
         return len(self.theta)
 
     def client(self, c: int) -> Client:
-        return Client(c, self.part.client_on(c, self.dev), device.move(self.table.client_bn(c), self.dev))
+        return Client(c, self.part.client(c), self.table.client_bn(c))
 
     def global_accuracy(self, client: Client) -> float:
         """The pretrained model's test accuracy on the client (no fine-tuning)."""
@@ -90,9 +107,9 @@ class Harness:
         return acc
 
     def finetune(self, client: Client, strategy: Strategy, seed: int) -> Trial:
-        """`epochs` of fine-tuning of the pretrained parameters under `strategy` (moved to the device), batches from
+        """`epochs` of fine-tuning of the pretrained parameters under `strategy` (placed on the device), batches from
         the client's stream for `seed`."""
-        s = device.move(strategy, self.dev)
+        s = self.place(strategy)
         ft = finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
                       batches(seed, client.id), self.client_bn)
         return Trial(self, client, s, ft)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from ..core.settings import RoundPolicy
-from .. import device, methods
+from .. import methods
 from ..runtime import Runtime
 from ..configs import MetaTrainConfig
 from ..core.config import validate
@@ -23,6 +23,7 @@ from ..core.settings import LEGACY_IFT
 from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
                              normalize_inputs)
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
+from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
@@ -47,7 +48,7 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
 
 @dataclass
 class Context:
-    """What every client update needs, built once per run."""
+    """What every client update needs, built once per run (on the CPU; an executor places it on its device)."""
 
     model: torch.nn.Module
     theta_g: dict
@@ -55,19 +56,15 @@ class Context:
     stats: StatsTable
     cfg: MetaTrainConfig
     norm: dict | None = None  # input standardisation, from the seen clients (None: raw inputs, as the paper)
-    dev: torch.device = torch.device("cpu")  # where client updates compute; model and theta_g live there
-    lam_cache: device.RoundCache = field(default_factory=device.RoundCache)
 
     def inputs(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         return normalize_inputs(self.norm, *self.stats.inputs(c))
 
     def update(self, c: int, lam: Lambda, gen: torch.Generator, timer: Timer) -> ClientResult:
-        """One client's update on the context's device; its result comes back on the CPU."""
-        dev = self.dev
-        xi, x = device.move(self.inputs(c), dev)
-        r = client_update(self.model, self.theta_g, self.lam_cache.get(lam, dev), xi, x,
-                          device.move(self.stats.client_bn(c), dev), self.part.client_on(c, dev), self.cfg.meta, gen, timer)
-        return device.to_host(r)
+        """One client's update, where the context and `lam` are (the executor put them there)."""
+        xi, x = self.inputs(c)
+        return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
+                             self.cfg.meta, gen, timer)
 
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
@@ -114,21 +111,19 @@ def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float | Non
 
 def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig,
                  runtime: Runtime, table: StatsTable | None = None) -> Context:
-    """Everything a client update reads, from the store, on the runtime's device (also each worker's initializer;
-    `table`: the statistics the caller already loaded)."""
+    """Everything a client update reads, from the store (also each worker's initializer; `table`: the statistics the
+    caller already loaded). `runtime` is the builder's signature the executors call; the executor places it."""
     store = Store(root)
     _, part = partition_stage.load(store, partition_id)
     _, model, state = pretrain_stage.load(store, pretrain_id)
     if table is None:
         _, table = stats_stage.load(store, stats_id)
-    dev = runtime.torch_device
-    model.to(dev)
-    theta_g = device.move({n: state[n] for n, _ in model.named_parameters()}, dev)
+    theta_g = {n: state[n] for n, _ in model.named_parameters()}
     norm = None
     if cfg.input_norm == "standardize":
         rows = [table.row(c) for c in part.pool(False)]
         norm = input_normalizer(table.xi[rows], table.x[rows])
-    return Context(model, theta_g, part, table, cfg, norm, dev)
+    return Context(model, theta_g, part, table, cfg, norm)
 
 
 @dataclass
@@ -268,10 +263,11 @@ def kept_round_text(cfg: MetaTrainConfig, extra: dict, rounds_run: int) -> str:
     return "the initial lambda" if r == 0 else f"the lambda broadcast in round {r} (lowest validation loss)"
 
 
-def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> tuple[Lambda, list[dict], dict]:
-    """L2P: each seen client runs the same number of meta-iterations it would get in expectation, alone.
-    Checkpointed after every client (`next_round` counts finished clients)."""
-    cfg = ctx.cfg
+def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, dev: torch.device
+          ) -> tuple[Lambda, list[dict], dict]:
+    """L2P: each seen client runs the same number of meta-iterations it would get in expectation, alone, in this
+    process on `dev`. Checkpointed after every client (`next_round` counts finished clients)."""
+    cfg, on = ctx.cfg, OnDevice(ctx, dev)
     seen = ctx.part.pool(False)
     steps = max(1, round(cfg.rounds * cfg.fraction))
     st = ckpt.load() or LoopState(0, {}, extra={"diverged": []})
@@ -283,7 +279,7 @@ def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress) -> t
         for s in range(steps):
             timer, t0 = Timer(), time.perf_counter()
             try:
-                r = ctx.update(c, lam, generator(cfg.seed, s, c), timer)
+                r = on(lambda cx, lm: cx.update(c, lm, generator(cfg.seed, s, c), timer), lam)
             except Diverged as e:
                 diverged.append(f"client {c} step {s + 1}: {e}")
                 break
@@ -340,7 +336,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             ckpt.clear()
         source = None if cfg.local else extend(store, ckpt, config, parents, cfg.rounds)
         if cfg.local:
-            lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress())
+            lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress(), runtime.torch_device)
         else:
             with open_pool(runtime, make_context, (*ids, cfg), client_task, ctx, len(part.pool(False))) as pool:
                 lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool, runtime.policy())

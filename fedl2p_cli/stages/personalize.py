@@ -18,10 +18,11 @@ from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PersonalizeConfig
 from ..core import metanets
-from ..core.config import validate
+from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
 from ..core.metanets import normalize_inputs
 from ..engine.loop import group_of
+from ..engine.placement import OnDevice
 from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
@@ -152,8 +153,8 @@ class Setup:
         _, lam, norm = meta_stage.load_lambda(self.store, art.id)
         check_shapes(art, lam, self.table)
         nets = MetaNets(lam, MetaConfig(**art.config["meta"]), norm, bool(art.config.get("local")))
-        suffix = "-tbs" if self.cfg.eval_stats == "test-batch" else ""  # its rows must not pass for the paper's inference
-        return self.row(art.metrics["variant"] + suffix, method, art, nets)
+        # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
+        return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
     def learned_strategy(self, row: Row, c: int) -> Strategy | None:
         """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
@@ -179,7 +180,7 @@ class Setup:
     def pfl_row(self, method: methods.System, art: Artifact) -> Row:
         if art.parents.get("partition") != self.partition_id:
             raise FedL2PError(f"pfl artifact {art.id} was trained on partition {art.parents.get('partition')}, not {self.partition_id}")
-        return self.row(method.name, method, art, pfl_stage.to_device(pfl_stage.load(self.store, art.id), self.dev))
+        return self.row(method.name, method, art, OnDevice(pfl_stage.load(self.store, art.id), self.dev).context)
 
 
 def canonical(rows: list[Row]) -> list[Row]:
@@ -350,7 +351,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
 
     def build(draft: Draft) -> None:
         _, model, state = pretrain_stage.load(store, pre_art.id)
-        h = Harness(model, state, part, table, setup.dev, cfg.epochs, cfg.batch_size, cfg.client_bn)
+        h = Harness.on(setup.dev, model, state, part, table, cfg.epochs, cfg.batch_size, cfg.client_bn)
         methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
         results_h5.write(draft.path("results.h5"), r)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import device, plugins
+from .. import plugins
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate
@@ -75,14 +75,6 @@ class Trained:
     cfg: PFLConfig
     num_classes: int
     state: Any
-
-
-def to_device(t: Trained, dev: torch.device) -> Trained:
-    """A trained system with its model and tensors on `dev` (a CPU one is returned as it is)."""
-    if dev.type == "cpu":
-        return t
-    t.model.to(dev)
-    return device.move(t, dev)
 
 
 def load(store: Store, ref: str | None) -> Trained:

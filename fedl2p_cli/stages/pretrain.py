@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .. import device, plugins
+from .. import plugins
 from ..algorithms.local import LocalConfig
 from ..catalog import PretrainAlgo
 from ..runtime import Runtime
@@ -19,6 +19,7 @@ from ..configs import PretrainConfig
 from ..core.config import validate
 from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
+from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..engine.workers import open_pool
 from ..errors import FedL2PError
@@ -86,31 +87,49 @@ class LocalTask:
 
 @dataclass
 class LocalResult:
-    """A client's new local state (on the CPU), its sample count and mean training loss."""
+    """A client's new local state, its sample count and mean training loss."""
     state: dict
     n: int
     loss: float
 
 
+@dataclass
+class PretrainClient:
+    """What a client's local update reads, built once per process (the executor places it on its device)."""
+    model: torch.nn.Module
+    part: Partition
+    algo: str
+    local: LocalConfig
+    seed: int
+
+
+@dataclass
+class Evaluation:
+    """The global model's test data per pool (None: no unseen clients), evaluated on the runtime's device."""
+    model: torch.nn.Module
+    tests: dict
+
+
+def pool_accuracies(ev: Evaluation, state: dict) -> dict:
+    return {f"{pool}_acc": global_accuracy(ev.model, state, *data) for pool, data in ev.tests.items() if data is not None}
+
+
 class PretrainStrategy:
-    """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule."""
+    """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule (in
+    this process, on `dev`)."""
 
     def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module, dev: torch.device):
-        self.dev = dev
-        self.cfg, self.part, self.model = cfg, part, model.to(self.dev)
+        self.cfg, self.part, self.model = cfg, part, model
         self.label = f"pretrain {cfg.algo}"
         self.seen, unseen = part.pool(False), part.pool(True)
         for c in self.seen:  # build every client's tensors once, before the rounds
             part.client(c)
-        self.tests = device.move({"seen": pool_tensors(part, self.seen, "test"),
-                                  "unseen": pool_tensors(part, unseen, "test") if unseen else None}, self.dev)
-        self.state_cache = device.RoundCache()
-        self.algo = algorithm(cfg.algo)
-        self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size, head=registry.head_prefix(model),
-                                 freeze_head=self.algo.freeze_head, pf_alpha=cfg.pf_alpha)
+        self.evaluate = OnDevice(Evaluation(model, {"seen": pool_tensors(part, self.seen, "test"),
+                                                    "unseen": pool_tensors(part, unseen, "test") if unseen else None}), dev)
+        self.client = client_of(cfg, part, model)
 
     def initial_state(self) -> LoopState:
-        return LoopState(0, device.to_host(get_state(self.model)))
+        return LoopState(0, get_state(self.model))
 
     def stop(self, st: LoopState) -> bool:
         return False
@@ -119,22 +138,13 @@ class PretrainStrategy:
         lr = step_lr(self.cfg.lr, rnd, self.cfg.rounds)
         return [LocalTask(st.tensors, c, lr, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
-    def client(self, task: LocalTask) -> LocalResult:
-        """One client's local update on this process's device; the new state comes back on the CPU."""
-        x, y = self.part.client_on(task.client, self.dev).train
-        new, loss = self.algo.client(self.model, self.state_cache.get(task.state, self.dev), x, y, task.lr,
-                                              self.local, generator(self.cfg.seed, task.round, task.client))
-        return LocalResult(device.to_host(new), len(y), loss)
-
     def aggregate(self, st: LoopState, rnd: int, tasks: list[LocalTask], results: list[LocalResult], timer: Timer) -> dict:
         with timer.section("aggregate"):
             st.tensors = weighted_average([r.state for r in results], [r.n for r in results])
         rec = {"round": rnd + 1, "lr": tasks[0].lr, "train_loss": sum(r.loss for r in results) / len(results)}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
             with timer.section("eval"):
-                for pool, data in self.tests.items():
-                    if data is not None:
-                        rec[f"{pool}_acc"] = global_accuracy(self.model, st.tensors, *data)
+                rec |= self.evaluate(pool_accuracies, st.tensors)
         return rec | {f"{k}_s": v for k, v in timer.t.items()}
 
     def progress_info(self, rec: dict, st: LoopState) -> dict:
@@ -150,13 +160,25 @@ def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
     return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]))
 
 
-def worker_strategy(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainStrategy:
-    """A worker's own strategy (model, client data), built once from the store in its initializer."""
-    return make_strategy(cfg, partition_stage.load(Store(root), partition_id)[1], runtime)
+def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module) -> PretrainClient:
+    algo = algorithm(cfg.algo)
+    return PretrainClient(model, part, cfg.algo, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                                                            head=registry.head_prefix(model),
+                                                            freeze_head=algo.freeze_head, pf_alpha=cfg.pf_alpha), cfg.seed)
 
 
-def client_task(strategy: PretrainStrategy, task: LocalTask) -> LocalResult:
-    return strategy.client(task)
+def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainClient:
+    """A worker's own client context (model, client data), built once from the store in its initializer."""
+    part = partition_stage.load(Store(root), partition_id)[1]
+    return client_of(cfg, part, build_model(cfg, part))
+
+
+def client_task(ctx: PretrainClient, task: LocalTask) -> LocalResult:
+    """One client's local update, where the executor placed the context and the task."""
+    x, y = ctx.part.client(task.client).train
+    new, loss = algorithm(ctx.algo).client(ctx.model, task.state, x, y, task.lr, ctx.local,
+                                           generator(ctx.seed, task.round, task.client))
+    return LocalResult(new, len(y), loss)
 
 
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress,
@@ -164,7 +186,7 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
     """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
     strategy = make_strategy(cfg, part, runtime)
     executor = runtime if where else runtime.replace(workers=1, engine="local")
-    with open_pool(executor, worker_strategy, (*(where or ("", "")), cfg), client_task, strategy,
+    with open_pool(executor, worker_client, (*(where or ("", "")), cfg), client_task, strategy.client,
                    len(strategy.seen)) as pool:
         st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, runtime.policy())
     return st.tensors, st.history

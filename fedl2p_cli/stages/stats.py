@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,19 +17,31 @@ from ..io import stats_h5
 from ..models.registry import param_names
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
-from .. import device
+from ..engine.placement import OnDevice
 from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
-def compute(model: torch.nn.Module, part, clients: list[int], batch_size: int, progress: Progress) -> dict:
-    """Every client's statistics on the model's device (its train split only), gathered on the CPU."""
-    dev, rows = next(model.parameters()).device, []
+@dataclass
+class Forward:
+    """What the statistics read: the pretrained model and the clients (placed on the device by the executor)."""
+    model: torch.nn.Module
+    part: object
+
+
+def chunk_stats(ctx: Forward, task: tuple[list[int], int]) -> list:
+    chunk, batch_size = task
+    return many_client_stats(ctx.model, [ctx.part.client(c).train[0] for c in chunk], batch_size)
+
+
+def compute(model: torch.nn.Module, part, clients: list[int], batch_size: int, progress: Progress,
+            dev: torch.device) -> dict:
+    """Every client's statistics (its train split only), computed on `dev` and gathered on the CPU."""
+    on, rows = OnDevice(Forward(model, part), dev), []
     progress.start("client statistics", len(clients))
     for s in range(0, len(clients), 64):  # chunks, so the bar moves; equal-sized clients share forward passes
         chunk = clients[s:s + 64]
-        xs = [part.client_on(c, dev).train[0] for c in chunk]
-        rows += [device.to_host(r) for r in many_client_stats(model, xs, batch_size)]
+        rows += on(chunk_stats, (chunk, batch_size))
         progress.advance(len(chunk))
     progress.stop()
     return {"x": torch.stack([r.x for r in rows]), "xi": torch.stack([r.xi for r in rows]),
@@ -61,8 +74,7 @@ def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretra
         _, model, _ = pretrain_stage.load(store, pre_art.id)
         check_fit(model, part)
         clients = list(range(part.num_clients))
-        cols = compute(model.to(runtime.torch_device), part, clients, cfg.batch_size, progress or NoProgress())
-        model.cpu()
+        cols = compute(model, part, clients, cfg.batch_size, progress or NoProgress(), runtime.torch_device)
         bns = [m for _, m in bn_layers(model)]
         table = stats_h5.StatsTable(
             pre_art.config["model"], [n for n, _ in stat_layers(model)], [n for n, _ in bn_layers(model)], param_names(model),

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ... import device
 from ...algorithms import cafeme
 from ...configs import PFLConfig
 from ...core.client import Timer
 from ...core.modulate import gate_sites, init_modulator
 from ...engine.loop import LoopState, generator, group_of, nest, sample_clients
+from ...engine.placement import OnDevice
 from ...engine.rounds import in_process, run_rounds
 from ...errors import FedL2PError
 from ...io import weights
@@ -40,20 +40,42 @@ class CAFeMeTask:
     round: int
 
 
+@dataclass
+class CAFeMeClient:
+    """What a CAFeMe client update and the validation read (the executor places it on its device)."""
+    model: torch.nn.Module
+    sites: list
+    part: Partition
+    ccfg: cafeme.CAFeMeConfig
+    seed: int
+
+
+def client_task(ctx: CAFeMeClient, task: CAFeMeTask):
+    data = ctx.part.client(task.client)
+    return cafeme.client_update(ctx.model, ctx.sites, task.omega, data.train, data.val, ctx.ccfg,
+                                generator(ctx.seed, task.round, task.client), task.moments, task.step)
+
+
+def validation(ctx: CAFeMeClient, task: tuple[dict, int, list[int], int]) -> float:
+    """Mean validation accuracy of the seen clients, each personalising omega for `steps` steps first."""
+    omega, rnd, seen, steps = task
+    return float(np.mean([cafeme.personalize_and_test(
+        ctx.model, ctx.sites, omega, ctx.part.client(c).train, ctx.part.client(c).val, steps, ctx.ccfg,
+        generator(ctx.seed, rnd, c, 3)) for c in seen]))
+
+
 class CAFeMeStrategy:
     """CAFeMe (Alg. 1): each sampled client personalises omega and takes one outer step; the server averages.
-    The state is omega plus every client's Adam moments (keys adam<c>.)."""
+    The state is omega plus every client's Adam moments (keys adam<c>.). Clients and validation run on `dev`."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device = torch.device("cpu")):
+    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device):
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
         self.sites = gate_sites(self.model, part.in_channels)
         self.ccfg = cafeme_config(cfg, part.num_classes)
         self.seen = part.pool(False)
-        self.dev = dev
-        self.model.to(self.dev)
-        self.omega_cache = device.RoundCache()
+        self.on = OnDevice(CAFeMeClient(self.model, self.sites, part, self.ccfg, cfg.seed), dev)
         if any(len(part.client(c).val[1]) < 2 for c in self.seen):
             raise FedL2PError("cafeme needs a held-out split on every seen client; partition with --val-fraction > 0")
 
@@ -61,7 +83,7 @@ class CAFeMeStrategy:
         mu = init_modulator(self.part.in_channels, self.part.num_classes, sum(c for _, c in self.sites),
                             generator(self.cfg.seed, 2))
         psi = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        return LoopState(0, cafeme.join(mu, device.to_host(psi)))
+        return LoopState(0, cafeme.join(mu, psi))
 
     def stop(self, st: LoopState) -> bool:
         return False
@@ -71,13 +93,6 @@ class CAFeMeStrategy:
         return [CAFeMeTask(c, omega, group_of(st.tensors, f"adam{c}") or None,
                            int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1, rnd)
                 for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
-
-    def client(self, task: CAFeMeTask):
-        data = self.part.client_on(task.client, self.dev)
-        r = cafeme.client_update(self.model, self.sites, self.omega_cache.get(task.omega, self.dev), data.train, data.val,
-                                 self.ccfg, generator(self.cfg.seed, task.round, task.client),
-                                 device.move(task.moments, self.dev), task.step)
-        return device.to_host(r)
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[CAFeMeTask], results: list, timer: Timer) -> dict:
         for task, (_, loss, moments) in zip(tasks, results):
@@ -91,10 +106,7 @@ class CAFeMeStrategy:
         st.tensors = {k: v for k, v in st.tensors.items() if k.startswith("adam")} | omega
         rec = {"round": rnd + 1, "held_out_loss": float(np.mean([r[1] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
-            on = device.move(omega, self.dev)
-            rec["val_acc"] = float(np.mean([cafeme.personalize_and_test(
-                self.model, self.sites, on, self.part.client_on(c, self.dev).train, self.part.client_on(c, self.dev).val,
-                self.cfg.steps, self.ccfg, generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
+            rec["val_acc"] = self.on(validation, (omega, rnd, self.seen, self.cfg.steps))
         return rec
 
     def progress_info(self, rec: dict, st: LoopState) -> dict:
@@ -110,7 +122,7 @@ def omega_of(tensors: dict) -> dict:
 def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft, runtime: Runtime = Runtime()
           ) -> tuple[list[dict], dict]:
     strategy = CAFeMeStrategy(cfg, part, runtime.torch_device)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
+    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(client_task, strategy.on))
     omega = omega_of(st.tensors)
     weights.save(draft.path("omega.safetensors"), omega, {"algo": cfg.algo, "model": cfg.model})
     return st.history, {"algo": cfg.algo, "params": int(sum(v.numel() for v in omega.values()))}

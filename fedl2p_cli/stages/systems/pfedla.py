@@ -3,12 +3,11 @@ server.safetensors; each trained client is evaluated with its personalised model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from ... import device
 from ...algorithms import pfedla
 from ...algorithms.local import LocalConfig
 from ...configs import PFLConfig
@@ -16,6 +15,7 @@ from ...core.client import Timer
 from ...core.functional import evaluate, get_state
 from ...core.layer_mix import layers_of
 from ...engine.loop import LoopState, generator, group_of, nest, sample_clients
+from ...engine.placement import OnDevice
 from ...engine.rounds import in_process, run_rounds
 from ...io import weights
 from ...io.partition_h5 import Partition
@@ -33,28 +33,70 @@ def retained_k(cfg: PFLConfig) -> int:
 
 @dataclass
 class PFedLATask:
-    """A pFedLA round's client: its id, its slot in the server's stacked models and hypernetworks, the round."""
+    """A pFedLA round's client: its id, its slot in the server's stacked models and hypernetworks, the round, and the
+    server's state (flat, `server_tensors`) that the round's clients share."""
     client: int
     slot: int
     round: int
+    server: dict
+
+
+@dataclass
+class PFedLAClient:
+    """What a pFedLA client update, the server's round and the validation read (the executor places it on its
+    device); `server` holds the clients and layer names, its tensors come with each task."""
+    model: torch.nn.Module
+    part: Partition
+    local: LocalConfig
+    lr: float
+    hn_lr: float
+    k: int
+    seed: int
+    server: pfedla.Server
+
+
+def server_of(ctx: PFedLAClient, tensors: dict) -> pfedla.Server:
+    server = replace(ctx.server, hypernets=list(ctx.server.hypernets))
+    restore_server(server, tensors)
+    return server
+
+
+def client_task(ctx: PFedLAClient, task: PFedLATask):
+    return pfedla.client_round(ctx.model, server_of(ctx, task.server), task.slot, ctx.part.client(task.client), ctx.local,
+                               ctx.lr, ctx.hn_lr, ctx.k, generator(ctx.seed, task.round, task.client))
+
+
+def server_round(ctx: PFedLAClient, task: tuple[dict, dict]) -> dict:
+    """The server's update of the clients' hypernetworks and stored models from the round's results (slot -> result)."""
+    tensors, results = task
+    server = server_of(ctx, tensors)
+    pfedla.apply_round(server, results)
+    return server_tensors(server)
+
+
+def validation(ctx: PFedLAClient, tensors: dict) -> float:
+    """Mean accuracy of every trained client's personalised model on its validation split."""
+    server = server_of(ctx, tensors)
+    return float(np.mean([pfedla_val(ctx.model, server, i, ctx.part.client(c).val, ctx.k)
+                          for i, c in enumerate(server.clients)]))
 
 
 class PFedLAStrategy:
     """pFedLA / HeurpFedLA (Alg. 1-2): every sampled client trains its layer-wise mix; the server then updates the
-    clients' hypernetworks and stored models (the state is the server: stacked models and hypernetworks)."""
+    clients' hypernetworks and stored models (the state is the server: stacked models and hypernetworks). Clients,
+    the server's round and the validation run on `dev`."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device = torch.device("cpu")):
+    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device):
         self.cfg, self.part = cfg, part
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-        self.dev = dev
         self.seen = part.pool(False)
         names = [n for n, _ in self.model.named_parameters()]
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
                                          generator(cfg.seed, 1))
-        self.k = retained_k(cfg)
-        self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
-        self.model.to(self.dev)  # the server's tensors follow in configure (the state itself stays on the CPU)
+        shape = replace(self.server, stacked={}, hypernets=[{} for _ in self.server.hypernets])  # the tensors: per task
+        self.on = OnDevice(PFedLAClient(self.model, part, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size),
+                                        cfg.lr, cfg.hn_lr, retained_k(cfg), cfg.seed, shape), dev)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, server_tensors(self.server))
@@ -63,20 +105,14 @@ class PFedLAStrategy:
         return False
 
     def configure(self, st: LoopState, rnd: int) -> list[PFedLATask]:
-        restore_server(self.server, device.move(st.tensors, self.dev))
-        return [PFedLATask(c, self.seen.index(c), rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
-
-    def client(self, task: PFedLATask):
-        return pfedla.client_round(self.model, self.server, task.slot, self.part.client_on(task.client, self.dev), self.local,
-                                   self.cfg.lr, self.cfg.hn_lr, self.k, generator(self.cfg.seed, task.round, task.client))
+        return [PFedLATask(c, self.seen.index(c), rnd, st.tensors)
+                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[PFedLATask], results: list, timer: Timer) -> dict:
-        pfedla.apply_round(self.server, {t.slot: r for t, r in zip(tasks, results)})
-        st.tensors = device.to_host(server_tensors(self.server))
+        st.tensors = self.on(server_round, (st.tensors, {t.slot: r for t, r in zip(tasks, results)}))
         rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
-            rec["val_acc"] = float(np.mean([pfedla_val(self.model, self.server, i, self.part.client_on(c, self.dev).val, self.k)
-                                            for i, c in enumerate(self.seen)]))
+            rec["val_acc"] = self.on(validation, st.tensors)
         return rec
 
     def progress_info(self, rec: dict, st: LoopState) -> dict:
@@ -109,7 +145,7 @@ def restore_server(server: pfedla.Server, tensors: dict[str, torch.Tensor]) -> N
 def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft, runtime: Runtime = Runtime()
           ) -> tuple[list[dict], dict]:
     strategy = PFedLAStrategy(cfg, part, runtime.torch_device)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
+    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(client_task, strategy.on))
     restore_server(strategy.server, st.tensors)  # st.tensors is the server state, flat
     weights.save(draft.path("server.safetensors"), st.tensors,
                  {"algo": cfg.algo, "model": cfg.model, "clients": strategy.server.clients})

@@ -1,0 +1,69 @@
+"""Where work meets the device: the executors own it.
+
+An executor (`rounds.in_process`, a `workers.ClientPool` in this process or in worker processes, a Flower ClientApp)
+wraps the context its updates read in `OnDevice(context, runtime's device)`: the context is placed on the device once
+per process, each task's tensors are moved there, and the update's result comes back to the host once. Stage code
+never moves a tensor: its updates follow their inputs' device, as core/ does. On the CPU nothing is copied.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from ..device import move, to_host
+
+
+def place(obj: Any, dev: torch.device) -> Any:
+    """`obj` on `dev`: tensors, containers and dataclasses as `device.move` walks them, a module copied there (the
+    caller's own stays where it is), an object with `on_device(dev)` (a partition) as it answers. The CPU: `obj`."""
+    if dev.type == "cpu":
+        return obj
+    if isinstance(obj, torch.nn.Module):
+        return copy.deepcopy(obj).to(dev)
+    if hasattr(obj, "on_device") and not isinstance(obj, type):
+        return obj.on_device(dev)
+    if isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "_fields"):
+        placed = [place(v, dev) for v in (obj.values() if isinstance(obj, dict) else obj)]
+        return dict(zip(obj, placed)) if isinstance(obj, dict) else type(obj)(placed)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: place(getattr(obj, f.name), dev)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return move(obj, dev)
+
+
+def placed(context: Any, dev: torch.device) -> "OnDevice":
+    """`context` placed on `dev`, unless a builder placed it already (`workers.on_runtime`: on its own runtime's)."""
+    return context if isinstance(context, OnDevice) else OnDevice(context, dev)
+
+
+class OnDevice:
+    """A context placed on `dev`; `self(update, task)` is `update(context, task)` with the task's tensors on `dev` and
+    the result's back on the host. A dict that a round's tasks share in one field (the broadcast state) is moved once
+    per process however many of its clients run here."""
+
+    def __init__(self, context: Any, dev: torch.device):
+        self.dev = torch.device(dev)
+        self.context = place(context, self.dev)
+        self._shared: dict[str, tuple[Any, Any]] = {}  # field -> its last dict (held: its id cannot be reused), copy
+
+    def __call__(self, update: Callable[[Any, Any], Any], task: Any) -> Any:
+        return to_host(update(self.context, self.move(task)))
+
+    def move(self, task: Any) -> Any:
+        if self.dev.type == "cpu":
+            return task
+        if dataclasses.is_dataclass(task) and not isinstance(task, type):
+            return dataclasses.replace(task, **{f.name: self._field(f.name, getattr(task, f.name))
+                                                for f in dataclasses.fields(task) if f.init})
+        return self._field("", task)
+
+    def _field(self, name: str, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return move(value, self.dev)
+        if self._shared.get(name, (None,))[0] is not value:
+            self._shared[name] = (value, move(value, self.dev))
+        return self._shared[name][1]
