@@ -97,6 +97,14 @@ class Catalog:
     plugins: dict[str, Plugin] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     loaded: bool = False   # the built-ins and the installed plugins are in (plugins.current() fills it once)
+    # modules the user allowed to import besides the plugins' (--allow-import, FEDL2P_ALLOW_IMPORT, --model
+    # package.module:factory): a worker process receives them in its Runtime (`allow_import`)
+    allowed: list[str] = field(default_factory=list)
+    quiet: bool = False    # a worker's catalog: its parent already warned about broken plugins
+
+    def allow(self, module: str) -> None:
+        if module and module not in self.allowed:
+            self.allowed.append(module)
 
     def add(self, plugin: Plugin, pieces: list[tuple[str, str, Any]]) -> None:
         """Register a plugin's pieces ((kind, name, value) each) all together, or none of them: a name already taken

@@ -196,12 +196,8 @@ def _entry_points(catalog: Catalog) -> None:
                                   f"{e.__class__.__name__}: {e}") from None
             _load(catalog, plugin, obj)
         except PluginError as e:
-            if not os.environ.get(_WARNED):  # once: not again in each worker process this one starts
+            if not catalog.quiet:  # once: not again in each worker process this one starts
                 warn(f"{e}; its pieces are unavailable (pip uninstall {plugin.dist} to silence this)")
-                os.environ[_WARNED] = "1"
-
-
-_WARNED = "FEDL2P_BROKEN_PLUGINS_WARNED"
 
 
 def warn(line: str) -> None:
@@ -209,14 +205,31 @@ def warn(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
-def from_env() -> list[str]:
-    raw = os.environ.get(ENV, "")
+def _split(raw: str) -> list[str]:
     return [s.strip() for s in re.split(rf"[,{re.escape(os.pathsep)}]", raw) if s.strip()]
+
+
+def from_env() -> list[str]:
+    return _split(os.environ.get(ENV, ""))
+
+
+ALLOW_ENV = "FEDL2P_ALLOW_IMPORT"
+
+
+def as_worker(allow: Sequence[str]) -> None:
+    """Before a worker process or Flower ClientApp first looks anything up: its parent's allow list (from the
+    Runtime it received), and no second warning about a broken plugin the parent already named."""
+    catalog = _USING.get() or _process()
+    catalog.quiet = True
+    for module in allow:
+        catalog.allow(module)
 
 
 def fill(catalog: Catalog, installed: bool = True) -> Catalog:
     """The built-ins, then (with `installed`) the installed plugins' entry points and FEDL2P_PLUGINS's modules."""
     catalog.loaded = True  # before loading: a lookup made while a plugin registers sees what is there so far
+    for module in _split(os.environ.get(ALLOW_ENV, "")):  # the user's allow list, read where the process starts
+        catalog.allow(module)
     try:
         load_module(catalog, BUILTIN, "built-in")
         if installed:

@@ -47,6 +47,8 @@ class Runtime:
                              NON_NEGATIVE, scope=ROUNDS)
     plugins: tuple[str, ...] = opt((), "The plugin modules a worker process or Flower site loads before it builds "
                                    "anything.", cli=False)
+    allow_import: tuple[str, ...] = opt((), "The modules a worker process may import besides its plugins' (the "
+                                        "parent's --allow-import list).", cli=False)
     # how a build meets the store and what it reports (`fedl2p --lock-timeout --track --track-uri`; report's mode)
     lock_timeout: float | None = opt(None, "Seconds to wait while another process builds the same artifact (None: as "
                                            "long as it takes; 0: refuse at once).", cli=False)
@@ -100,8 +102,9 @@ class Runtime:
         """The inverse of `to_dict`; keys it does not know are ignored (a run config written by another version)."""
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
-        if "plugins" in kw:
-            kw["plugins"] = tuple(kw["plugins"])
+        for key in ("plugins", "allow_import"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
         return cls(**kw)
 
     def apply(self, threads: int | None = None) -> "Runtime":

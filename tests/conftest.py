@@ -34,3 +34,14 @@ def tiny_store(tmp_path_factory):
     pers, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0]),
                               store, pre.id, st.id, [meta.id])
     return {"store": store, "partition": part, "pretrain": pre, "stats": st, "meta": meta, "personalize": pers}
+
+
+@pytest.fixture(autouse=True)
+def _allow_list_per_test():
+    """--allow-import (and a `--model package.module:factory`) allows a module for the rest of the process's
+    catalog, as in one command; between tests it starts again from what it was."""
+    from fedl2p_cli import plugins
+    catalog = plugins.current()
+    before = list(catalog.allowed)
+    yield
+    catalog.allowed[:] = before

@@ -209,10 +209,6 @@ PROCESS_STATE = {
     "fedl2p_cli.plugins._USING": "the catalog a `using` block chose: a context",
     "fedl2p_cli.engine.workers._CONTEXT": "a worker process's client context, set by its pool initializer",
     "fedl2p_cli.engine.workers._UPDATE": "a worker process's update function, set by its pool initializer",
-    # not yet in the Runtime (issue 50 item 5): worker processes and Flower nodes inherit them through the
-    # environment; each leaves this list when the Runtime carries it there
-    "fedl2p_cli.models.guard.os.environ": "the --allow-import list (kept in FEDL2P_ALLOW_IMPORT for worker processes)",
-    "fedl2p_cli.plugins.os.environ": "the warned-once flag of plugins that import internals",
 }
 
 

@@ -178,3 +178,18 @@ def test_a_report_opens_without_the_plugins_its_artifacts_were_made_with(site, t
         r = cli(cmd, None, store=store)
         assert r.returncode == 0 and f"pretrain/{pre} was made with plugin " in r.stderr, r.stderr
         assert "not installed here" in r.stderr
+
+
+def test_a_worker_process_takes_its_parents_allow_list_from_the_runtime_and_warns_nothing_again():
+    """--allow-import reaches worker processes in the Runtime they receive (not through the environment), and a
+    worker's catalog does not repeat the parent's warning about a broken plugin."""
+    from fedl2p_cli import plugins
+    from fedl2p_cli.catalog import Catalog
+    from fedl2p_cli.runtime import Runtime
+    sent = Runtime(allow_import=("tp_allowed",)).to_dict()
+    with plugins.using(Catalog()):
+        plugins.as_worker(Runtime.from_dict(sent).allow_import)
+        catalog = plugins.current()
+        assert "tp_allowed" in catalog.allowed and catalog.quiet
+        from fedl2p_cli.models import guard
+        assert guard.allowed("tp_allowed.sub") and not guard.allowed("tp_other")

@@ -46,6 +46,7 @@ def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> "OnDevic
     from ..runtime import Runtime
     from .placement import OnDevice
     rt = Runtime.from_dict(runtime).resolved().apply(threads=1)
+    plugins.as_worker(rt.allow_import)
     plugins.load(list(rt.plugins), "the parent process's plugins")
     return OnDevice(build(*args, rt), rt.torch_device)
 
@@ -144,7 +145,9 @@ def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update
     `build(*args, runtime)`. A client that fails or gives no reply within the round timeout comes back as
     `rounds.Failed`."""
     from .. import plugins
-    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *plugins.current().active()))))
+    catalog = plugins.current()
+    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
+                           allow_import=tuple(catalog.allowed))
     if runtime.engine == "flower" and runtime.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
         sent = sent.replace(device="cuda")
     args = (sent.to_dict(), build, *args)

@@ -2,26 +2,18 @@
 
 A model named `package.module:factory` is imported only when the user named it: `--model` (or a pipeline's `model`) on
 this command, `fedl2p --allow-import MODULE` (or FEDL2P_ALLOW_IMPORT), or a loaded plugin's own module. Loading an
-artifact that names another is one line saying which module it asks for and how to allow it. The list lives in the
-environment so that worker processes and Flower simulation nodes, started from this one, allow the same modules."""
+artifact that names another is one line saying which module it asks for and how to allow it. The list is the
+catalog's (`Catalog.allowed`); worker processes and Flower simulation nodes receive it in their Runtime."""
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any, Callable
 
 from ..errors import ArtifactError, FedL2PError
 
-ENV = "FEDL2P_ALLOW_IMPORT"
-
-
-def _split(raw: str) -> list[str]:
-    return [s.strip() for s in re.split(rf"[,{re.escape(os.pathsep)}]", raw) if s.strip()]
-
-
 def allowed_modules() -> list[str]:
-    return _split(os.environ.get(ENV, ""))
+    from .. import plugins
+    return list(plugins.current().allowed)
 
 
 def allow(ref: str | None) -> None:
@@ -29,10 +21,8 @@ def allow(ref: str | None) -> None:
     imported here and in the workers this process starts."""
     if not ref:
         return
-    module = ref.partition(":")[0]
-    have = allowed_modules()
-    if module not in have:
-        os.environ[ENV] = ",".join([*have, module])
+    from .. import plugins
+    plugins.current().allow(ref.partition(":")[0])
 
 
 def _within(module: str, package: str) -> bool:

@@ -152,7 +152,8 @@ def site_runtime(sent: dict, node_config) -> Runtime:
     """The runtime the server sent, on the site's own device: the SuperNode's node-config `device`, else its
     FEDL2P_DEVICE, else auto."""
     where = str(node_config.get("device", os.environ.get(DEVICE_ENV, "auto")))
-    return Runtime.from_dict(sent).replace(device=where).resolved()
+    # the server's allow list is not the site's: what a site imports is its own choice (`site_code`)
+    return Runtime.from_dict(sent).replace(device=where, allow_import=()).resolved()
 
 
 def build_client_app(reply=None):
