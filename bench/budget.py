@@ -85,9 +85,10 @@ def rows(cell: str, rounds: int, pers_ids: list[str]) -> list[dict]:
     return out
 
 
-def val_curves(cell: str, rounds: int) -> dict[str, list[float]]:
-    """Per variant, the sampled clients' validation loss per round, averaged over the meta-train seeds (the
-    --keep best runs of `rounds` rounds: the loop is the same for both keeps)."""
+def val_curves(cell: str, rounds: int, column: str = "val_loss") -> dict[str, list[float]]:
+    """Per variant, a history.csv column per round (the sampled clients' validation loss, or a BN layer's mean beta
+    `beta_i`), averaged over the meta-train seeds (the --keep best runs of `rounds` rounds: the loop is the same for
+    both keeps)."""
     from fedl2p_cli.artifacts import Store
     store = Store(accuracy.STORE)
     curves: dict[str, list[list[float]]] = {}
@@ -98,8 +99,17 @@ def val_curves(cell: str, rounds: int) -> dict[str, list[float]]:
             continue
         h = list(csv.DictReader(open(art.file("history.csv"))))
         variant, _ = label(art.metrics["variant"].split("-seed")[0])
-        curves.setdefault(variant, []).append([float(x["val_loss"]) for x in h])
+        curves.setdefault(variant, []).append([float(x[column]) for x in h])
     return {v: np.mean([c[:min(map(len, cs))] for c in cs], axis=0).tolist() for v, cs in curves.items()}
+
+
+def bn_layers(cell: str, rounds: int) -> int:
+    """How many BN layers the cell's model has: the beta_i columns of its runs' history."""
+    from fedl2p_cli.artifacts import Store
+    pid = _done(cell)[str(rounds)][0]
+    art = Store(accuracy.STORE).load("meta-train", accuracy.meta_runs(pid)[0]["id"], verify=False)
+    header = next(csv.reader(open(art.file("history.csv"))))
+    return sum(1 for h in header if h.startswith("beta_") and h[5:].isdigit())
 
 
 def _done(cell: str) -> dict[str, list[str]]:
@@ -131,13 +141,15 @@ def table(all_rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(all_rows: list[dict], curves: dict[str, dict[str, list[float]]], out: Path) -> None:
+def plot(all_rows: list[dict], curves: dict[str, dict[str, list[float]]], betas: dict[str, dict[str, list[float]]],
+         out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     panels = sorted({(r["cell"], r["pool"]) for r in all_rows}, key=lambda cp: (cp[0], cp[1] != "seen"))
-    fig, axes = plt.subplots(1, len(panels) + len(curves), figsize=(4.2 * (len(panels) + len(curves)), 3.4),
-                             squeeze=False)
+    from matplotlib.ticker import NullFormatter
+    n = len(panels) + 2 * len(curves)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
     for ax, (cell, pool) in zip(axes[0], panels):
         rs = [r for r in all_rows if (r["cell"], r["pool"]) == (cell, pool)]
         for variant in VARIANTS:
@@ -151,10 +163,16 @@ def plot(all_rows: list[dict], curves: dict[str, dict[str, list[float]]], out: P
         ax.axhline(100 * rs[0]["ft_tuned_mean"], color="grey", lw=1, ls=":", label="FT tuned")
         ax.set(xscale="log", xlabel="meta-train rounds", ylabel="accuracy (%)", title=f"{cell}, {pool} pool")
         ax.set_xticks(sorted({r["rounds"] for r in rs}), labels=[str(x) for x in sorted({r["rounds"] for r in rs})])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     for ax, (cell, cs) in zip(axes[0][len(panels):], curves.items()):
         for variant, c in cs.items():
             ax.plot(range(1, len(c) + 1), c, label=variant)
         ax.set(xlabel="round", ylabel="sampled clients' validation loss", title=f"{cell}: validation loss per round")
+        ax.legend(fontsize=7)
+    for ax, (cell, bs) in zip(axes[0][len(panels) + len(curves):], betas.items()):
+        for key, c in bs.items():
+            ax.plot(range(1, len(c) + 1), c, label=key)
+        ax.set(xlabel="round", ylabel="mean β over the sampled clients", ylim=(0, 1), title=f"{cell}: β per BN layer")
         ax.legend(fontsize=7)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
@@ -182,7 +200,7 @@ def main() -> None:
             accuracy.prerequisites(cell)
             for r in counts:
                 _record(cell, r, variants, run(cell, r, variants))
-    all_rows, curves = [], {}
+    all_rows, curves, betas = [], {}, {}
     for cell in args.cells:
         done = _done(cell)
         for r in counts:
@@ -191,13 +209,15 @@ def main() -> None:
         longest = max((r for r in counts if str(r) in done), default=None)
         if longest is not None:
             curves[cell] = val_curves(cell, longest)
+            betas[cell] = {f"{v}, bn{i}": c for i in range(bn_layers(cell, longest))
+                           for v, c in val_curves(cell, longest, f"beta_{i}").items()}
     if not all_rows:
         raise SystemExit("budget: no finished run yet")
     # a round count personalised more than once (other --variants): each row once, from its latest personalisation
     all_rows = list({(r["cell"], r["pool"], r["rounds"], r["variant"], r["keep"]): r for r in all_rows}.values())
-    (HERE / "budget.json").write_text(json.dumps({"rows": all_rows, "val_loss": curves}, indent=2))
+    (HERE / "budget.json").write_text(json.dumps({"rows": all_rows, "val_loss": curves, "beta": betas}, indent=2))
     (HERE / "budget.md").write_text(table(all_rows) + "\n")
-    plot(all_rows, curves, HERE / "budget.png")
+    plot(all_rows, curves, betas, HERE / "budget.png")
     print(table(all_rows))
 
 

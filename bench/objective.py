@@ -33,8 +33,9 @@ import budget  # noqa: E402
 EVAL_SEED = 1000  # fine-tuning batches of the scoring: the same for every lambda, independent of any run's seeds
 
 
-def score(ctx, lam) -> dict[str, np.ndarray]:
-    """Per seen client: validation loss (the meta-objective), validation and test accuracy under lambda."""
+def score(ctx, lam, beta: list[float] | None = None) -> dict[str, np.ndarray]:
+    """Per seen client: validation loss (the meta-objective), validation and test accuracy under lambda (`beta`: one
+    fixed beta per BN layer instead of BNNet's)."""
     import torch
     from fedl2p_cli.algorithms.fedl2p import hyper_fn
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
@@ -44,8 +45,8 @@ def score(ctx, lam) -> dict[str, np.ndarray]:
     for c in ctx.part.pool(False):
         data = ctx.part.client_on(c, torch.device("cpu"))
         with torch.no_grad():
-            beta, eta = hyper_fn(*ctx.inputs(c), len(ctx.theta_g), cfg)(lam)
-        s = Strategy(beta, eta)
+            b, eta = hyper_fn(*ctx.inputs(c), len(ctx.theta_g), cfg)(lam)
+        s = Strategy(b if beta is None else torch.tensor(beta, dtype=b.dtype), eta)
         ft = finetune(ctx.model, ctx.theta_g, *data.train, s, ctx.stats.client_bn(c), cfg.epochs, cfg.batch_size,
                       generator(EVAL_SEED, c), cfg.client_bn)
         for split, (x, y) in (("val", data.val), ("test", data.test)):
@@ -90,10 +91,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cell", nargs="?", default="fs-1000", choices=list(accuracy.CELLS))
     ap.add_argument("--report", action="store_true", help="only rewrite the report from bench/objective.json")
+    ap.add_argument("--layers", action="store_true", help="only score fixed betas per BN layer (LAYER_BETAS), added "
+                    "to bench/objective.json")
     args = ap.parse_args()
     if args.report:
         d = json.loads((HERE / "objective.json").read_text())
-        print(report(d["lambdas"]) + "\n\n" + sweep_report(d["beta_sweep"]))
+        print(report(d["lambdas"]) + "\n\n" + sweep_report(d["beta_sweep"]) + "\n\n" + sweep_report(d.get("layers", [])))
+        return
+    if args.layers:  # only the per-layer sweep, added to an existing objective.json
+        import torch
+        torch.set_num_threads(1)
+        from fedl2p_cli.runtime import Runtime
+        from fedl2p_cli.stages import meta_train
+        art = runs(args.cell)[0]
+        cfg = meta_train.config_from_dict(art.config)
+        ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
+                                      art.parents["stats"], cfg, Runtime())
+        d = json.loads((HERE / "objective.json").read_text())
+        d["layers"] = layer_sweep(ctx, art)
+        (HERE / "objective.json").write_text(json.dumps(d, indent=1))
+        print(sweep_report(d["layers"]))
         return
     import torch
     torch.set_num_threads(1)
@@ -131,6 +148,8 @@ def main() -> None:
 
 
 BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# per BN layer: the learned course on fs-1000 (bn0 up, bn2 down) against one beta for all; `--layers`
+LAYER_BETAS = ((1.0, 1.0, 1.0), (1.0, 1.0, 0.3), (0.94, 0.6, 0.3), (0.94, 0.6, 1.0), (0.6, 0.6, 0.45), (0.5, 0.5, 0.5))
 
 
 def beta_sweep(ctx, art) -> list[dict]:
@@ -149,13 +168,26 @@ def beta_sweep(ctx, art) -> list[dict]:
     return out
 
 
+def layer_sweep(ctx, art) -> list[dict]:
+    """The meta-objective and test accuracy at fixed betas per BN layer (the initial LRNet's learning rates)."""
+    from fedl2p_cli.stages import meta_train
+    cfg = meta_train.config_from_dict(art.config)
+    lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+    out = []
+    for b in LAYER_BETAS:
+        out.append({"beta": list(b), **{k: v.tolist() for k, v in score(ctx, lam0, list(b)).items()}})
+        print(f"scored beta = {b}", flush=True)
+    return out
+
+
 def sweep_report(sweep: list[dict]) -> str:
     """Means over the clients whose loss is finite (at beta 0 a client may diverge: counted in the last column)."""
     lines = ["| β (every layer) | val. loss, all seen clients | val. acc. | test loss | test acc. | clients with a non-finite loss |",
              "|---|---|---|---|---|---|"]
     for r in sweep:
         bad = int(np.sum(~np.isfinite(r["val_loss"]) | ~np.isfinite(r["test_loss"])))
-        lines.append(f"| {r['beta']:g} | {np.nanmean(np.where(np.isfinite(r['val_loss']), r['val_loss'], np.nan)):.3f} "
+        beta = " / ".join(f"{b:g}" for b in r["beta"]) if isinstance(r["beta"], list) else f"{r['beta']:g}"
+        lines.append(f"| {beta} | {np.nanmean(np.where(np.isfinite(r['val_loss']), r['val_loss'], np.nan)):.3f} "
                      f"| {100 * np.mean(r['val_acc']):.2f} "
                      f"| {np.nanmean(np.where(np.isfinite(r['test_loss']), r['test_loss'], np.nan)):.3f} "
                      f"| {100 * np.mean(r['test_acc']):.2f} | {bad} of {len(r['val_loss'])} |")
