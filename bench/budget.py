@@ -92,10 +92,9 @@ def val_curves(cell: str, rounds: int, column: str = "val_loss") -> dict[str, li
     from fedl2p_cli.artifacts import Store
     store = Store(accuracy.STORE)
     curves: dict[str, list[list[float]]] = {}
+    ours = {r["id"] for pid in _done(cell).get(str(rounds), []) for r in accuracy.meta_runs(pid)}
     for art in store.iter("meta-train"):
-        if art.config.get("rounds") != rounds or art.config.get("keep") != "best":
-            continue
-        if not any(art.id == r["id"] for pid in _done(cell).get(str(rounds), []) for r in accuracy.meta_runs(pid)):
+        if art.id not in ours or art.config.get("rounds") != rounds or art.config.get("keep") != "best":
             continue
         h = list(csv.DictReader(open(art.file("history.csv"))))
         variant, _ = label(art.metrics["variant"].split("-seed")[0])

@@ -99,23 +99,12 @@ def main() -> None:
         print(report(d["lambdas"]) + "\n\n" + sweep_report(d["beta_sweep"]) + "\n\n" + sweep_report(d.get("layers", [])))
         return
     if args.layers:  # only the per-layer sweep, added to an existing objective.json
-        import torch
-        torch.set_num_threads(1)
-        from fedl2p_cli.runtime import Runtime
-        from fedl2p_cli.stages import meta_train
-        art = runs(args.cell)[0]
-        cfg = meta_train.config_from_dict(art.config)
-        ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
-                                      art.parents["stats"], cfg, Runtime())
         d = json.loads((HERE / "objective.json").read_text())
-        d["layers"] = layer_sweep(ctx, art)
+        d["layers"] = sweep(*context(runs(args.cell)[0]), LAYER_BETAS)
         (HERE / "objective.json").write_text(json.dumps(d, indent=1))
         print(sweep_report(d["layers"]))
         return
-    import torch
-    torch.set_num_threads(1)
     from fedl2p_cli.artifacts import Store
-    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train
     arts = runs(args.cell)
     if not arts:
@@ -125,13 +114,11 @@ def main() -> None:
         cfg = meta_train.config_from_dict(art.config)
         key = (art.parents["pretrain"], art.parents["partition"], art.parents["stats"], cfg.seed, art.config["meta"]["meta_grad"])
         if key not in ctxs:  # one context (and one round-0 score) per meta-train seed and meta-gradient
-            ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
-                                          art.parents["stats"], cfg, Runtime())
-            lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
-            ctxs[key] = (ctx, score(ctx, lam0))
+            ctx, lam0 = context(art)
+            ctxs[key] = (ctx, lam0, score(ctx, lam0))
             results.append({"variant": budget.label(art.metrics["variant"].split("-seed")[0])[0], "seed": cfg.seed,
-                            "rounds": 0, "keep": "initial", **{k: v.tolist() for k, v in ctxs[key][1].items()}})
-        ctx, _ = ctxs[key]
+                            "rounds": 0, "keep": "initial", **{k: v.tolist() for k, v in ctxs[key][2].items()}})
+        ctx = ctxs[key][0]
         _, lam, _ = meta_train.load_lambda(Store(accuracy.STORE), art.id)
         sc = score(ctx, lam)
         slope, se = domain_trend(art, np.asarray(ctx.part.domain))
@@ -140,9 +127,10 @@ def main() -> None:
                         "kept_round": art.metrics.get("kept_round"), "trend_per_10_rounds": slope, "trend_se": se,
                         **{k: v.tolist() for k, v in sc.items()}})
         print(f"scored {art.metrics['variant']} ({art.config['rounds']} rounds, keep {art.config['keep']})", flush=True)
-    sweep = beta_sweep(*next(iter(ctxs.values()))[:1], arts[0])
-    (HERE / "objective.json").write_text(json.dumps({"lambdas": results, "beta_sweep": sweep}, indent=1))
-    text = report(results) + "\n\n" + sweep_report(sweep)
+    ctx, lam0, _ = next(iter(ctxs.values()))
+    uniform = sweep(ctx, lam0, [(b,) * ctx.stats.xi.shape[1] for b in BETAS])
+    (HERE / "objective.json").write_text(json.dumps({"lambdas": results, "beta_sweep": uniform}, indent=1))
+    text = report(results) + "\n\n" + sweep_report(uniform)
     (HERE / "objective.md").write_text(text + "\n")
     print(text)
 
@@ -152,29 +140,24 @@ BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LAYER_BETAS = ((1.0, 1.0, 1.0), (1.0, 1.0, 0.3), (0.94, 0.6, 0.3), (0.94, 0.6, 1.0), (0.6, 0.6, 0.45), (0.5, 0.5, 0.5))
 
 
-def beta_sweep(ctx, art) -> list[dict]:
-    """The meta-objective and test accuracy with one fixed beta for every BN layer and client (the initial LRNet's
-    learning rates): does the validation loss the meta-gradient descends prefer the beta that tests best?"""
-    import dataclasses
+def context(art):
+    """A meta-train run's client context (its partition, pretrained model and statistics, one torch thread) and its
+    initial lambda."""
+    import torch
+    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train
+    torch.set_num_threads(1)
     cfg = meta_train.config_from_dict(art.config)
-    lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
-    lam = {k: v for k, v in lam0.items() if not k.startswith("bnnet.")}
-    out = []
-    for b in BETAS:
-        fixed = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, meta=dataclasses.replace(ctx.cfg.meta, fixed_beta=b)))
-        out.append({"beta": b, "seed": cfg.seed, **{k: v.tolist() for k, v in score(fixed, lam).items()}})
-        print(f"scored beta = {b}", flush=True)
-    return out
+    ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
+                                  art.parents["stats"], cfg, Runtime())
+    return ctx, meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
 
 
-def layer_sweep(ctx, art) -> list[dict]:
-    """The meta-objective and test accuracy at fixed betas per BN layer (the initial LRNet's learning rates)."""
-    from fedl2p_cli.stages import meta_train
-    cfg = meta_train.config_from_dict(art.config)
-    lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+def sweep(ctx, lam0, betas) -> list[dict]:
+    """The meta-objective and test accuracy at fixed betas, one per BN layer, with the initial LRNet's learning
+    rates: does the validation loss the meta-gradient descends prefer the betas that test best?"""
     out = []
-    for b in LAYER_BETAS:
+    for b in betas:
         out.append({"beta": list(b), **{k: v.tolist() for k, v in score(ctx, lam0, list(b)).items()}})
         print(f"scored beta = {b}", flush=True)
     return out

@@ -219,7 +219,7 @@ ALLOW_ENV = "FEDL2P_ALLOW_IMPORT"
 def as_worker(allow: Sequence[str]) -> None:
     """Before a worker process or Flower ClientApp first looks anything up: its parent's allow list (from the
     Runtime it received), and no second warning about a broken plugin the parent already named."""
-    catalog = _USING.get() or _process()
+    catalog = _chosen()
     catalog.quiet = True
     for module in allow:
         catalog.allow(module)
@@ -267,8 +267,13 @@ _USING: ContextVar[Catalog | None] = ContextVar("fedl2p_catalog", default=None)
 def current() -> Catalog:
     """The catalog lookups answer from: the one `using` put in place, else the process's, which holds the built-ins,
     the installed plugins and FEDL2P_PLUGINS's after the first call, and whatever `load` added since."""
-    catalog = _USING.get() or _process()
+    catalog = _chosen()
     return catalog if catalog.loaded else fill(catalog)
+
+
+def _chosen() -> Catalog:
+    """The catalog `using` put in place, else the process's, filled or not."""
+    return _USING.get() or _process()
 
 
 @contextmanager
