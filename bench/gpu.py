@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(1, str(HERE.parent))  # the package; bench/ stays first, for bench.py
 
 CIFAR = dict(channels=3, size=32, classes=10, train=36, val=12, epochs=15, iterations=3, batch=32)
 
@@ -74,7 +74,7 @@ def steps(model_name: str, dev: torch.device) -> dict:
     from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     from fedl2p_cli.core.metanets import hyperparameters
-    from bench.bench import plain_model
+    from bench import plain_model  # bench/bench.py, beside this file (sys.path[0])
     m, theta, lam, st, bn, data = client(model_name, dev)
     x, y = data.train[0][:32], data.train[1][:32]
     hyper = lambda l: hyperparameters(l, st.xi, st.x, len(theta), 1e-3, 1.0)  # noqa: E731
@@ -146,22 +146,55 @@ def pretrain_client_s(dev: torch.device) -> float:
     return timed({"c": lambda: sgd_client(m, state, *data.train, 0.1, cfg, torch.Generator().manual_seed(0))}, 10)["c"]
 
 
+# worker processes sharing the GPU: the full sweep where the projection reads it (ResNet-18, IFT), two points elsewhere,
+# so that the whole benchmark fits a few minutes of a lent GPU
+CONCURRENCY = {("resnet18-cifar", "ift"): (1, 2, 4, 8)}
+
+
+def profile_round(model_name: str, meta_grad: str, dev: torch.device, top: int = 25) -> None:
+    """`--profile`: one client round's host syncs (by source line) and its heaviest operators, printed."""
+    import collections
+    import warnings
+    from torch.profiler import ProfilerActivity, profile
+    round_one_once(model_name, dev, meta_grad)  # warm: cuDNN plans, caches
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        round_one_once(model_name, dev, meta_grad)
+        torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in seen)
+    print(f"{model_name} {meta_grad}: {sum(where.values())} host syncs in one client round", dict(where.most_common(12)))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        round_one_once(model_name, dev, meta_grad)
+        torch.cuda.synchronize()
+    for key in ("self_cpu_time_total", "self_device_time_total"):  # host overhead, then the GPU's own work
+        print(prof.key_averages().table(sort_by=key, row_limit=top), flush=True)
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("bench-gpu: no CUDA device here; nothing measured")
         return
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda", 0)
+    if "--profile" in sys.argv:
+        for name in ("resnet18-cifar", "small-cnn"):
+            print(name, json.dumps(steps(name, dev)), flush=True)
+        profile_round("resnet18-cifar", "ift", dev)
+        return
     out: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
+    t0 = time.perf_counter()
     for name in ("resnet18-cifar", "small-cnn"):
         r = steps(name, dev)
         for mg in ("fomaml", "ift"):
             torch.cuda.reset_peak_memory_stats(dev)
             r[f"{mg}_client_round_s"] = round_one(name, dev, mg)
             r[f"{mg}_peak_gpu_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
-            r[f"{mg}_updates_per_s"] = {n: concurrency(name, mg, n) for n in (1, 2, 4, 8)}
+            r[f"{mg}_updates_per_s"] = {n: concurrency(name, mg, n) for n in CONCURRENCY.get((name, mg), (1, 4))}
         out[name] = r
-        print(name, json.dumps(r, indent=1), flush=True)
+        print(name, f"({time.perf_counter() - t0:.0f} s)", json.dumps(r, indent=1), flush=True)
+        (HERE / "gpu.json").write_text(json.dumps(out, indent=2))  # what is measured so far survives a time limit
     r18 = out["resnet18-cifar"]
     best = max(r18["ift_updates_per_s"].values())
     pre = pretrain_client_s(dev)

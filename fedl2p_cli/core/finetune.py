@@ -43,7 +43,8 @@ class FinetuneResult:
 
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
     """theta <- theta - eta * grad CE(f_{theta,beta}(x), y), and the client's running statistics move."""
-    new, loss, _ = step_with_grad(model, params, x, y, s, bn)
+    levels = None if s.beta is None else s.beta.tolist()  # one device read for every layer's kernel choice
+    new, loss, _ = step_with_grad(model, params, x, y, s, bn, levels)
     return new, loss.item()
 
 
