@@ -8,7 +8,8 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - a dataset: `registry.add_dataset(Source(name, load))`, `load(cfg, data_dir) -> Dataset` (`DatasetLoader`);
 - a method: `registry.add_method(HandMade(...))`, `Tuned(...)` or `Learned(...)`; a `Method` subclass's
   `personalize(row, run)` gets a typed `ClientContext`;
-- a pFL system: `registry.add_system(System(name, label, trainer="module"))`, the module a `SystemTrainer`;
+- a pFL system: `registry.add_system(System(name, label, trainer="package.module:Class"))`, the class a
+  `PFLSystem`, whose rounds run through the same executors as fedl2p's own (`--workers`, `--engine flower`);
 - a pretraining algorithm: `registry.add_pretrain_algo(name, client)`, `client` a `PretrainClient`.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
@@ -20,6 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .algorithms.system import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
 from .errors import DataError, FedL2PError
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from .data.datasets import Dataset, channel_stats
     from .device import to_host
     from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
+    from .engine.placement import OnDevice
     from .engine.rounds import Failed, RoundObserver, RoundStrategy, Task, in_process, run_rounds
     from .io.partition_h5 import Partition
     from .runtime import Runtime
@@ -60,7 +63,7 @@ _LAZY = {
     "to_host": ("device", "to_host"),
     "Checkpoint": ("engine.loop", "Checkpoint"), "LoopState": ("engine.loop", "LoopState"),
     "generator": ("engine.loop", "generator"), "group_of": ("engine.loop", "group_of"), "nest": ("engine.loop", "nest"),
-    "sample_clients": ("engine.loop", "sample_clients"),
+    "sample_clients": ("engine.loop", "sample_clients"), "OnDevice": ("engine.placement", "OnDevice"),
     "Failed": ("engine.rounds", "Failed"), "RoundStrategy": ("engine.rounds", "RoundStrategy"),
     "RoundObserver": ("engine.rounds", "RoundObserver"),
     "Task": ("engine.rounds", "Task"), "in_process": ("engine.rounds", "in_process"),
@@ -103,7 +106,9 @@ class PretrainClient(Protocol):
 
 
 class SystemTrainer(Protocol):
-    """The module a `System(trainer="module")` names: how `pfl-train` trains the system and `personalize` evaluates it.
+    """API 1's first protocol for a pFL system, kept for plugins written against it: the module a
+    `System(trainer="module")` names. It runs its own rounds in this process (no `--workers`, no Flower); loading it
+    notes once how to make it a `PFLSystem` class, which does.
 
     - `SETTINGS`: {algo name: (PFLConfig field, ...)}, the options its artifact id includes besides the shared ones
       (algo, model, rounds, fraction, batch_size, lr, eval_every, seed);
@@ -126,8 +131,8 @@ class SystemTrainer(Protocol):
 def batch_stream(seed: int, client: int) -> torch.Generator:
     """The batch order of every personalisation of `client` with personalisation seed `seed` (a fresh generator each
     call): every method, system and analysis of a client and seed draws from it, so their accuracies are paired."""
-    from .stages.harness import batches
-    return batches(seed, client)
+    from .engine.loop import batch_stream as stream
+    return stream(seed, client)
 
 
 def build_model(name: str, in_channels: int, num_classes: int, seed: int = 0) -> nn.Module:
@@ -175,12 +180,14 @@ __all__ = [
     "API_VERSION", "Registry", "Plugin", "PluginError", "UnknownName", "FedL2PError", "DataError",
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
-    "Method", "HandMade", "Tuned", "Learned", "System", "Outcome", "POOLS", "PretrainClient", "SystemTrainer",
+    "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient",
+    "SystemTrainer",
     # what a method is handed in `personalize`
     "Setup", "Row", "ClientContext", "Client", "Trial",
     # what a pFL system or a pretraining algorithm is handed and uses
     "PFLConfig", "PartitionConfig", "Partition", "ClientData", "Runtime", "Progress", "Checkpoint", "Draft", "Artifact",
     "TrainedSystem", "RoundStrategy", "Task", "Failed", "LoopState", "Timer", "RoundObserver", "run_rounds", "in_process",
+    "OnDevice",
     "sample_clients", "generator", "batch_stream", "nest", "group_of",
     "build_model", "head_prefix", "is_batchnorm", "get_state", "set_state", "evaluate", "epochs_of_batches", "mean_loss",
     "weighted_average", "LocalConfig", "sgd_client", "to_device", "to_host", "save_weights", "load_weights",

@@ -66,8 +66,8 @@ class Registry:
         self._add("method", method.name, method)
 
     def add_system(self, system: Any) -> None:
-        """A personalised-FL system: an `api.System` whose `trainer` module trains and evaluates it
-        (`fedl2p pfl-train --algo NAME`, `personalize --methods NAME`)."""
+        """A personalised-FL system: an `api.System` whose `trainer` ("package.module:Class", an `api.PFLSystem`)
+        trains and evaluates it (`fedl2p pfl-train --algo NAME`, `personalize --methods NAME`)."""
         if getattr(system, "kind", None) != "system":
             raise PluginError(f"{self.plugin.describe()}: add_system takes an api.System")
         self._add("system", system.name, system)
@@ -93,6 +93,11 @@ def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], Any]) ->
     except Exception as e:  # noqa: BLE001 - a plugin's bug: one line naming it
         raise PluginError(f"{plugin.describe()} failed in register(): {e.__class__.__name__}: {e}") from None
     catalog.add(plugin, reg.pending)
+    for kind, name, value in reg.pending:
+        if kind == "system" and ":" not in value.trainer:  # API 1's module protocol: still trains, in this process
+            catalog.notes.append(f"pFL system '{name}' ({plugin.describe()}) is a module of functions ({value.trainer}), "
+                                 "which trains in this process only: make it an api.PFLSystem class and register "
+                                 f"trainer=\"{value.trainer}:ClassName\" to run it under --workers and --engine flower")
 
 
 def _import(module: str, how: str) -> Any:

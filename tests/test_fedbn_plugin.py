@@ -1,7 +1,8 @@
 """The example plugin package (examples/fedl2p-fedbn) installed as a user would, found through its `fedl2p.plugins`
 entry point by a fresh `fedl2p` process, and run end to end at tiny scale: its .npz dataset partitioned, its
 MobileNetV3-small pretrained, statistics, FedL2P meta-trained, `pfl-train --algo fedbn`, and `personalize` with its
-hand-made method, FedBN and FedL2P side by side."""
+hand-made method, FedBN and FedL2P side by side. Its FedBN then trains again with `--workers 2` (the same bytes) and,
+where the Flower extra is installed, under `--engine flower` (the same id, weights equal to float32 rounding)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from .test_flower import HAS_FLOWER
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "examples" / "fedl2p-fedbn"
@@ -59,6 +64,10 @@ seeds = [0]
 """
 
 
+PFL_ARGS = ["--algo", "fedbn", "--model", "mobilenet-v3-small", "--rounds", "2", "--fraction", "0.5", "--local-epochs",
+            "1", "--batch-size", "8", "--eval-every", "1"]  # the pipeline's [[pfl]] table
+
+
 def tiny_npz(path: Path) -> None:
     """4 classes (a bright quadrant each) in 2 domains (the second inverted), 16x16 grey images."""
     rng = np.random.default_rng(0)
@@ -100,3 +109,14 @@ def test_the_example_package_end_to_end_through_its_entry_point(tmp_path):
     manifest = json.loads((pfl / "manifest.json").read_text())
     assert "fedl2p-fedbn" in json.dumps(manifest), manifest  # the plugin that made it, by distribution
     assert {f.name for f in pfl.iterdir()} >= {"fedbn.safetensors", "history.csv"}
+    in_process = load_file(pfl / "fedbn.safetensors")
+    part = json.loads((pfl / "manifest.json").read_text())["parents"]["partition"]
+    for engine in ("local",) + (("flower",) if HAS_FLOWER else ()):
+        again = subprocess.run([sys.executable, "-m", "fedl2p_cli", "pfl-train", *PFL_ARGS, "--partition", part,
+                                "--workers", "2", "--engine", engine, "--force", "--store", str(store)],
+                               capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        assert again.returncode == 0 and pfl.name in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+        got = load_file(pfl / "fedbn.safetensors")
+        assert got.keys() == in_process.keys()
+        for k, v in in_process.items():  # worker processes: bit for bit; Ray's: float32 rounding
+            torch.testing.assert_close(got[k], v, rtol=0, atol=0 if engine == "local" else 1e-5)

@@ -63,6 +63,23 @@ def test_wire_refuses_code_outside_the_package_and_unknown_types():
         wire.pack({"x": object()})
 
 
+def test_wire_rebuilds_a_loaded_plugins_dataclass_and_imports_nothing():
+    """A pFL system's task (a dataclass of its plugin's package) crosses a Flower message only where that plugin is
+    loaded and the module already imported: a message can make no process import anything."""
+    from fedl2p_cli import plugins
+
+    from .toy_system import Ask
+    tensors, skeleton = wire.pack(Ask(3, {"w": torch.arange(3.0)}, 1))
+    with pytest.raises(ValueError, match="refusing"):
+        wire.unpack(tensors, skeleton)  # `tests` is no loaded plugin here
+    with plugins.using(plugins.build("tests.test_systems")):
+        got = wire.unpack(tensors, skeleton)
+        assert got == Ask(3, got.state, 1) and torch.equal(got.state["w"], torch.arange(3.0))
+        never = skeleton.replace("tests.toy_system:", "tests.not_imported:")  # the plugin's package: still refused,
+        with pytest.raises(ValueError, match="refusing"):  # not a ModuleNotFoundError (no import tried)
+            wire.unpack(tensors, never)
+
+
 def test_missing_extra_is_one_clear_line(monkeypatch):
     import sys
     from fedl2p_cli.engine import flower

@@ -1,5 +1,7 @@
-"""A new personalised-FL system is one module and one registration: tests/toy_system.py, registered here only, is
-trained by `pfl-train`'s stage, stored, reloaded and evaluated by `personalize` beside the FT baselines."""
+"""A new personalised-FL system is one class and one registration: tests/toy_system.py, registered here only, is
+trained by `pfl-train`'s stage through the Runtime's executor (this process or `--workers` processes, the same
+bytes), stored, reloaded and evaluated by `personalize` beside the FT baselines. A system written against API 1's
+module protocol (tests/toy_system_v1.py) still trains, in this process, and its loading notes how to move it."""
 
 from __future__ import annotations
 
@@ -7,39 +9,72 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from fedl2p_cli import methods, plugins
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.configs import PFLConfig
 from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import partition, personalize, pfl
 
-from . import toy_system
+from . import toy_system_v1
 
 
 def register(registry):
-    registry.add_system(methods.System("toy-fedavg", "Toy FedAvg", trainer="tests.toy_system"))
+    """This module is the plugin (worker processes load it by name)."""
+    registry.add_system(methods.System("toy-fedavg", "Toy FedAvg", trainer="tests.toy_system:ToyFedAvg"))
+    registry.add_system(methods.System("toy-fedavg-v1", "Toy FedAvg v1", trainer="tests.toy_system_v1"))
 
 
-def test_a_new_system_is_one_module_and_one_registration(tiny_store, tmp_path):
+def cfg_of(algo: str) -> PFLConfig:
+    return PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.05)
+
+
+@pytest.fixture
+def store(tiny_store, tmp_path):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
-    store, part_id = Store(tmp_path / "s"), tiny_store["partition"].id
-    cfg = PFLConfig(algo="toy-fedavg", rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.05)
+    return Store(tmp_path / "s")
+
+
+def test_a_new_system_is_one_class_and_one_registration(tiny_store, store):
+    part_id = tiny_store["partition"].id
     with pytest.raises(FedL2PError, match="unknown pFL system 'toy-fedavg' \\(--algo\\); choose one of: pfedla"):
-        pfl.run(cfg, store, part_id)
-    with plugins.using(plugins.build(register)):
-        trained_and_evaluated(cfg, store, part_id, tiny_store)
+        pfl.run(cfg_of("toy-fedavg"), store, part_id)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker process computes (the CLI's --threads default)
+    try:
+        with plugins.using(plugins.build("tests.test_systems")):
+            art = trained_and_evaluated(cfg_of("toy-fedavg"), store, part_id, tiny_store)
+            one = art.file("model.safetensors").read_bytes()
+            two, _ = pfl.run(cfg_of("toy-fedavg"), store, part_id, force=True, runtime=Runtime(workers=2))
+    finally:
+        torch.set_num_threads(threads)
+    assert two.id == art.id and two.file("model.safetensors").read_bytes() == one  # the same path: read before
 
 
-def trained_and_evaluated(cfg, store, part_id, tiny_store):
+def test_a_module_system_of_api_1_still_trains_and_is_noted_once(tiny_store, store):
+    catalog = plugins.build("tests.test_systems")
+    notes = [n for n in catalog.notes if "toy-fedavg" in n]
+    assert len(notes) == 1 and "is a module of functions (tests.toy_system_v1)" in notes[0], catalog.notes
+    assert 'trainer="tests.toy_system_v1:ClassName"' in notes[0]
+    with plugins.using(catalog):
+        art = trained_and_evaluated(cfg_of("toy-fedavg-v1"), store, tiny_store["partition"].id, tiny_store,
+                                    "Toy FedAvg v1", toy_system_v1.accuracy)
+    assert art.metrics["algo"] == "toy-fedavg-v1"
+
+
+def trained_and_evaluated(cfg, store, part_id, tiny_store, label="Toy FedAvg", accuracy=None):
     art, reused = pfl.run(cfg, store, part_id)
     assert not reused and pfl.run(cfg, store, part_id)[1] and art.file("model.safetensors").is_file()
     assert set(art.config) >= {"local_epochs", "lr"} and "hn_lr" not in art.config  # its own settings only
-    pcfg = personalize.PersonalizeConfig(methods=["ft-bnc", "toy-fedavg"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    pcfg = personalize.PersonalizeConfig(methods=["ft-bnc", cfg.algo], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
     pers, _ = personalize.run(pcfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
     _, r = personalize.load(store, pers.id)
-    assert r.methods == ["ft-bnc", "toy-fedavg"] and "| Toy FedAvg |" in pers.file("summary.md").read_text()
+    assert r.methods == ["ft-bnc", cfg.algo] and f"| {label} |" in pers.file("summary.md").read_text()
     t = pfl.load(store, art.id)
     _, p = partition.load(store, part_id)
-    want = [toy_system.accuracy(t, int(c), p.client(int(c)), 0, 1) for c in r.client]
+    accuracy = accuracy or pfl.system(cfg.algo).accuracy
+    want = [accuracy(t, int(c), p.client(int(c)), 0, 1) for c in r.client]
     np.testing.assert_allclose(r.acc_after[1, 0], want)
+    return art

@@ -1,21 +1,13 @@
-"""A personalised-FL system written only for tests/test_systems.py: FedAvg of local SGD from the model's own init,
-evaluated as the global model on each client's test split. What a new system needs: this module and a
-registration (methods.System(..., trainer="tests.toy_system"))."""
+"""A personalised-FL system written only for tests/test_systems.py, as a plugin writes one (`api.PFLSystem`): FedAvg
+of local SGD from the model's own init, evaluated as the global model on each client's test split. What a new system
+needs: this class and a registration (`System(..., trainer="tests.toy_system:ToyFedAvg")`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedl2p_cli.algorithms.local import LocalConfig, sgd_client
-from fedl2p_cli.core.aggregate import weighted_average
-from fedl2p_cli.core.functional import get_state
-from fedl2p_cli.engine.loop import LoopState, generator, sample_clients
-from fedl2p_cli.engine.rounds import in_process, run_rounds
-from fedl2p_cli.io import weights
-from fedl2p_cli.models import registry
-from fedl2p_cli.stages.pretrain import global_accuracy
-
-SETTINGS = {"toy-fedavg": ("local_epochs",)}
+from fedl2p_cli.api import (LocalConfig, LoopState, PFLSystem, build_model, evaluate, generator, get_state,
+                            load_weights, sample_clients, save_weights, sgd_client, weighted_average)
 
 
 @dataclass
@@ -25,13 +17,27 @@ class Ask:
     round: int
 
 
+@dataclass
+class ToyClient:
+    model: object
+    part: object
+    local: LocalConfig
+    lr: float
+    seed: int
+
+
+def local_update(ctx: ToyClient, t: Ask):
+    x, y = ctx.part.client(t.client).train
+    new, loss = sgd_client(ctx.model, t.state, x, y, ctx.lr, ctx.local, generator(ctx.seed, t.round, t.client))
+    return new, len(y), loss
+
+
 class Strategy:
     label = "toy fedavg"
 
     def __init__(self, cfg, part):
         self.cfg, self.part = cfg, part
-        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-        self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+        self.model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
 
     def initial_state(self):
         return LoopState(0, get_state(self.model))
@@ -40,12 +46,8 @@ class Strategy:
         return False
 
     def configure(self, st, rnd, attempt=0):
-        return [Ask(c, st.tensors, rnd) for c in sample_clients(self.part.pool(False), self.cfg.fraction, self.cfg.seed, rnd)]
-
-    def client(self, t: Ask):
-        x, y = self.part.client(t.client).train
-        new, loss = sgd_client(self.model, t.state, x, y, self.cfg.lr, self.local, generator(self.cfg.seed, t.round, t.client))
-        return new, len(y), loss
+        return [Ask(c, st.tensors, rnd) for c in sample_clients(self.part.pool(False), self.cfg.fraction, self.cfg.seed,
+                                                                rnd, attempt)]
 
     def aggregate(self, st, rnd, tasks, results, timer):
         st.tensors = weighted_average([r[0] for r in results], [r[1] for r in results])
@@ -55,16 +57,25 @@ class Strategy:
         return {}
 
 
-def train(cfg, part, ckpt, progress, draft, runtime):
-    strategy = Strategy(cfg, part)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
-    weights.save(draft.path("model.safetensors"), st.tensors, {"algo": cfg.algo})
-    return st.history, {"algo": cfg.algo}
+class ToyFedAvg(PFLSystem):
+    SETTINGS = {"toy-fedavg": ("local_epochs",)}
 
+    def context(self, cfg, part):
+        model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        return ToyClient(model, part, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size), cfg.lr, cfg.seed)
 
-def load(art, cfg, model):
-    return weights.load(art.file("model.safetensors"))
+    def strategy(self, cfg, part, local):
+        return Strategy(cfg, part)
 
+    client = staticmethod(local_update)
 
-def accuracy(t, c, data, seed, steps):
-    return global_accuracy(t.model, t.state, *data.test)
+    def save(self, strategy, state, draft):
+        save_weights(draft.path("model.safetensors"), state.tensors, {"algo": strategy.cfg.algo})
+        return {"algo": strategy.cfg.algo}
+
+    def load(self, art, cfg, model):
+        return load_weights(art.file("model.safetensors"))[0]
+
+    def accuracy(self, t, c, data, seed, steps):
+        t.model.eval()
+        return evaluate(t.model, t.state, *data.test)[1]

@@ -7,13 +7,13 @@ import typer
 
 from ..configs import PFLConfig
 from . import options, render
-from ..runtime import Runtime
+from ..runtime import Runtime, round_options
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.pfl")
 
 
-@config_command(PFLConfig)
+@config_command(PFLConfig, runtime=round_options())
 def pfl_train(
     cfg: PFLConfig,
     rt: Runtime,

@@ -22,6 +22,15 @@ def generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(mixed) & ((1 << 63) - 1))
 
 
+BATCH_STREAM = 7  # the key of the personalisation batch stream: generator(seed, client, BATCH_STREAM)
+
+
+def batch_stream(seed: int, client: int) -> torch.Generator:
+    """The batch order of every personalisation of `client` with personalisation seed `seed` (a fresh generator each
+    call): every method, system and analysis of a client and seed draws from it, so their accuracies are paired."""
+    return generator(seed, client, BATCH_STREAM)
+
+
 def sample_clients(pool: list[int], fraction: float, seed: int, rnd: int, attempt: int = 0) -> list[int]:
     """ceil-free C*r sampling (at least one client), without replacement, sorted for readability. `attempt` > 0:
     the fresh sample of a retried round."""

@@ -3,8 +3,9 @@
 A task or result is a nest of tensors, dicts with string keys, lists, tuples, numbers, strings, None and this
 package's dataclasses (e.g. `ClientResult`). `pack` moves every tensor into a flat name -> tensor dict (an ArrayRecord
 on the wire) and describes the rest as JSON; `unpack` rebuilds the same nest. Floats go through JSON's repr, tensors
-through their raw bytes, so a round trip is exact. A dataclass is rebuilt only if it lives in `fedl2p_cli`: a message
-can name no other code to run.
+through their raw bytes, so a round trip is exact. A dataclass is rebuilt only if it lives in `fedl2p_cli` or in a
+module of a plugin this process has loaded and already imported (a pFL system's task): a message can import nothing
+and name no other code to run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import sys
 from typing import Any
 
 from torch import Tensor
@@ -68,9 +70,16 @@ def _decode(node: Any, tensors: dict[str, Tensor]) -> Any:
 
 def _dataclass(path: str) -> type:
     module, _, name = path.partition(":")
-    if module.split(".")[0] != _PACKAGE:
-        raise ValueError(f"wire: refusing to rebuild '{path}' (not a {_PACKAGE} dataclass)")
+    if module.split(".")[0] != _PACKAGE and not _plugin_module(module):
+        raise ValueError(f"wire: refusing to rebuild '{path}' (not a dataclass of {_PACKAGE} or of a loaded plugin)")
     cls = getattr(importlib.import_module(module), name)
     if not dataclasses.is_dataclass(cls):
         raise ValueError(f"wire: '{path}' is not a dataclass")
     return cls
+
+
+def _plugin_module(module: str) -> bool:
+    """`module` is imported already and belongs to the package of a plugin this process loaded."""
+    from .. import plugins
+    roots = {m.split(".")[0] for m in plugins.current().active()}
+    return module in sys.modules and module.split(".")[0] in roots

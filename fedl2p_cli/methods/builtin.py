@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..core.selection import candidates
 from .registry import HandMade, Learned, System, Tuned
 
-SYSTEMS = "fedl2p_cli.stages.systems"  # the systems' training modules, imported when used
+SYSTEMS = "fedl2p_cli.algorithms.systems"  # the systems' classes, imported when used
 
 METHODS = (
     HandMade("ft-bnc", "FT (BN C)", beta=1.0),    # the client's own statistics
@@ -19,7 +19,7 @@ METHODS = (
 )
 SYSTEMS_BUILTIN = (
     # per-client aggregation weights: a model for the clients it trained only
-    System("pfedla", "pFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla"),
-    System("heurpfedla", "HeurpFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla"),
-    System("cafeme", "CAFeMe", trainer=f"{SYSTEMS}.cafeme"),  # a modulator that personalises any client
+    System("pfedla", "pFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla:PFedLA"),
+    System("heurpfedla", "HeurpFedLA", pools=("seen",), trainer=f"{SYSTEMS}.pfedla:PFedLA"),
+    System("cafeme", "CAFeMe", trainer=f"{SYSTEMS}.cafeme:CAFeMe"),  # a modulator that personalises any client
 )

@@ -133,8 +133,9 @@ class Learned(Method):
 @dataclass(frozen=True)
 class System(Method):
     """Another personalised-FL system with its own models (a pfl artifact): `fedl2p pfl-train --algo NAME`.
-    `trainer` names the module that trains, saves, loads and evaluates it (stages/systems/: SETTINGS, train, load,
-    accuracy); it is imported only when the system is used."""
+    `trainer` names its class, "package.module:Class" (an `api.PFLSystem`: context, strategy, client, save, load,
+    accuracy), imported only when the system is used; a bare "package.module" is API 1's module protocol (SETTINGS,
+    train, load, accuracy), which trains in this process only."""
     trainer: str = ""
     trained_by: ClassVar[str | None] = "pfl"
     kind: ClassVar[str] = "system"

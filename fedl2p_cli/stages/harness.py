@@ -15,18 +15,10 @@ import torch
 from ..core.client import ClientData
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
-from ..engine.loop import generator
+from ..engine.loop import batch_stream as batches
 from ..engine.placement import OnDevice
 from ..io.stats_h5 import StatsTable
 from .pretrain import global_accuracy
-
-BATCH_STREAM = 7  # the key of the personalisation batch stream: generator(seed, client, BATCH_STREAM)
-
-
-def batches(seed: int, client: int) -> torch.Generator:
-    """The batch order of every personalisation of `client` with `seed` (a fresh generator each call)."""
-    return generator(seed, client, BATCH_STREAM)
-
 
 @dataclass
 class Client:

@@ -1,9 +1,12 @@
 """`fedl2p pfl-train`: the other personalised-FL systems, trained on a partition's seen clients. Each registered
-system (fedl2p_cli/methods: `System.trainer`) has its own module under stages/systems/ (`train(cfg, part, ckpt,
-progress, draft, runtime)`, `load`, `accuracy`, `SETTINGS`):
+system names its class (`System(trainer="package.module:Class")`, an `algorithms.system.PFLSystem`), and its rounds
+run here through the executor the Runtime chooses (this process, `--workers` processes, Flower):
 pfedla / heurpfedla (Ma et al., CVPR 2022): the server's per-client models and hypernetworks -> server.safetensors.
 cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.safetensors.
 `fedl2p personalize --methods pfedla,heurpfedla,cafeme` evaluates them beside FT and FedL2P on the same clients.
+
+A system registered with a bare module (`trainer="package.module"`: SETTINGS, train, load, accuracy functions; API
+1's first protocol) still trains, in this process only; loading it notes once how to make it a class.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from typing import Any
 import torch
 
 from .. import plugins
+from ..algorithms.system import PFLSystem
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate
 from ..engine.loop import Checkpoint
+from ..engine.placement import OnDevice
+from ..engine.rounds import run_rounds
+from ..engine.workers import open_pool
+from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime
 from . import partition as partition_stage
@@ -32,16 +40,20 @@ def check(cfg: PFLConfig) -> None:
     registry.spec(cfg.model)
 
 
-def trainer(algo: str):
-    """The module that trains and evaluates a registered system (methods.System.trainer)."""
-    return importlib.import_module(plugins.current().get("system", algo).trainer)
+def system(algo: str) -> Any:
+    """The registered system's class made once (a `PFLSystem`), or its module under API 1's module protocol."""
+    spec = plugins.current().get("system", algo).trainer
+    module, _, name = spec.partition(":")
+    if name:
+        return getattr(importlib.import_module(module), name)()
+    return importlib.import_module(spec)  # API 1's module protocol (the loader noted it: plugins.register)
 
 
 def identity(cfg: PFLConfig) -> dict:
     """Only the settings the chosen system reads are part of its artifact's id."""
     shared = ("algo", "model", "rounds", "fraction", "batch_size", "lr", "eval_every", "seed")
     d = config_dict(cfg)
-    return {k: d[k] for k in (*shared, *trainer(cfg.algo).SETTINGS[cfg.algo])}
+    return {k: d[k] for k in (*shared, *system(cfg.algo).SETTINGS[cfg.algo])}
 
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
@@ -57,12 +69,33 @@ def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: b
         ckpt = Checkpoint(store.workdir("pfl", draft.id))
         if not resume:
             ckpt.clear()
-        history, draft.metrics = trainer(cfg.algo).train(cfg, part, ckpt, progress or NoProgress(), draft,
-                                                          runtime)
+        sys_ = system(cfg.algo)
+        if isinstance(sys_, PFLSystem):
+            history, draft.metrics = train(sys_, cfg, part, ckpt, progress or NoProgress(), draft, runtime,
+                                           (str(store.root), part_art.id))
+        else:  # API 1's module protocol: its own rounds, in this process
+            history, draft.metrics = sys_.train(cfg, part, ckpt, progress or NoProgress(), draft, runtime)
         write_history(draft.path("history.csv"), history)
         draft.metrics |= {k: v for k, v in history[-1].items() if k in ("val_acc", "train_loss", "held_out_loss")}
 
     return build_or_reuse(store, "pfl", conf, {"partition": part_art.id}, build, force, runtime)
+
+
+def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress, draft: Draft,
+          runtime: Runtime, where: tuple[str, str]) -> tuple[list[dict], dict]:
+    """A system's rounds through the Runtime's executor; `where` = (store root, partition id) lets a worker process
+    or Flower ClientApp build its own context from the store."""
+    local = OnDevice(sys_.context(cfg, part), runtime.torch_device)
+    strategy = sys_.strategy(cfg, part, local)
+    with open_pool(runtime, worker_context, (*where, cfg), type(sys_).client, local, len(part.pool(False))) as pool:
+        st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, runtime.policy())
+    return st.history, sys_.save(strategy, st, draft)
+
+
+def worker_context(root: str, partition_id: str, cfg: PFLConfig, runtime: Runtime) -> Any:
+    """A worker's (or ClientApp's) own client context, built once from the store."""
+    part = partition_stage.load(Store(root), partition_id)[1]
+    return system(cfg.algo).context(cfg, part)
 
 
 @dataclass
@@ -83,9 +116,9 @@ def load(store: Store, ref: str | None) -> Trained:
     cfg = PFLConfig(**{k: v for k, v in c.items() if k in PFLConfig.__dataclass_fields__})
     guard.from_artifact(art, c["model"])
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
-    return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], trainer(cfg.algo).load(art, cfg, model))
+    return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], system(cfg.algo).load(art, cfg, model))
 
 
 def client_accuracy(t: Trained, c: int, data, seed: int, steps: int) -> float:
     """Test accuracy of client c under a trained system (NaN where the system has no model for it)."""
-    return trainer(t.algo).accuracy(t, c, data, seed, steps)
+    return system(t.algo).accuracy(t, c, data, seed, steps)

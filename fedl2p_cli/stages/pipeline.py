@@ -166,10 +166,11 @@ def compile(p: Pipeline) -> Plan:
         steps.append(Step(f"meta-train:{i}", "meta-train", cfg.variant(), "meta-train", meta_train.MetaTrainConfig,
                           _meta_train(cfg, rt)))
     for i, t in enumerate(_tables(s.get("pfl", []), "pfl", name)):  # the other personalised-FL systems, same clients
-        cfg = _make(pfl.PFLConfig, "pfl", t, name)
+        values, rt = _runtime(t, "pfl", name)
+        cfg = _make(pfl.PFLConfig, "pfl", values, name)
         pfl.check(cfg)
-        steps.append(Step(f"pfl:{i}", "pfl", cfg.algo, "pfl", pfl.PFLConfig, lambda r, f, cfg=cfg: pfl.run(
-            copy.deepcopy(cfg), r.store, r.done["partition"].id, f, True, r.progress(), runtime=r.runtime)))
+        steps.append(Step(f"pfl:{i}", "pfl", cfg.algo, "pfl", pfl.PFLConfig, lambda r, f, cfg=cfg, rt=rt: pfl.run(
+            copy.deepcopy(cfg), r.store, r.done["partition"].id, f, True, r.progress(), runtime=r.runtime.replace(**rt))))
     if "personalize" in s:
         steps += _personalize(s, name)
     else:

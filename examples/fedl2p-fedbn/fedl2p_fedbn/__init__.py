@@ -37,4 +37,4 @@ def register(registry) -> None:
     registry.add_dataset(Source("npz", load_dataset, "your arrays x, y[, domain] in the .npz file --data-dir names "
                                 "(fedl2p-fedbn)"))
     registry.add_method(HandMade("ft-bn-only", "FT BN-only (BN C)", beta=1.0, baseline=False, tensors=bn_tensors))
-    registry.add_system(System("fedbn", "FedBN", trainer="fedl2p_fedbn.system"))
+    registry.add_system(System("fedbn", "FedBN", trainer="fedl2p_fedbn.system:FedBN"))

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedl2p_cli.api import (Artifact, Checkpoint, ClientData, Draft, LocalConfig, LoopState, Partition, PFLConfig,
-                            Progress, Runtime, Timer, TrainedSystem, batch_stream, build_model, evaluate, generator,
-                            get_state, group_of, in_process, load_weights, nest, run_rounds, sample_clients, save_weights,
-                            to_device, to_host)
+from fedl2p_cli.api import (Artifact, ClientData, Draft, LocalConfig, LoopState, OnDevice, Partition, PFLConfig,
+                            PFLSystem, Timer, TrainedSystem, batch_stream, build_model, evaluate, generator, get_state,
+                            group_of, load_weights, nest, sample_clients, save_weights, to_device)
 
 from . import fedbn
 
-SETTINGS = {"fedbn": ("local_epochs",)}
 FILE = "fedbn.safetensors"
 
 
@@ -37,20 +35,44 @@ class FedBNTask:
     round: int
 
 
+@dataclass
+class FedBNClient:
+    """What a FedBN client update reads, built once per process (fedl2p places it on the runtime's device)."""
+    model: torch.nn.Module
+    part: Partition
+    local_cfg: LocalConfig
+    cfg: PFLConfig
+    init_local: dict  # the model's initial BN layers: where a client's first round starts
+
+
+def client_update(ctx: FedBNClient, task: FedBNTask) -> tuple[dict, int, float]:
+    """One client's round: the whole model trained locally from the shared weights and its own BN layers."""
+    x, y = ctx.part.client(task.client).train
+    state, loss = fedbn.client_update(ctx.model, task.shared, task.local or ctx.init_local, x, y, ctx.cfg.lr,
+                                      ctx.local_cfg, generator(ctx.cfg.seed, task.round, task.client))
+    return state, len(y), loss
+
+
+def validation(ctx: FedBNClient, arg: tuple[dict, int]) -> float:
+    """Mean validation accuracy of the seen clients' FedBN models."""
+    tensors, rnd = arg
+    seen = ctx.part.pool(False)
+    t = trained_of(tensors, sizes_of(ctx.part, seen))
+    return float(np.nanmean([client_accuracy(ctx.model, t, c, ctx.part.client(c), ctx.part.client(c).val, ctx.cfg,
+                                             generator(ctx.cfg.seed, rnd, c, 3)) for c in seen]))
+
+
 class FedBNStrategy:
     """FedBN (Alg. 1): every sampled client trains the whole model locally; the server averages the non-BN weights
     and each client keeps its BN layers. The state: `shared.` plus `local<c>.` for every client that trained."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device):
-        self.cfg, self.part = cfg, part
+    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice):
+        self.cfg, self.part, self.on = cfg, part, local
         self.label = f"pfl-train {cfg.algo}"
-        self.model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
-        self.keys = fedbn.local_keys(self.model)
-        self.init_shared, self.init_local = fedbn.split(get_state(self.model), self.keys)
-        self.local_cfg = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+        model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.keys = fedbn.local_keys(model)
+        self.init_shared, _ = fedbn.split(get_state(model), self.keys)
         self.seen = part.pool(False)
-        self.dev = dev
-        self.model.to(self.dev)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, nest("shared", self.init_shared))
@@ -63,13 +85,6 @@ class FedBNStrategy:
         return [FedBNTask(c, shared, group_of(st.tensors, f"local{c}") or None, rnd)
                 for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
-    def client(self, task: FedBNTask) -> tuple[dict, int, float]:
-        x, y = self.part.client_on(task.client, self.dev).train
-        state, loss = fedbn.client_update(self.model, to_device(task.shared, self.dev),
-                                          to_device(task.local or self.init_local, self.dev), x, y, self.cfg.lr,
-                                          self.local_cfg, generator(self.cfg.seed, task.round, task.client))
-        return to_host(state), len(y), loss
-
     def aggregate(self, st: LoopState, rnd: int, tasks: list[FedBNTask], results: list, timer: Timer) -> dict:
         shared, locals_ = fedbn.aggregate([(r[0], r[1]) for r in results], self.keys)
         st.tensors = {k: v for k, v in st.tensors.items() if not k.startswith("shared.")} | nest("shared", shared)
@@ -77,10 +92,7 @@ class FedBNStrategy:
             st.tensors |= nest(f"local{t.client}", loc)
         rec = {"round": rnd + 1, "train_loss": float(np.mean([r[2] for r in results]))}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd + 1 == self.cfg.rounds:
-            t = trained_of(st.tensors, sizes_of(self.part, self.seen))
-            data = {c: self.part.client_on(c, self.dev) for c in self.seen}
-            rec["val_acc"] = float(np.nanmean([client_accuracy(self.model, t, c, data[c], data[c].val, self.cfg,
-                                                               generator(self.cfg.seed, rnd, c, 3)) for c in self.seen]))
+            rec["val_acc"] = self.on(validation, (st.tensors, rnd))
         return rec
 
     def progress_info(self, rec: dict, st: LoopState) -> dict:
@@ -130,22 +142,34 @@ def sizes_of(part: Partition, clients: list[int]) -> dict[int, int]:
     return {c: part.client(c).n_train for c in clients}
 
 
-def train(cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress, draft: Draft, runtime: Runtime
-          ) -> tuple[list[dict], dict]:
-    strategy = FedBNStrategy(cfg, part, runtime.torch_device)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(strategy.client))
-    sizes = sizes_of(part, strategy.seen)
-    save_weights(draft.path(FILE), st.tensors, {"algo": cfg.algo, "model": cfg.model, "sizes": sizes})
-    trained = trained_of(st.tensors, sizes)
-    return st.history, {"algo": cfg.algo, "clients_trained": len(trained.locals), "local_tensors": len(strategy.keys)}
+class FedBN(PFLSystem):
+    """FedBN as a fedl2p system: `context` and `client` run wherever fedl2p puts a round's clients (this process,
+    `--workers` processes, Flower ClientApps); `strategy` is the server."""
 
+    SETTINGS = {"fedbn": ("local_epochs",)}
 
-def load(art: Artifact, cfg: PFLConfig, model: torch.nn.Module) -> Trained:
-    tensors, meta = load_weights(art.file(FILE))
-    return trained_of(tensors, {int(c): n for c, n in meta["sizes"].items()})
+    def context(self, cfg: PFLConfig, part: Partition) -> FedBNClient:
+        model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        _, init_local = fedbn.split(get_state(model), fedbn.local_keys(model))
+        return FedBNClient(model, part, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size), cfg, init_local)
 
+    def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> FedBNStrategy:
+        return FedBNStrategy(cfg, part, local)
 
-def accuracy(t: TrainedSystem, c: int, data: ClientData, seed: int, steps: int) -> float:
-    """Client c's test accuracy under FedBN; a client it never trained adapts its BN layers first, on the batches of
-    personalisation seed `seed` (the same stream as the other methods')."""
-    return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, batch_stream(seed, c))
+    client = staticmethod(client_update)
+
+    def save(self, strategy: FedBNStrategy, state: LoopState, draft: Draft) -> dict:
+        sizes = sizes_of(strategy.part, strategy.seen)
+        save_weights(draft.path(FILE), state.tensors, {"algo": strategy.cfg.algo, "model": strategy.cfg.model,
+                                                       "sizes": sizes})
+        trained = trained_of(state.tensors, sizes)
+        return {"algo": strategy.cfg.algo, "clients_trained": len(trained.locals), "local_tensors": len(strategy.keys)}
+
+    def load(self, art: Artifact, cfg: PFLConfig, model: torch.nn.Module) -> Trained:
+        tensors, meta = load_weights(art.file(FILE))
+        return trained_of(tensors, {int(c): n for c, n in meta["sizes"].items()})
+
+    def accuracy(self, t: TrainedSystem, c: int, data: ClientData, seed: int, steps: int) -> float:
+        """Client c's test accuracy under FedBN; a client it never trained adapts its BN layers first, on the
+        batches of personalisation seed `seed` (the same stream as the other methods')."""
+        return client_accuracy(t.model, t.state, c, data, data.test, t.cfg, batch_stream(seed, c))

@@ -8,22 +8,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ...algorithms import pfedla
-from ...algorithms.local import LocalConfig
 from ...configs import PFLConfig
 from ...core.client import Timer
 from ...core.functional import evaluate, get_state
 from ...core.layer_mix import layers_of
 from ...engine.loop import LoopState, generator, group_of, nest, sample_clients
 from ...engine.placement import OnDevice
-from ...engine.rounds import in_process, run_rounds
 from ...io import weights
 from ...io.partition_h5 import Partition
 from ...models import registry
-from ...runtime import Runtime
+from .. import pfedla
+from ..local import LocalConfig
+from ..system import PFLSystem
 
-SETTINGS = {"pfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden"),
-            "heurpfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden", "k")}
+FILE = "server.safetensors"
 
 
 def retained_k(cfg: PFLConfig) -> int:
@@ -55,6 +53,16 @@ class PFedLAClient:
     server: pfedla.Server
 
 
+def client_of(cfg: PFLConfig, part: Partition) -> PFedLAClient:
+    """A client's context; its server holds only the shape (clients, layer names): the tensors come with each task."""
+    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+    names = [n for n, _ in model.named_parameters()]
+    seen = part.pool(False)
+    shape = pfedla.Server(seen, {}, [{} for _ in seen], names, layers_of(names))
+    return PFedLAClient(model, part, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size), cfg.lr, cfg.hn_lr,
+                        retained_k(cfg), cfg.seed, shape)
+
+
 def server_of(ctx: PFedLAClient, tensors: dict) -> pfedla.Server:
     server = replace(ctx.server, hypernets=list(ctx.server.hypernets))
     restore_server(server, tensors)
@@ -84,19 +92,16 @@ def validation(ctx: PFedLAClient, tensors: dict) -> float:
 class PFedLAStrategy:
     """pFedLA / HeurpFedLA (Alg. 1-2): every sampled client trains its layer-wise mix; the server then updates the
     clients' hypernetworks and stored models (the state is the server: stacked models and hypernetworks). Clients,
-    the server's round and the validation run on `dev`."""
+    the server's round and the validation run where `local` is placed."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device):
-        self.cfg, self.part = cfg, part
+    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice):
+        self.cfg, self.part, self.on = cfg, part, local
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
         self.seen = part.pool(False)
         names = [n for n, _ in self.model.named_parameters()]
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
                                          generator(cfg.seed, 1))
-        shape = replace(self.server, stacked={}, hypernets=[{} for _ in self.server.hypernets])  # the tensors: per task
-        self.on = OnDevice(PFedLAClient(self.model, part, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size),
-                                        cfg.lr, cfg.hn_lr, retained_k(cfg), cfg.seed, shape), dev)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, server_tensors(self.server))
@@ -104,9 +109,9 @@ class PFedLAStrategy:
     def stop(self, st: LoopState) -> bool:
         return False
 
-    def configure(self, st: LoopState, rnd: int) -> list[PFedLATask]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[PFedLATask]:
         return [PFedLATask(c, self.seen.index(c), rnd, st.tensors)
-                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[PFedLATask], results: list, timer: Timer) -> dict:
         st.tensors = self.on(server_round, (st.tensors, {t.slot: r for t, r in zip(tasks, results)}))
@@ -141,29 +146,37 @@ def restore_server(server: pfedla.Server, tensors: dict[str, torch.Tensor]) -> N
 
 
 
+class PFedLA(PFLSystem):
+    """pFedLA and HeurpFedLA (HeurpFedLA keeps its first k layers local); the artifact holds the server."""
 
-def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft, runtime: Runtime = Runtime()
-          ) -> tuple[list[dict], dict]:
-    strategy = PFedLAStrategy(cfg, part, runtime.torch_device)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(client_task, strategy.on))
-    restore_server(strategy.server, st.tensors)  # st.tensors is the server state, flat
-    weights.save(draft.path("server.safetensors"), st.tensors,
-                 {"algo": cfg.algo, "model": cfg.model, "clients": strategy.server.clients})
-    return st.history, {"algo": cfg.algo, "server_state_bytes": strategy.server.nbytes()}
+    SETTINGS = {"pfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden"),
+                "heurpfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden", "k")}
 
+    def context(self, cfg: PFLConfig, part: Partition) -> PFedLAClient:
+        return client_of(cfg, part)
 
-def load(art, cfg: PFLConfig, model: torch.nn.Module) -> pfedla.Server:
-    tensors, meta = weights.load_with_meta(art.file("server.safetensors"))
-    names = [n for n, _ in model.named_parameters()]
-    server = pfedla.Server(meta["clients"], {}, [{} for _ in meta["clients"]], names, layers_of(names))
-    restore_server(server, tensors)
-    return server
+    def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> PFedLAStrategy:
+        return PFedLAStrategy(cfg, part, local)
 
+    client = staticmethod(client_task)
 
-def accuracy(t, c: int, data, seed: int, steps: int) -> float:
-    """Client c's personalised model theta_bar_c on its test split; NaN for a client it never trained (it has no
-    hypernetwork)."""
-    server = t.state
-    if c not in server.clients:
-        return float("nan")
-    return pfedla_val(t.model, server, server.clients.index(c), data.test, retained_k(t.cfg))
+    def save(self, strategy: PFedLAStrategy, state: LoopState, draft) -> dict:
+        restore_server(strategy.server, state.tensors)  # the state is the server, flat
+        weights.save(draft.path(FILE), state.tensors,
+                     {"algo": strategy.cfg.algo, "model": strategy.cfg.model, "clients": strategy.server.clients})
+        return {"algo": strategy.cfg.algo, "server_state_bytes": strategy.server.nbytes()}
+
+    def load(self, art, cfg: PFLConfig, model: torch.nn.Module) -> pfedla.Server:
+        tensors, meta = weights.load_with_meta(art.file(FILE))
+        names = [n for n, _ in model.named_parameters()]
+        server = pfedla.Server(meta["clients"], {}, [{} for _ in meta["clients"]], names, layers_of(names))
+        restore_server(server, tensors)
+        return server
+
+    def accuracy(self, t, c: int, data, seed: int, steps: int) -> float:
+        """Client c's personalised model theta_bar_c on its test split; NaN for a client it never trained (it has
+        no hypernetwork)."""
+        server = t.state
+        if c not in server.clients:
+            return float("nan")
+        return pfedla_val(t.model, server, server.clients.index(c), data.test, retained_k(t.cfg))

@@ -8,21 +8,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...algorithms import cafeme
 from ...configs import PFLConfig
 from ...core.client import Timer
 from ...core.modulate import gate_sites, init_modulator
-from ...engine.loop import LoopState, generator, group_of, nest, sample_clients
+from ...engine.loop import LoopState, batch_stream, generator, group_of, nest, sample_clients
 from ...engine.placement import OnDevice
-from ...engine.rounds import in_process, run_rounds
 from ...errors import FedL2PError
 from ...io import weights
 from ...io.partition_h5 import Partition
 from ...models import registry
-from ...runtime import Runtime
-from ..harness import batches
+from .. import cafeme
+from ..system import PFLSystem
 
-SETTINGS = {"cafeme": ("steps", "outer_lr", "order", "outer")}
+FILE = "omega.safetensors"
 
 
 def cafeme_config(cfg: PFLConfig, num_classes: int) -> cafeme.CAFeMeConfig:
@@ -50,6 +48,11 @@ class CAFeMeClient:
     seed: int
 
 
+def client_of(cfg: PFLConfig, part: Partition) -> CAFeMeClient:
+    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+    return CAFeMeClient(model, gate_sites(model, part.in_channels), part, cafeme_config(cfg, part.num_classes), cfg.seed)
+
+
 def client_task(ctx: CAFeMeClient, task: CAFeMeTask):
     data = ctx.part.client(task.client)
     return cafeme.client_update(ctx.model, ctx.sites, task.omega, data.train, data.val, ctx.ccfg,
@@ -66,16 +69,14 @@ def validation(ctx: CAFeMeClient, task: tuple[dict, int, list[int], int]) -> flo
 
 class CAFeMeStrategy:
     """CAFeMe (Alg. 1): each sampled client personalises omega and takes one outer step; the server averages.
-    The state is omega plus every client's Adam moments (keys adam<c>.). Clients and validation run on `dev`."""
+    The state is omega plus every client's Adam moments (keys adam<c>.). Clients and validation run where `local` is placed."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, dev: torch.device):
-        self.cfg, self.part = cfg, part
+    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice):
+        self.cfg, self.part, self.on = cfg, part, local
         self.label = f"pfl-train {cfg.algo}"
         self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
         self.sites = gate_sites(self.model, part.in_channels)
-        self.ccfg = cafeme_config(cfg, part.num_classes)
         self.seen = part.pool(False)
-        self.on = OnDevice(CAFeMeClient(self.model, self.sites, part, self.ccfg, cfg.seed), dev)
         if any(len(part.client(c).val[1]) < 2 for c in self.seen):
             raise FedL2PError("cafeme needs a held-out split on every seen client; partition with --val-fraction > 0")
 
@@ -88,11 +89,11 @@ class CAFeMeStrategy:
     def stop(self, st: LoopState) -> bool:
         return False
 
-    def configure(self, st: LoopState, rnd: int) -> list[CAFeMeTask]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[CAFeMeTask]:
         omega = omega_of(st.tensors)
         return [CAFeMeTask(c, omega, group_of(st.tensors, f"adam{c}") or None,
                            int(st.extra.get("adam_t", {}).get(str(c), 0)) + 1, rnd)
-                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd)]
+                for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
 
     def aggregate(self, st: LoopState, rnd: int, tasks: list[CAFeMeTask], results: list, timer: Timer) -> dict:
         for task, (_, loss, moments) in zip(tasks, results):
@@ -118,16 +119,6 @@ def omega_of(tensors: dict) -> dict:
 
 
 
-
-def train(cfg: PFLConfig, part: Partition, ckpt, progress, draft, runtime: Runtime = Runtime()
-          ) -> tuple[list[dict], dict]:
-    strategy = CAFeMeStrategy(cfg, part, runtime.torch_device)
-    st = run_rounds(strategy, cfg.rounds, ckpt, progress, in_process(client_task, strategy.on))
-    omega = omega_of(st.tensors)
-    weights.save(draft.path("omega.safetensors"), omega, {"algo": cfg.algo, "model": cfg.model})
-    return st.history, {"algo": cfg.algo, "params": int(sum(v.numel() for v in omega.values()))}
-
-
 @dataclass
 class Omega:
     """A trained CAFeMe: omega and the model's gate sites."""
@@ -135,11 +126,29 @@ class Omega:
     sites: list
 
 
-def load(art, cfg: PFLConfig, model: torch.nn.Module) -> Omega:
-    return Omega(weights.load(art.file("omega.safetensors")), gate_sites(model, art.config["in_channels"]))
 
+class CAFeMe(PFLSystem):
+    """CAFeMe; the artifact holds omega, and each evaluated client personalises it for `steps` steps first."""
 
-def accuracy(t, c: int, data, seed: int, steps: int) -> float:
-    ccfg = cafeme_config(t.cfg, t.num_classes)
-    return cafeme.personalize_and_test(t.model, t.state.sites, t.state.omega, data.train, data.test, steps, ccfg,
-                                       batches(seed, c))  # the personalisation stream every method of (c, seed) uses
+    SETTINGS = {"cafeme": ("steps", "outer_lr", "order", "outer")}
+
+    def context(self, cfg: PFLConfig, part: Partition) -> CAFeMeClient:
+        return client_of(cfg, part)
+
+    def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> CAFeMeStrategy:
+        return CAFeMeStrategy(cfg, part, local)
+
+    client = staticmethod(client_task)
+
+    def save(self, strategy: CAFeMeStrategy, state: LoopState, draft) -> dict:
+        omega = omega_of(state.tensors)
+        weights.save(draft.path(FILE), omega, {"algo": strategy.cfg.algo, "model": strategy.cfg.model})
+        return {"algo": strategy.cfg.algo, "params": int(sum(v.numel() for v in omega.values()))}
+
+    def load(self, art, cfg: PFLConfig, model: torch.nn.Module) -> Omega:
+        return Omega(weights.load(art.file(FILE)), gate_sites(model, art.config["in_channels"]))
+
+    def accuracy(self, t, c: int, data, seed: int, steps: int) -> float:
+        ccfg = cafeme_config(t.cfg, t.num_classes)
+        return cafeme.personalize_and_test(t.model, t.state.sites, t.state.omega, data.train, data.test, steps, ccfg,
+                                           batch_stream(seed, c))  # the stream every method of (c, seed) uses

@@ -1,0 +1,67 @@
+"""What a personalised-FL system is to fedl2p: the class `fedl2p pfl-train --algo NAME` trains and `fedl2p personalize
+--methods NAME` evaluates. fedl2p's own systems (pFedLA, HeurpFedLA, CAFeMe) and a plugin's are the same kind of
+class, found through the same catalog entry (`System(name, label, trainer="package.module:Class")`) and run through
+the same executors, so `--workers N` and `--engine flower` apply to every one of them.
+
+This module imports no torch: `fedl2p --help` and a plugin's registration stay light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from ..artifacts import Artifact, Draft
+    from ..configs import PFLConfig
+    from ..core.client import ClientData
+    from ..engine.loop import LoopState
+    from ..engine.placement import OnDevice
+    from ..engine.rounds import RoundStrategy
+    from ..io.partition_h5 import Partition
+
+
+class PFLSystem:
+    """A personalised-FL system. fedl2p makes one instance (no arguments) in each process that uses it.
+
+    How `pfl-train` runs it, in order:
+    1. `context(cfg, part)` in this process and in every worker process or Flower ClientApp: what a client's update
+       reads. The executor places it on the runtime's device.
+    2. `strategy(cfg, part, local)`: the server side, a `RoundStrategy` (initial_state, configure -> one task per
+       client, aggregate). `local(fn, arg)` runs `fn(context, arg)` on the device in this process (a validation).
+    3. Each round, `client(context, task)` per task, wherever the executor runs it; `aggregate` gets the results.
+       Tasks and results cross processes and Flower messages: tensors, dicts with string keys, lists, tuples,
+       numbers, strings, None and dataclasses of this plugin's package.
+    4. `save(strategy, state, draft)` writes the trained weights into the artifact and returns its metrics.
+    `personalize` then calls `load` once and `accuracy` per client and seed.
+
+    SETTINGS: {algo name: (PFLConfig field, ...)}, the options its artifact id includes besides the shared ones
+    (algo, model, rounds, fraction, batch_size, lr, eval_every, seed). One class may serve several names.
+    """
+
+    SETTINGS: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def context(self, cfg: PFLConfig, part: Partition) -> Any:
+        """What a client's update reads (model, partition, settings), built once per process; no round state."""
+        raise NotImplementedError
+
+    def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> RoundStrategy:
+        """The rounds' server side; `local` is this process's placed context."""
+        raise NotImplementedError
+
+    @staticmethod
+    def client(ctx: Any, task: Any) -> Any:
+        """One client's update, its tensors on ctx's device. A static method: worker processes import it by name."""
+        raise NotImplementedError
+
+    def save(self, strategy: Any, state: LoopState, draft: Draft) -> dict:
+        """The trained state into `draft` (`draft.path(FILE)`, `api.save_weights`); returns the artifact's metrics."""
+        raise NotImplementedError
+
+    def load(self, art: Artifact, cfg: PFLConfig, model: Any) -> Any:
+        """The trained state `save` wrote (`art.file(FILE)`), for `accuracy`."""
+        raise NotImplementedError
+
+    def accuracy(self, trained: Any, client: int, data: ClientData, seed: int, steps: int) -> float:
+        """Client `client`'s test accuracy (NaN where the system has no model for it). A system that adapts to a
+        client draws its batches from `batch_stream(seed, client)`, the stream every method shares."""
+        raise NotImplementedError
