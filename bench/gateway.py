@@ -131,14 +131,19 @@ def main() -> None:
         for p in procs:
             os.killpg(p.pid, 9)
     (HERE / "gateway.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"CPU: {out['cpu']}")
-    print("| gateway | RSS idle (MB) | RSS peak, 256 MB body (MB) | answer | requests/s | vs direct |")
-    print("|---|---|---|---|---|---|")
+    print(report(out))
+
+
+def report(out: dict) -> str:
+    """The measurements as printed: the CPU, then one row per gateway and the direct rate."""
+    lines = [f"CPU: {out['cpu']}", "| gateway | RSS idle (MB) | RSS peak, 256 MB body (MB) | answer | requests/s | vs direct |",
+             "|---|---|---|---|---|---|"]
     for k, m in out["memory"].items():
         r = out["rate"][k]
-        print(f"| {k} | {m['idle_mb']} | {m['peak_256mb_body_mb']} | {m['status'] or 'cut'} | {r['rps_median']} | "
-              f"{r['vs_direct']} |")
-    print(f"| direct to the SuperLink | | | | {direct} | 1 |")
+        lines.append(f"| {k} | {m['idle_mb']} | {m['peak_256mb_body_mb']} | {m['status'] or 'cut'} | {r['rps_median']} | "
+                     f"{r['vs_direct']} |")
+    lines.append(f"| direct to the SuperLink | | | | {out['rate']['direct']['rps_median']} | 1 |")
+    return "\n".join(lines)
 
 
 def cpu() -> str:
