@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli.analysis import tables
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy  # noqa: E402  (the cells' definitions)
 
@@ -65,20 +67,20 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
 
 def table(rows: list[dict]) -> str:
     """One row per variant: accuracy, the best FT and the paired difference to it, how its meta-train run went."""
-    lines = ["| variant | method | accuracy (3 seeds) | best FT | Δ vs best FT (paired) | η̃ last (min–max), × start | kept round "
-             "| end |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        v = ",".join(f"{k}={x}" for k, x in r["variant"].items())
-        if "error" in r:
-            lines.append(f"| {v} | FAILED: {r['error']} | | | | | | |")
-            continue
-        m = r["run"]
-        end = f"diverged: {m['diverged']}" if m["diverged"] else "stable"
-        lines.append(f"| {v} | {r['method']} | {100 * r['mean']:.2f} ± {100 * r['sd']:.2f} | {r['best_ft']} "
-                     f"{100 * r['best_ft_mean']:.2f} | {100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f} | "
-                     f"{m['eta_last']:.2f} ({m['eta_min']:.2f}–{m['eta_max']:.2f}) | {m['kept_round']} | {end} |")
-    return "\n".join(lines)
+    cols = ["variant", "method", "accuracy (3 seeds)", "best FT", "Δ vs best FT (paired)", "η̃ last (min–max), × start",
+            "kept round", "end"]
+    return tables.markdown(cols, (ablate_row(r) for r in rows))
 
+
+def ablate_row(r: dict) -> list:
+    v = ",".join(f"{k}={x}" for k, x in r["variant"].items())
+    if "error" in r:
+        return [v, f"FAILED: {r['error']}", "", "", "", "", "", ""]
+    m = r["run"]
+    return [v, r["method"], f"{100 * r['mean']:.2f} ± {100 * r['sd']:.2f}", f"{r['best_ft']} {100 * r['best_ft_mean']:.2f}",
+            f"{100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f}",
+            f"{m['eta_last']:.2f} ({m['eta_min']:.2f}–{m['eta_max']:.2f})", m["kept_round"],
+            f"diverged: {m['diverged']}" if m["diverged"] else "stable"]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
