@@ -198,25 +198,27 @@ def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
 def merge_extras(store, main, r, s: dict, arts: list) -> None:
     """Learned methods evaluated by another personalize artifact on the same clients, seeds and batches (same
     pretrained model, stats, pool, epochs, LR and client statistics) join the main table, with their paired deltas."""
-    from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
     same = ("unseen", "epochs", "batch_size", "base_lr", "client_bn")
     for a in arts:
         if a.id == main.id or a.parents["stats"] != main.parents["stats"] or any(a.config.get(k) != main.config.get(k) for k in same):
             continue
         _, x = pers_stage.load(store, a.id)
-        if not np.array_equal(x.client, r.client):
+        if np.array_equal(x.client, r.client):
+            join(r, s, x, json.loads(a.file("summary.json").read_text()))
+
+
+def join(r, s: dict, x, xs: dict) -> None:
+    """Into the main personalisation's summary `s` (results `r`), the learned rows of another one on the same clients
+    (results `x`, summary `xs`), their deltas paired against the main one's best baseline and tuned row as
+    `fedl2p personalize` pairs them (personalize.deltas): the extra groups personalise no tuned row of their own."""
+    from fedl2p_cli import methods as registry
+    from fedl2p_cli.stages import personalize as pers_stage
+    best, tuned = pers_stage.references(r, s["best_baseline"])
+    for i, m in enumerate(x.methods):
+        if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
             continue
-        xs = json.loads(a.file("summary.json").read_text())
-        best = r.methods.index(s["best_baseline"])
-        tuned = r.methods.index("ft-tuned")
-        for i, m in enumerate(x.methods):
-            if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
-                continue
-            v = xs["methods"][m]
-            v["vs_best_baseline"] = float(np.nanmean(np.nanmean(x.acc_after[i] - r.acc_after[best], axis=0)))
-            v["vs_ft_tuned"] = float(np.nanmean(x.acc_after[i] - r.acc_after[tuned]))
-            s["methods"][m] = v
+        s["methods"][m] = xs["methods"][m] | pers_stage.deltas(x.acc_after[i], best, tuned)
 
 
 def cluster_rows(cell: str, row: dict) -> dict:
