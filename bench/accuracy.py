@@ -150,38 +150,35 @@ def oracle(candidates: np.ndarray) -> tuple[float, float]:
     return float(per_seed.mean()), float(per_seed.std())
 
 
+def planned(cell: str, group: str | None = None, default_ift: bool = False) -> list | None:
+    """The artifacts of a cell's pipeline file (or of one of its groups), found as `fedl2p run` and `fedl2p report`
+    find them: its compiled plan executed with reuse_only (nothing is built). None while one of them is missing."""
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import pipeline
+    from fedl2p_cli.stages.common import Missing, NoProgress
+    p = pipeline.Pipeline(f"accuracy-{cell}", sections(cell, group=group, default_ift=default_ift), pipeline.Store(STORE))
+    try:
+        return pipeline.run(p, None, NoProgress, runtime=Runtime().replace(reuse_only=True))
+    except Missing:
+        return None
+
+
 def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
-    """The finished cell's rows (one per pool), or None if it is not complete (`default_ift`: of its default-IFT run)."""
+    """The finished cell's rows (one per pool), or None if it is not complete (`default_ift`: of its default-IFT run).
+    Its extra groups' learned rows join them (not with `default_ift`: that report is the default IFT's alone)."""
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
+    main = planned(cell, default_ift=default_ift)
+    if main is None:
+        return None
+    groups = [] if default_ift else [g for g in GROUPS if pipeline_file(cell, g).is_file()]
+    extras = [r.artifact for g in groups for r in planned(cell, g) or [] if r.stage == "personalize"]
     rows = []
-    secs = sections(cell, default_ift=default_ift)
-    want = {k: v for k, v in secs["partition"].items() if k != "exclude"}
-
-    from fedl2p_cli.stages.partition import PartitionConfig, generates
-    defaults = PartitionConfig()
-    # generated domains built before --normalize existed were normalised with the partition's own constants: another
-    # partition, which a stored config says by lacking the key (it enters the id only at "source")
-    norm = want.get("normalize", defaults.normalize) if generates(PartitionConfig(**want)) else None
-
-    def ours(art) -> bool:  # an option at its default may be absent from a stored config (identity_default)
-        got = store.load("partition", art.parents["partition"], verify=False).config
-        same_norm = norm is None or got.get("normalize", "partition") == norm
-        return art.config.get("seeds") == SEEDS and same_norm and all(got.get(k, getattr(defaults, k)) == v
-                                                                      for k, v in want.items())
-
-    arts = [a for a in store.iter("personalize") if ours(a)]
-    n_meta = len(secs["meta-train"])  # the main file's variants: a personalisation of other ones is not this cell's
-    for art in arts:
-        metas = [v for k, v in art.parents.items() if k.startswith("meta-train:")]
-        if "ft-tuned" not in art.config.get("methods", []) or len(metas) != n_meta:
-            continue
-        if default_ift and not all(is_default_variant(store.load("meta-train", i, verify=False).config) for i in metas):
-            continue
+    for art in (r.artifact for r in main if r.stage == "personalize"):
         _, r = pers_stage.load(store, art.id)
         s = json.loads(art.file("summary.json").read_text())
-        merge_extras(store, art, r, s, arts)
+        merge_extras(store, art, r, s, extras)
         row = {"cell": cell, "kind": CELLS[cell][0], "alpha": CELLS[cell][1], "pool": s["pool"], "clients": s["clients"],
                "global": s["global_acc"], "methods": s["methods"], "best_baseline": s.get("best_baseline"),
                "personalize": art.id, "pretrain": art.parents["pretrain"], "base_lr": art.config.get("base_lr", BASE_LR)}
@@ -214,7 +211,7 @@ def join(r, s: dict, x, xs: dict) -> None:
     `fedl2p personalize` pairs them (personalize.deltas): the extra groups personalise no tuned row of their own."""
     from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
-    best, tuned = pers_stage.references(r, s["best_baseline"])
+    best, tuned = pers_stage.references(r, s.get("best_baseline"))
     for i, m in enumerate(x.methods):
         if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
             continue
