@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli.analysis import tables
+
 HERE = Path(__file__).resolve().parent
 STORE = Path(os.environ.get("FEDL2P_STORE", HERE.parent / "artifacts"))
 SEEDS = [0, 1, 2]          # personalisation seeds (batch order of every method's fine-tuning), inside each meta-train seed
@@ -148,38 +150,35 @@ def oracle(candidates: np.ndarray) -> tuple[float, float]:
     return float(per_seed.mean()), float(per_seed.std())
 
 
+def planned(cell: str, group: str | None = None, default_ift: bool = False) -> list | None:
+    """The artifacts of a cell's pipeline file (or of one of its groups), found as `fedl2p run` and `fedl2p report`
+    find them: its compiled plan executed with reuse_only (nothing is built). None while one of them is missing."""
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import pipeline
+    from fedl2p_cli.stages.common import Missing, NoProgress
+    p = pipeline.Pipeline(f"accuracy-{cell}", sections(cell, group=group, default_ift=default_ift), pipeline.Store(STORE))
+    try:
+        return pipeline.run(p, None, NoProgress, runtime=Runtime().replace(reuse_only=True))
+    except Missing:
+        return None
+
+
 def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
-    """The finished cell's rows (one per pool), or None if it is not complete (`default_ift`: of its default-IFT run)."""
+    """The finished cell's rows (one per pool), or None if it is not complete (`default_ift`: of its default-IFT run).
+    Its extra groups' learned rows join them (not with `default_ift`: that report is the default IFT's alone)."""
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
+    main = planned(cell, default_ift=default_ift)
+    if main is None:
+        return None
+    groups = [] if default_ift else [g for g in GROUPS if pipeline_file(cell, g).is_file()]
+    extras = [r.artifact for g in groups for r in planned(cell, g) or [] if r.stage == "personalize"]
     rows = []
-    secs = sections(cell, default_ift=default_ift)
-    want = {k: v for k, v in secs["partition"].items() if k != "exclude"}
-
-    from fedl2p_cli.stages.partition import PartitionConfig, generates
-    defaults = PartitionConfig()
-    # generated domains built before --normalize existed were normalised with the partition's own constants: another
-    # partition, which a stored config says by lacking the key (it enters the id only at "source")
-    norm = want.get("normalize", defaults.normalize) if generates(PartitionConfig(**want)) else None
-
-    def ours(art) -> bool:  # an option at its default may be absent from a stored config (identity_default)
-        got = store.load("partition", art.parents["partition"], verify=False).config
-        same_norm = norm is None or got.get("normalize", "partition") == norm
-        return art.config.get("seeds") == SEEDS and same_norm and all(got.get(k, getattr(defaults, k)) == v
-                                                                      for k, v in want.items())
-
-    arts = [a for a in store.iter("personalize") if ours(a)]
-    n_meta = len(secs["meta-train"])  # the main file's variants: a personalisation of other ones is not this cell's
-    for art in arts:
-        metas = [v for k, v in art.parents.items() if k.startswith("meta-train:")]
-        if "ft-tuned" not in art.config.get("methods", []) or len(metas) != n_meta:
-            continue
-        if default_ift and not all(is_default_variant(store.load("meta-train", i, verify=False).config) for i in metas):
-            continue
+    for art in (r.artifact for r in main if r.stage == "personalize"):
         _, r = pers_stage.load(store, art.id)
         s = json.loads(art.file("summary.json").read_text())
-        merge_extras(store, art, r, s, arts)
+        merge_extras(store, art, r, s, extras)
         row = {"cell": cell, "kind": CELLS[cell][0], "alpha": CELLS[cell][1], "pool": s["pool"], "clients": s["clients"],
                "global": s["global_acc"], "methods": s["methods"], "best_baseline": s.get("best_baseline"),
                "personalize": art.id, "pretrain": art.parents["pretrain"], "base_lr": art.config.get("base_lr", BASE_LR)}
@@ -196,25 +195,27 @@ def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
 def merge_extras(store, main, r, s: dict, arts: list) -> None:
     """Learned methods evaluated by another personalize artifact on the same clients, seeds and batches (same
     pretrained model, stats, pool, epochs, LR and client statistics) join the main table, with their paired deltas."""
-    from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
     same = ("unseen", "epochs", "batch_size", "base_lr", "client_bn")
     for a in arts:
         if a.id == main.id or a.parents["stats"] != main.parents["stats"] or any(a.config.get(k) != main.config.get(k) for k in same):
             continue
         _, x = pers_stage.load(store, a.id)
-        if not np.array_equal(x.client, r.client):
+        if np.array_equal(x.client, r.client):
+            join(r, s, x, json.loads(a.file("summary.json").read_text()))
+
+
+def join(r, s: dict, x, xs: dict) -> None:
+    """Into the main personalisation's summary `s` (results `r`), the learned rows of another one on the same clients
+    (results `x`, summary `xs`), their deltas paired against the main one's best baseline and tuned row as
+    `fedl2p personalize` pairs them (personalize.deltas): the extra groups personalise no tuned row of their own."""
+    from fedl2p_cli import methods as registry
+    from fedl2p_cli.stages import personalize as pers_stage
+    best, tuned = pers_stage.references(r, s.get("best_baseline"))
+    for i, m in enumerate(x.methods):
+        if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
             continue
-        xs = json.loads(a.file("summary.json").read_text())
-        best = r.methods.index(s["best_baseline"])
-        tuned = r.methods.index("ft-tuned")
-        for i, m in enumerate(x.methods):
-            if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
-                continue
-            v = xs["methods"][m]
-            v["vs_best_baseline"] = float(np.nanmean(np.nanmean(x.acc_after[i] - r.acc_after[best], axis=0)))
-            v["vs_ft_tuned"] = float(np.nanmean(x.acc_after[i] - r.acc_after[tuned]))
-            s["methods"][m] = v
+        s["methods"][m] = xs["methods"][m] | pers_stage.deltas(x.acc_after[i], best, tuned)
 
 
 def cluster_rows(cell: str, row: dict) -> dict:
@@ -365,8 +366,7 @@ def report(done: list[list[dict]]) -> str:
     methods = list(dict.fromkeys(m for r in rows for m in r["methods"]))
     hand = [m for m in methods if m in registry.handmade()]
     learned = [m for m in methods if m not in hand]
-    head = "| scenario | α | pool | global | " + " | ".join(registry.label(m) for m in hand) + " | oracle (test, bound) | " + \
-        " | ".join(registry.label(m) for m in learned) + " |"
+    cols = ["scenario", "α", "pool", "global", *map(registry.label, hand), "oracle (test, bound)", *map(registry.label, learned)]
     import subprocess
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "fedl2p_cli", "bench"], capture_output=True, text=True,
@@ -377,28 +377,29 @@ def report(done: list[list[dict]]) -> str:
              "2-core CPU. Hand-made rows: mean ± SD "
              f"over personalisation seeds {SEEDS}. Learned rows: mean ± SD over meta-train seeds {META_SEEDS} (each the mean "
              f"over the personalisation seeds), [the mean personalisation-seed SD], (Δ vs best of FT BN C/G/I; Δ vs FT "
-             "tuned, paired, mean over meta-train seeds).", "", head,
-             "|---" * (5 + len(hand) + len(learned)) + "|"]
-    for r in rows:
-        ms = r["methods"]
-        cells = [f"{100 * ms[m]['mean']:.2f} ± {100 * ms[m]['sd']:.2f}" if m in ms else "–" for m in hand]
-        orc = f"{100 * r['oracle'][0]:.2f} ± {100 * r['oracle'][1]:.2f}" if "oracle" in r else "–"
-        lrn = []
-        for m in learned:
-            if m not in ms or np.isnan(ms[m]["mean"]):
-                # on the unseen pool a learned row without a value has no model for those clients (L2P)
-                lrn.append("N/A" if r["pool"] == "unseen" and m in ms else "–")
-                continue
-            v = ms[m]
-            pers = f" [{100 * v['pers_sd']:.2f}]" if "pers_sd" in v else ""
-            lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}{pers} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
-                       f"{100 * v.get('vs_ft_tuned', np.nan):+.2f})")
-        scenario, alpha = ("speakers (synthetic)", "–") if r["kind"] == "speech" else (f"{r['kind']} shift", f"{r['alpha']:g}")
-        if r.get("base_lr", BASE_LR) != BASE_LR:  # a cell whose own pipeline file sets another base LR (planted)
-            scenario += f" (base LR {r['base_lr']:g})"
-        lines.append(f"| {scenario} | {alpha} | {r['pool']} | {100 * r['global']:.2f} | " + " | ".join(cells)
-                     + f" | {orc} | " + " | ".join(lrn) + " |")
-    return "\n".join(lines) + "\n"
+             "tuned, paired, mean over meta-train seeds).", ""]
+    return "\n".join(lines + tables.lines(cols, (table_row(r, hand, learned) for r in rows))) + "\n"
+
+
+def table_row(r: dict, hand: list[str], learned: list[str]) -> list[str]:
+    """One pool of one cell in the main table: hand-made means, the oracle, learned rows with their paired deltas."""
+    ms = r["methods"]
+    cells = [f"{100 * ms[m]['mean']:.2f} ± {100 * ms[m]['sd']:.2f}" if m in ms else "–" for m in hand]
+    orc = f"{100 * r['oracle'][0]:.2f} ± {100 * r['oracle'][1]:.2f}" if "oracle" in r else "–"
+    lrn = []
+    for m in learned:
+        if m not in ms or np.isnan(ms[m]["mean"]):
+            # on the unseen pool a learned row without a value has no model for those clients (L2P)
+            lrn.append("N/A" if r["pool"] == "unseen" and m in ms else "–")
+            continue
+        v = ms[m]
+        pers = f" [{100 * v['pers_sd']:.2f}]" if "pers_sd" in v else ""
+        lrn.append(f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}{pers} ({100 * v.get('vs_best_baseline', np.nan):+.2f}; "
+                   f"{100 * v.get('vs_ft_tuned', np.nan):+.2f})")
+    scenario, alpha = ("speakers (synthetic)", "–") if r["kind"] == "speech" else (f"{r['kind']} shift", f"{r['alpha']:g}")
+    if r.get("base_lr", BASE_LR) != BASE_LR:  # a cell whose own pipeline file sets another base LR (planted)
+        scenario += f" (base LR {r['base_lr']:g})"
+    return [scenario, alpha, r["pool"], f"{100 * r['global']:.2f}", *cells, orc, *lrn]
 
 
 def beta_report(done: list[list[dict]]) -> str:
@@ -413,32 +414,33 @@ def beta_report(done: list[list[dict]]) -> str:
                 if "beta_per_domain" not in v:
                     continue
                 lines += [f"β per domain and BN layer (mean over meta-train seeds), {m}, {r['kind']} shift α = {r['alpha']:g} "
-                          "(seen clients)", "",
-                          "| domain | " + " | ".join(f"bn{i}" for i in range(len(next(iter(v['beta_per_domain'].values()))))) + " |",
-                          "|---" * (1 + len(next(iter(v['beta_per_domain'].values())))) + "|"]
-                lines += [f"| {d} | " + " | ".join(f"{b:.3f}" for b in bs) + " |" for d, bs in v["beta_per_domain"].items()]
-                spread = np.ptp(np.array(list(v["beta_per_domain"].values())), axis=0)
-                lines += ["| spread (max − min) | " + " | ".join(f"{b:.3f}" for b in spread) + " |", ""]
+                          "(seen clients)", "", *domain_betas(v["beta_per_domain"]), ""]
             if "sweep" in r:
                 lrs = list(next(iter(r["sweep"].values())))
                 lines += [f"What the data asks for, {r['kind']} shift α = {r['alpha']:g}: test accuracy (%) of FT with one fixed β "
                           f"in every BN layer, at LR {' and '.join(lrs)} (seen clients, seed 0)", "",
-                          "| domain | LR | " + " | ".join(f"β={b:g}" for b in SWEEP) + " | best β |", "|---" * (3 + len(SWEEP)) + "|"]
-                lines += [f"| {d} | {lr} | " + " | ".join(f"{100 * a:.2f}" for a in by_lr[lr]) +
-                          f" | {SWEEP[int(np.argmax(by_lr[lr]))]:g} |" for d, by_lr in r["sweep"].items() for lr in lrs]
-                lines.append("")
+                          *tables.lines(["domain", "LR", *(f"β={b:g}" for b in SWEEP), "best β"],
+                                        ([d, lr, *(f"{100 * a:.2f}" for a in by_lr[lr]), f"{SWEEP[int(np.argmax(by_lr[lr]))]:g}"]
+                                         for d, by_lr in r["sweep"].items() for lr in lrs)), ""]
             if "client_bn" in r:
                 cmp_ = r["client_bn"]
                 ms = list(cmp_["running"])
                 lines += [f"Client BN statistics, {r['kind']} shift α = {r['alpha']:g}, seen clients: test accuracy (%) with the "
                           "paper's running statistics vs recomputed ones (PreciseBN), same clients, seeds and batches", "",
-                          "| client statistics | " + " | ".join(ms) + " |", "|---" * (1 + len(ms)) + "|"]
-                lines += [f"| {k} | " + " | ".join(f"{100 * cmp_[k].get(m, np.nan):.2f}" for m in ms) + " |" for k in cmp_]
-                lines.append("")
+                          *tables.lines(["client statistics", *ms],
+                                        ([k, *(f"{100 * cmp_[k].get(m, np.nan):.2f}" for m in ms)] for k in cmp_)), ""]
             if "ari" in r:
                 lines += [f"ARI vs true domains, {r['kind']} shift α = {r['alpha']:g} (seen clients): "
                           + ", ".join(f"{k} {a:.3f}" if isinstance(a, float) else f"{k} {a}" for k, a in r["ari"].items()), ""]
     return "\n".join(lines)
+
+
+def domain_betas(per_domain: dict[str, list[float]]) -> list[str]:
+    """β by domain (rows) and BN layer (columns), and each layer's spread over the domains."""
+    spread = np.ptp(np.array(list(per_domain.values())), axis=0)
+    return tables.lines(["domain", *(f"bn{i}" for i in range(len(spread)))],
+                        [*([d, *(f"{b:.3f}" for b in bs)] for d, bs in per_domain.items()),
+                         ["spread (max − min)", *(f"{b:.3f}" for b in spread)]])
 
 
 def meta_runs(personalize_id: str) -> list[dict]:
@@ -466,14 +468,22 @@ def runs_report(done: list[list[dict]]) -> str:
     """One line per cell and meta-train seed: how the default IFT's learning went."""
     lines = ["The meta-train runs: η̃ (mean over tensors, × its start) after the last round and its range over the rounds, "
              "the round whose λ was kept, and the sampled clients' mean validation loss in the first and last round.", "",
-             "| cell | run | η̃ last (min–max) | kept round | end | val. loss first → last |", "|---|---|---|---|---|---|"]
-    for cell in done:
-        r = cell[0]
-        for m in r["runs"]:
-            end = f"diverged: {m['diverged']}" if m["diverged"] else f"stable, {m['rounds_run']} rounds"
-            lines.append(f"| {r['cell']} | {m['variant']} | {m['eta_last']:.2f} ({m['eta_min']:.2f}–{m['eta_max']:.2f}) | "
-                         f"{m['kept_round']} | {end} | {m['val_first']:.3f} → {m['val_last']:.3f} |")
+             *tables.lines(["cell", "run", "η̃ last (min–max)", "kept round", "end", "val. loss first → last"],
+                           ([cell[0]["cell"], m["variant"], f"{m['eta_last']:.2f} ({m['eta_min']:.2f}–{m['eta_max']:.2f})",
+                             m["kept_round"], f"diverged: {m['diverged']}" if m["diverged"] else f"stable, {m['rounds_run']} rounds",
+                             f"{m['val_first']:.3f} → {m['val_last']:.3f}"] for cell in done for m in cell[0]["runs"]))]
     return "\n".join(lines) + "\n"
+
+
+def central_report(done: list[list[dict]]) -> str:
+    """Label-shift cells' pretrained global model beside the same model trained centrally ("" if none was)."""
+    ls = [r for cell in done for r in cell if r["kind"] == "label" and r["pool"] == "seen" and "central_acc" in r]
+    if not ls:
+        return ""
+    return ("\nPretrained global model (FedAvg) vs the same model trained centrally on the same seen clients' images "
+            "(10 epochs), pooled seen test sets:\n\n"
+            + tables.markdown(["α", "FedAvg", "central"], ([f"{r['alpha']:g}", f"{100 * r['pretrain_seen_acc']:.2f}",
+                                                            f"{100 * r['central_acc']:.2f}"] for r in ls)) + "\n")
 
 
 def speech_beta(r: dict) -> list[str]:
@@ -538,13 +548,7 @@ def main() -> None:
                 central.setdefault(key, central_accuracy(key, sections(c, full=False)["pretrain"]))
                 r["central_acc"] = central[key]
         done.append(rows)
-    text = report(done)
-    ls = [r for cell in done for r in cell if r["kind"] == "label" and r["pool"] == "seen" and "central_acc" in r]
-    if ls:
-        text += "\nPretrained global model (FedAvg) vs the same model trained centrally on the same seen clients' images " \
-                "(10 epochs), pooled seen test sets:\n\n| α | FedAvg | central |\n|---|---|---|\n"
-        text += "".join(f"| {r['alpha']:g} | {100 * r['pretrain_seen_acc']:.2f} | {100 * r['central_acc']:.2f} |\n" for r in ls)
-    text += "\n" + beta_report(done)
+    text = report(done) + central_report(done) + "\n" + beta_report(done)
     if args.default_ift:
         text += "\n" + runs_report(done)
     out = "accuracy-ift" if args.default_ift else "accuracy"

@@ -1,36 +1,34 @@
-"""Does a bench cell's data ask for a per-domain beta? `python bench/beta_grid.py CELL [--lr LR] [--levels 0,1]
-[--seeds 0,1,2]`: `fedl2p analyze beta-grid` on the cell's statistics (partition, pretrained model and statistics
-built or reused first), then its report. The artifact (analyze/ID: scores.json, summary.md/json) keeps the result."""
+"""Does a bench cell's data ask for a per-domain beta? `python bench/beta_grid.py CELL [OPTIONS]`.
+
+Builds (or reuses) the cell's partition, pretrained model and statistics, then runs `fedl2p analyze beta-grid --stats
+ID [OPTIONS]` on them in the bench store: OPTIONS are that command's (--lr LR, --levels 0,1, --seeds 0,1,2, ...; see
+`fedl2p analyze beta-grid --help`). It prints the command's table; the artifact (analyze/ID: scores.json,
+summary.md/json) keeps the result."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy  # noqa: E402  (the cells' definitions)
 
+USAGE = f"usage: python bench/beta_grid.py CELL [options of `fedl2p analyze beta-grid`]; cells: {', '.join(accuracy.CELLS)}"
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cell", choices=list(accuracy.CELLS))
-    ap.add_argument("--lr", type=float, default=accuracy.BASE_LR, help="learning rate of every tensor")
-    ap.add_argument("--levels", default="0,0.5,1", help="comma-separated beta levels; the grid is levels^(BN layers)")
-    ap.add_argument("--seeds", default="0", help="comma-separated batch-order seeds of the fine-tuning")
-    args = ap.parse_args()
-    import torch
-    torch.set_num_threads(1)
-    from fedl2p_cli.artifacts import Store
-    from fedl2p_cli.cli.render import RichProgress
-    from fedl2p_cli.configs import BetaGridConfig
-    from fedl2p_cli.stages import beta_grid
-    ids = accuracy.prerequisites(args.cell)
-    cfg = BetaGridConfig(lr=args.lr, levels=[float(v) for v in args.levels.split(",")], seeds=[int(v) for v in args.seeds.split(",")],
-                         epochs=accuracy.EPOCHS)
-    art, _ = beta_grid.run(cfg, Store(accuracy.STORE), ids["stats"], progress=RichProgress())
-    print(f"\n{args.cell}: analyze/{art.id}\n\n" + art.file("summary.md").read_text())
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if not argv or argv[0] not in accuracy.CELLS:
+        print(f"error: the first argument is a cell; {USAGE}", file=sys.stderr)
+        return 2
+    from fedl2p_cli.cli.main import run_cli
+    ids = accuracy.prerequisites(argv[0])
+    return run_cli(["analyze", "beta-grid", "--store", str(accuracy.STORE), "--stats", ids["stats"],
+                    "--epochs", str(accuracy.EPOCHS), *argv[1:]])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

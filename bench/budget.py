@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli.analysis import tables
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accuracy  # noqa: E402  (the cells' definitions)
@@ -129,15 +131,15 @@ def _record(cell: str, rounds: int, variants: list[str], ids: list[str]) -> None
 
 
 def table(all_rows: list[dict]) -> str:
-    lines = ["| cell | pool | rounds | variant | keep | accuracy | Δ vs best FT | Δ vs FT tuned | kept round per seed |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(all_rows, key=lambda r: (r["cell"], r["pool"] != "seen", r["variant"], r["keep"], r["rounds"])):
-        lines.append(f"| {r['cell']} | {r['pool']} | {r['rounds']} | {r['variant']} | {r['keep']} "
-                     f"| {100 * r['mean']:.2f} ± {100 * r['sd']:.2f} "
-                     f"| {100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f} ({r['best_ft']} "
-                     f"{100 * r['best_ft_mean']:.2f}) | {100 * r['vs_ft_tuned']:+.2f} ± {100 * r['vs_ft_tuned_sd']:.2f} "
-                     f"| {' / '.join(map(str, r['kept_rounds']))} |")
-    return "\n".join(lines)
+    cols = ["cell", "pool", "rounds", "variant", "keep", "accuracy", "Δ vs best FT", "Δ vs FT tuned", "kept round per seed"]
+    return tables.markdown(cols, ([r["cell"], r["pool"], r["rounds"], r["variant"], r["keep"],
+                                   f"{100 * r['mean']:.2f} ± {100 * r['sd']:.2f}",
+                                   f"{100 * r['vs_best_ft']:+.2f} ± {100 * r['vs_best_ft_sd']:.2f} ({r['best_ft']} "
+                                   f"{100 * r['best_ft_mean']:.2f})",
+                                   f"{100 * r['vs_ft_tuned']:+.2f} ± {100 * r['vs_ft_tuned_sd']:.2f}",
+                                   " / ".join(map(str, r["kept_rounds"]))]
+                                  for r in sorted(all_rows, key=lambda r: (r["cell"], r["pool"] != "seen", r["variant"],
+                                                                           r["keep"], r["rounds"]))))
 
 
 def plot(all_rows: list[dict], curves: dict[str, dict[str, list[float]]], betas: dict[str, dict[str, list[float]]],

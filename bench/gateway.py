@@ -24,6 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+from fedl2p_cli.analysis import tables  # noqa: E402
 from tests.flower_loopback import free_ports, wait_for_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -131,15 +132,16 @@ def main() -> None:
         for p in procs:
             os.killpg(p.pid, 9)
     (HERE / "gateway.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"CPU: {out['cpu']}")
-    print("| gateway | RSS idle (MB) | RSS peak, 256 MB body (MB) | answer | requests/s | vs direct |")
-    print("|---|---|---|---|---|---|")
-    for k, m in out["memory"].items():
-        r = out["rate"][k]
-        print(f"| {k} | {m['idle_mb']} | {m['peak_256mb_body_mb']} | {m['status'] or 'cut'} | {r['rps_median']} | "
-              f"{r['vs_direct']} |")
-    print(f"| direct to the SuperLink | | | | {direct} | 1 |")
+    print(report(out))
 
+
+def report(out: dict) -> str:
+    """The measurements as printed: the CPU, then one row per gateway and the direct rate."""
+    cols = ["gateway", "RSS idle (MB)", "RSS peak, 256 MB body (MB)", "answer", "requests/s", "vs direct"]
+    rows = [[k, m["idle_mb"], m["peak_256mb_body_mb"], m["status"] or "cut", out["rate"][k]["rps_median"],
+             out["rate"][k]["vs_direct"]] for k, m in out["memory"].items()]
+    rows.append(["direct to the SuperLink", "", "", "", out["rate"]["direct"]["rps_median"], 1])
+    return f"CPU: {out['cpu']}\n" + tables.markdown(cols, rows)
 
 def cpu() -> str:
     import platform

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli.analysis import tables
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accuracy  # noqa: E402
@@ -165,16 +167,17 @@ def sweep(ctx, lam0, betas) -> list[dict]:
 
 def sweep_report(sweep: list[dict]) -> str:
     """Means over the clients whose loss is finite (at beta 0 a client may diverge: counted in the last column)."""
-    lines = ["| β (every layer) | val. loss, all seen clients | val. acc. | test loss | test acc. | clients with a non-finite loss |",
-             "|---|---|---|---|---|---|"]
+    cols = ["β (every layer)", "val. loss, all seen clients", "val. acc.", "test loss", "test acc.",
+            "clients with a non-finite loss"]
+    rows = []
     for r in sweep:
         bad = int(np.sum(~np.isfinite(r["val_loss"]) | ~np.isfinite(r["test_loss"])))
         beta = " / ".join(f"{b:g}" for b in r["beta"]) if isinstance(r["beta"], list) else f"{r['beta']:g}"
-        lines.append(f"| {beta} | {np.nanmean(np.where(np.isfinite(r['val_loss']), r['val_loss'], np.nan)):.3f} "
-                     f"| {100 * np.mean(r['val_acc']):.2f} "
-                     f"| {np.nanmean(np.where(np.isfinite(r['test_loss']), r['test_loss'], np.nan)):.3f} "
-                     f"| {100 * np.mean(r['test_acc']):.2f} | {bad} of {len(r['val_loss'])} |")
-    return "\n".join(lines)
+        rows.append([beta, f"{np.nanmean(np.where(np.isfinite(r['val_loss']), r['val_loss'], np.nan)):.3f}",
+                     f"{100 * np.mean(r['val_acc']):.2f}",
+                     f"{np.nanmean(np.where(np.isfinite(r['test_loss']), r['test_loss'], np.nan)):.3f}",
+                     f"{100 * np.mean(r['test_acc']):.2f}", f"{bad} of {len(r['val_loss'])}"])
+    return tables.markdown(cols, rows)
 
 
 def report(results: list[dict]) -> str:
@@ -184,11 +187,12 @@ def report(results: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         groups.setdefault((r["variant"], r["rounds"], r["keep"]), []).append(r)
-    lines = ["| variant | rounds | keep | kept round per seed | val. loss, all seen clients | Δ vs round 0 | test acc. "
-             "| Δ vs round 0 | recorded val. loss trend per 10 rounds, domain-adjusted |", "|---|---|---|---|---|---|---|---|---|"]
+    cols = ["variant", "rounds", "keep", "kept round per seed", "val. loss, all seen clients", "Δ vs round 0", "test acc.",
+            "Δ vs round 0", "recorded val. loss trend per 10 rounds, domain-adjusted"]
 
     def ms(xs) -> str:
         return f"{np.mean(xs):.3f} ± {np.std(xs):.3f}"
+    rows = []
     for (variant, rounds, keep), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         vl = [np.mean(r["val_loss"]) for r in rs]
         ta = [100 * np.mean(r["test_acc"]) for r in rs]
@@ -198,10 +202,8 @@ def report(results: list[dict]) -> str:
         trend = " / ".join(f"{r['trend_per_10_rounds']:+.3f} ± {r['trend_se']:.3f}" for r in rs) if rounds else ""
         dv = f"{np.mean(dvl):+.3f} ± {np.std(dvl):.3f}" if rounds else ""
         da = f"{np.mean(dta):+.2f} ± {np.std(dta):.2f}" if rounds else ""
-        lines.append(f"| {variant} | {rounds} | {keep} | {kept} | {ms(vl)} | {dv} | {np.mean(ta):.2f} ± {np.std(ta):.2f} "
-                     f"| {da} | {trend} |")
-    return "\n".join(lines)
-
+        rows.append([variant, rounds, keep, kept, ms(vl), dv, f"{np.mean(ta):.2f} ± {np.std(ta):.2f}", da, trend])
+    return tables.markdown(cols, rows)
 
 if __name__ == "__main__":
     main()

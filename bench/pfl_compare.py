@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli.analysis import tables
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy  # noqa: E402  (the store and the runner)
 
@@ -100,10 +102,9 @@ def report(results: dict, seeds: list[int]) -> str:
         if r is None:
             out += [f"## {cell}", "", "not run yet", ""]
             continue
-        out += [f"## {cell} ({r['pool']} clients: {r['clients']})", "", "| method | accuracy (%) |", "|---|---|"]
-        for m, (mean, sd) in r["rows"].items():
-            out.append(f"| {label(m)} | {100 * mean:.2f} ± {100 * sd:.2f} |")
-        out.append("")
+        out += [f"## {cell} ({r['pool']} clients: {r['clients']})", "",
+                *tables.lines(["method", "accuracy (%)"], ([label(m), f"{100 * mean:.2f} ± {100 * sd:.2f}"]
+                                                           for m, (mean, sd) in r["rows"].items())), ""]
     return "\n".join(out)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from refclient import Shared, client_kwargs, fail, import_reference, logit_gap, reference_config, their_model  # noqa: E402
+from fedl2p_cli.analysis import tables  # noqa: E402
 STORE = Path(os.environ.get("FEDL2P_STORE", HERE.parent / "artifacts"))
 PSEEDS = [0, 1, 2]  # personalisation seeds, as in the bench
 
@@ -181,9 +182,8 @@ def render(a, cfg: dict, our: dict, theirs: list, names: list[str], part, gap: f
              f"Their clients' meta-steps per round (first seen client): {theirs[0][0]['meta_steps_first_client']}; "
              f"ours: K = {cfg['iterations']}.", ""]
     doms = sorted(set(int(d) for d in part.domain))
-    head = ("| | " + " | ".join(f"β {names[d]} (per BN layer)" for d in doms)
-            + " | η̃ after the last round (× start) | end | kept round | " + " | ".join(f"{p} acc. (%)" for p in pools) + " |")
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    cols = ["", *(f"β {names[d]} (per BN layer)" for d in doms), "η̃ after the last round (× start)", "end", "kept round",
+            *(f"{p} acc. (%)" for p in pools)]
     # the authors' side
     th_beta = {}
     for p in pools:
@@ -194,20 +194,17 @@ def render(a, cfg: dict, our: dict, theirs: list, names: list[str], part, gap: f
     eta = [r["history"][-1]["eta_x"] for r, _ in theirs]
     ends = ["stable" if all(h["finite"] for h in r["history"]) else "NaN" for r, _ in theirs]
     acc = {p: [ev[p]["acc"].mean() for _, ev in theirs] for p in pools}
-    lines.append("| authors' code (IFT) | " + " | ".join(tb.get(names[d], "–") for d in doms) + " | "
-                 + " / ".join(f"{e:.2f}" for e in eta) + " | " + " / ".join(ends) + " | "
-                 + " / ".join(str(r["kept_round"]) for r, _ in theirs) + " | " + " | ".join(pm(acc[p]) for p in pools) + " |")
+    rows = [["authors' code (IFT)", *(tb.get(names[d], "–") for d in doms), " / ".join(f"{e:.2f}" for e in eta),
+             " / ".join(ends), " / ".join(str(r["kept_round"]) for r, _ in theirs), *(pm(acc[p]) for p in pools)]]
     ob = beta_by_domain(our["pools"]["seen"]["beta"], our["pools"]["seen"]["domain"], names)
     om = our["meta"]
     oacc = {p: [np.mean(our["pools"][p]["acc"][m]) for m in our["pools"][p]["learned"]] for p in pools}
-    lines.append("| `fedl2p meta-train` (defaults) | " + " | ".join(ob.get(names[d], "–") for d in doms) + " | "
-                 + " / ".join(f"{m['eta_last']:.2f}" for m in om) + " | "
-                 + " / ".join("diverged" if m["diverged"] else "stable" for m in om) + " | "
-                 + " / ".join(str(m["kept_round"]) for m in om) + " | " + " | ".join(pm(oacc[p]) for p in pools) + " |")
-    for m in ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned"):
-        if m in our["pools"]["seen"]["acc"]:
-            lines.append(f"| {m} (same clients, ours) | " + " | ".join("" for _ in doms) + " | | | | "
-                         + " | ".join(pm(our["pools"][p]["acc"][m]) for p in pools) + " |")
+    rows.append(["`fedl2p meta-train` (defaults)", *(ob.get(names[d], "–") for d in doms),
+                 " / ".join(f"{m['eta_last']:.2f}" for m in om), " / ".join("diverged" if m["diverged"] else "stable" for m in om),
+                 " / ".join(str(m["kept_round"]) for m in om), *(pm(oacc[p]) for p in pools)])
+    rows += [[f"{m} (same clients, ours)", *("" for _ in doms), "", "", "", *(pm(our["pools"][p]["acc"][m]) for p in pools)]
+             for m in ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned") if m in our["pools"]["seen"]["acc"]]
+    lines += tables.lines(cols, rows)
     lines += ["", "β: mean over the seen clients of each domain and the meta-train seeds. η̃ and kept round: per "
               "meta-train seed. Accuracy: mean ± SD over meta-train seeds of the mean over personalisation seeds "
               "(hand-made rows: over personalisation seeds).", f"Run time: {secs / 60:.0f} min.", ""]

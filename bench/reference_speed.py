@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from fedl2p_cli.analysis import tables
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from counting import count_backward  # noqa: E402
@@ -243,31 +245,42 @@ def render(res: dict) -> str:
     lines = ["# bench-reference-speed: one client round, ours vs the authors' client", "",
              f"{m['cpu']}, `{m['capability']}`, torch {m['torch']}, {m['threads']} thread; load average "
              f"{res['load'][0]:.1f} at the start, {res['load'][1]:.1f} at the end ({m['cores']} cores).", "",
-             "| model | meta-gradient | side | round (s) | fine-tuning (s) | meta-gradient (s) | forwards | gradients | "
-             "second-order products |", "|---|---|---|---|---|---|---|---|---|"]
+             *tables.lines(["model", "meta-gradient", "side", "round (s)", "fine-tuning (s)", "meta-gradient (s)", "forwards",
+                            "gradients", "second-order products"], speed_rows(res))]
+    lines += ["", "Ratios are of medians, theirs ÷ ours: above 1, ours is faster. Our round also holds PreciseBN and "
+              "the recorded validation loss; theirs their per-round KLD and feature statistics (seconds in the json).",
+              "", "Where our default-IFT round's time goes (medians; share of the round):", "",
+              *tables.lines(["part", *res["models"]], share_rows(res))]
+    return "\n".join(lines)
+
+
+def speed_rows(res: dict) -> list[list]:
+    """Per model and meta-gradient: each side's median times and counts, then theirs ÷ ours."""
+    rows: list[list] = []
     for name, r in res["models"].items():
         for a in ALGOS:
             for s in ("ours", "theirs"):
                 t, c = r["median_s"][f"{a}/{s}"], r["counts"][f"{a}/{s}"]
-                lines.append(f"| {name} ({r['train_samples']} samples, {r['reps']} reps) | {a} | {s} | {t['round']:.3f} | "
-                             f"{t['finetune']:.3f} | {t['meta_gradient']:.3f} | {c['forwards']} | {c['gradients']} | "
-                             f"{c['second_order']} |")
+                rows.append([f"{name} ({r['train_samples']} samples, {r['reps']} reps)", a, s, f"{t['round']:.3f}",
+                             f"{t['finetune']:.3f}", f"{t['meta_gradient']:.3f}", c["forwards"], c["gradients"],
+                             c["second_order"]])
             q = r["speed_ratio"][a]
-            lines.append(f"| | {a} | **theirs ÷ ours** | **{q['round']:.2f}×** | **{q['finetune']:.2f}×** | "
-                         f"**{q['meta_gradient']:.2f}×** | | | |")
-    lines += ["", "Ratios are of medians, theirs ÷ ours: above 1, ours is faster. Our round also holds PreciseBN and "
-              "the recorded validation loss; theirs their per-round KLD and feature statistics (seconds in the json).",
-              "", "Where our default-IFT round's time goes (medians; share of the round):", "",
-              "| part | " + " | ".join(res["models"]) + " |", "|---|" + "---|" * len(res["models"])]
+            rows.append(["", a, "**theirs ÷ ours**", f"**{q['round']:.2f}×**", f"**{q['finetune']:.2f}×**",
+                         f"**{q['meta_gradient']:.2f}×**", "", "", ""])
+    return rows
+
+
+def share_rows(res: dict) -> list[list[str]]:
+    """Per part of our default-IFT round (SHARES): its median seconds and share of the round, per model."""
+    rows = []
     for key, label in SHARES:
         cells = []
         for r in res["models"].values():
             t = r["median_s"]["IFT/ours"]
             v = t["round"] - sum(t[k] for k in OWN) if key == "other" else t[key]
             cells.append(f"{v:.3f} s ({v / t['round']:.0%})")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
+        rows.append([label, *cells])
+    return rows
 
 OWN = ("finetune", "precise_bn", "val_loss", "meta_gradient")  # our round's timed parts
 SHARES = [("finetune", "fine-tuning: e epochs of SGD steps"), ("precise_bn", "PreciseBN's pass"),

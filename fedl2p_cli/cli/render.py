@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ..analysis import tables
+
 # a long line (an artifact path) stays one line; rich boxes still fit the terminal. No emoji codes: a user's text
 # reaches the terminal as typed (`--model no.such.module:factory` is not "no.such.module🏭")
 console = Console(soft_wrap=True, emoji=False)
@@ -53,27 +55,16 @@ def plugin_notes() -> None:
     catalog.notes.clear()
 
 
-def cell(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def markdown_table(title: str, columns: list[str], rows: list[list[Any]]) -> str:
-    """A titled GitHub-style Markdown table: full width, one line per row, whatever reads the log."""
-    esc = lambda v: cell(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = [f"{title}", "", "| " + " | ".join(esc(c) for c in columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(esc(v) for v in r) + " |" for r in rows]) + "\n"
-
-
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     if not console.is_terminal:
-        print(markdown_table(title, columns, rows), flush=True)  # plain print: no markup, no wrapping
+        print(tables.titled(title, columns, rows), flush=True)  # plain print: no markup, no wrapping
         return
     t = Table(title=title, title_justify="left")
     for c in columns:
         # fold, never cut: a narrow or non-terminal console (80 columns) truncated "72.10 ± 0.22" to "72.10 ±"
         t.add_column(c, justify="left" if c == columns[0] else "right", overflow="fold")
     for r in rows:
-        t.add_row(*[cell(v) for v in r])
+        t.add_row(*[tables.cell(v) for v in r])
     console.print(t)
 
 

@@ -265,21 +265,34 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
                                           for d in np.unique(r.domain)}
     base = [m for m in r.methods if m in methods.baselines()]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
-    if base:
-        best = max(base, key=lambda m: rows[m]["mean"])
+    best = max(base, key=lambda m: rows[m]["mean"]) if base else None
+    if best is not None:
         out["best_baseline"] = best
-        bi = r.methods.index(best)
-        for i, m in enumerate(r.methods):
-            if m not in base and not np.isnan(r.acc_after[i]).all():
-                diff = np.nanmean(r.acc_after[i] - r.acc_after[bi], axis=0)  # per client, over seeds
-                rows[m]["vs_best_baseline"] = float(np.nanmean(diff))
-                rows[m]["clients_better"] = float(np.mean(diff[~np.isnan(diff)] > 0))
+    best_acc, tuned_acc = references(r, best)
+    for i, m in enumerate(r.methods):
+        if m not in base and not np.isnan(r.acc_after[i]).all():
+            rows[m] |= deltas(r.acc_after[i], best_acc, None if m in methods.handmade() else tuned_acc)
+    return out
+
+
+def references(r: results_h5.Results, best: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The accuracies [seeds, clients] that other rows are paired against: the best baseline's (named) and the tuned
+    row's (None where the personalisation has none)."""
     tuned = next((m for m in r.methods if isinstance(methods.find(m), methods.Tuned)), None)
+    return (None if best is None else r.acc_after[r.methods.index(best)],
+            None if tuned is None else r.acc_after[r.methods.index(tuned)])
+
+
+def deltas(acc: np.ndarray, best: np.ndarray | None, tuned: np.ndarray | None) -> dict[str, float]:
+    """A row's paired differences ([seeds, clients], the same clients, seeds and batches): vs the best baseline (mean
+    over clients of each client's mean over seeds) with the share of clients it helps, and vs the tuned row."""
+    out = {}
+    if best is not None:
+        diff = np.nanmean(acc - best, axis=0)  # per client, over seeds
+        out["vs_best_baseline"] = float(np.nanmean(diff))
+        out["clients_better"] = float(np.mean(diff[~np.isnan(diff)] > 0))
     if tuned is not None:
-        ti = r.methods.index(tuned)
-        for i, m in enumerate(r.methods):
-            if m not in methods.handmade() and not np.isnan(r.acc_after[i]).all():
-                rows[m]["vs_ft_tuned"] = float(np.nanmean(r.acc_after[i] - r.acc_after[ti]))
+        out["vs_ft_tuned"] = float(np.nanmean(acc - tuned))
     return out
 
 
