@@ -171,6 +171,9 @@ class PFLConfig:
                                   "plain step of Alg. 1 line 8.")
     eval_every: int = opt(10, "Rounds between validation-accuracy records in history.csv.", AT_LEAST_1)
     seed: int = opt(0, "Seed (init, sampling, batches).", NON_NEGATIVE)
+    options: dict[str, str | int | float | bool] = opt(
+        {}, "A plugin system's own options as name=value pairs, e.g. head_lr=0.01 (the system declares them; "
+            "fedl2p's systems take none).")
 
 
 @dataclass(kw_only=True)

@@ -6,6 +6,7 @@ module protocol (tests/toy_system_v1.py) still trains, in this process, and its 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ def register(registry):
     """This module is the plugin (worker processes load it by name)."""
     registry.add_system(methods.System("toy-fedavg", "Toy FedAvg", trainer="tests.toy_system:ToyFedAvg"))
     registry.add_system(methods.System("toy-fedavg-v1", "Toy FedAvg v1", trainer="tests.toy_system_v1"))
+    registry.add_system(methods.System("toy-scaled", "Toy scaled", trainer="tests.toy_system:ToyFedAvgScaled"))
 
 
 def cfg_of(algo: str) -> PFLConfig:
@@ -78,3 +80,36 @@ def trained_and_evaluated(cfg, store, part_id, tiny_store, label="Toy FedAvg", a
     want = [accuracy(t, int(c), p.client(int(c)), 0, 1) for c in r.client]
     np.testing.assert_allclose(r.acc_after[1, 0], want)
     return art
+
+
+def test_a_system_declares_its_own_options_and_they_enter_its_id(tiny_store, store):
+    part_id = tiny_store["partition"].id
+    with plugins.using(plugins.build("tests.test_systems")):
+        plain, _ = pfl.run(cfg_of("toy-scaled"), store, part_id)
+        same, reused = pfl.run(replace(cfg_of("toy-scaled"), options={"lr_scale": "1.0"}), store, part_id)
+        half, _ = pfl.run(replace(cfg_of("toy-scaled"), options={"lr_scale": "0.5"}), store, part_id)
+        assert plain.config["options"] == {"lr_scale": 1.0, "note": ""} and reused and same.id == plain.id
+        assert half.id != plain.id and half.config["options"]["lr_scale"] == 0.5
+        assert half.file("model.safetensors").read_bytes() != plain.file("model.safetensors").read_bytes()
+        for options, line in [({"lr": "2"}, "has no option 'lr' \\(its options: lr_scale, note\\)"),
+                              ({"lr_scale": "fast"}, "lr_scale must be a number, got 'fast'")]:
+            with pytest.raises(FedL2PError, match="--options: .*" + line):
+                pfl.run(replace(cfg_of("toy-scaled"), options=options), store, part_id)
+    with pytest.raises(FedL2PError, match="--options: pFL system 'pfedla' takes no options, got 'x'"):
+        pfl.run(replace(cfg_of("pfedla"), options={"x": "1"}), store, part_id)
+    assert "options" not in pfl.identity(cfg_of("pfedla"))  # a system without options: its id as before
+
+
+def test_options_on_the_command_line(tiny_store, store, capsys, monkeypatch):
+    """`--options name=value,...`: a bad one is one line naming --options and exit 2; a good one trains."""
+    from fedl2p_cli.cli.main import run_cli
+    monkeypatch.setenv("FEDL2P_STORE", str(store.root))
+    base = ["--plugin", "tests.test_systems", "pfl-train", "--algo", "toy-scaled", "--rounds", "1", "--fraction", "0.5",
+            "--local-epochs", "1", "--batch-size", "16", "--partition", tiny_store["partition"].id]
+    capsys.readouterr()
+    assert run_cli(base + ["--options", "lr_scale=fast"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("--options: lr_scale must be a number, got 'fast'") and "Traceback" not in "".join(err)
+    assert run_cli(base + ["--options", "lr_scale=0.5,note=half"]) == 0
+    art = store.newest("pfl", lambda a: a.config["algo"] == "toy-scaled")
+    assert art.config["options"] == {"lr_scale": 0.5, "note": "half"}

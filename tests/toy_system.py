@@ -4,7 +4,7 @@ needs: this class and a registration (`System(..., trainer="tests.toy_system:Toy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedl2p_cli.api import (LocalConfig, LoopState, PFLSystem, build_model, evaluate, generator, get_state,
                             load_weights, sample_clients, save_weights, sgd_client, weighted_average)
@@ -79,3 +79,18 @@ class ToyFedAvg(PFLSystem):
     def accuracy(self, t, c, data, seed, steps):
         t.model.eval()
         return evaluate(t.model, t.state, *data.test)[1]
+
+
+@dataclass
+class Scale:
+    lr_scale: float = 1.0
+    note: str = ""
+
+
+class ToyFedAvgScaled(ToyFedAvg):
+    """ToyFedAvg with an option of its own: its local learning rate is `--lr` times `lr_scale`."""
+    SETTINGS = {"toy-scaled": ("local_epochs",)}
+    Options = Scale
+
+    def context(self, cfg, part):
+        return replace(super().context(cfg, part), lr=cfg.lr * self.options(cfg).lr_scale)

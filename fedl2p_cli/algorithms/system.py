@@ -36,9 +36,19 @@ class PFLSystem:
 
     SETTINGS: {algo name: (PFLConfig field, ...)}, the options its artifact id includes besides the shared ones
     (algo, model, rounds, fraction, batch_size, lr, eval_every, seed). One class may serve several names.
+    Options: the system's own options, a dataclass whose fields have defaults (bool, int, float or str), set with
+    `pfl-train --options name=value,...` or a `[[pfl]]` table's `options = {name = value}`; `self.options(cfg)` is
+    the instance. All of its fields enter the artifact's id. None (the default): the system takes no options.
     """
 
     SETTINGS: ClassVar[dict[str, tuple[str, ...]]] = {}
+    Options: ClassVar[type | None] = None
+
+    def options(self, cfg: PFLConfig) -> Any:
+        """`cfg.options` as this system's `Options` (checked: a name it lacks or a value of the wrong type is one
+        line naming --options)."""
+        from .system_options import parse
+        return parse(self.Options, cfg.options, cfg.algo)
 
     def context(self, cfg: PFLConfig, part: Partition) -> Any:
         """What a client's update reads (model, partition, settings), built once per process; no round state."""

@@ -79,8 +79,9 @@ def _parse(f: dataclasses.Field, tp: Any, value: Any) -> Any:
         (item,) = typing.get_args(tp)
         items = options.typed_list(value, item if item in (int, float) else str, option_name(f))
         return _default(f) if items is None else items
-    if origin is dict:
-        return options.domain_values(value, typing.get_args(tp)[1], option_name(f))
+    if origin is dict:  # values of a union type (a system's --options) stay strings: the system types them
+        item = typing.get_args(tp)[1]
+        return options.domain_values(value, item if isinstance(item, type) else str, option_name(f))
     return value
 
 

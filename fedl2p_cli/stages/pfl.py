@@ -19,6 +19,7 @@ import torch
 
 from .. import plugins
 from ..algorithms.system import PFLSystem
+from ..algorithms.system_options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate
@@ -38,6 +39,7 @@ def check(cfg: PFLConfig) -> None:
     validate(cfg)
     plugins.current().get("system", cfg.algo)  # a registered system
     registry.spec(cfg.model)
+    own_options(cfg)
 
 
 def system(algo: str) -> Any:
@@ -53,7 +55,17 @@ def identity(cfg: PFLConfig) -> dict:
     """Only the settings the chosen system reads are part of its artifact's id."""
     shared = ("algo", "model", "rounds", "fraction", "batch_size", "lr", "eval_every", "seed")
     d = config_dict(cfg)
-    return {k: d[k] for k in (*shared, *system(cfg.algo).SETTINGS[cfg.algo])}
+    out = {k: d[k] for k in (*shared, *system(cfg.algo).SETTINGS[cfg.algo])}
+    opts = own_options(cfg)
+    return out if opts is None else out | {"options": as_record(opts)}  # a system without options: as before
+
+
+def own_options(cfg: PFLConfig) -> Any:
+    """The system's own options (its `Options`), checked; None for a system that declares none."""
+    sys_ = system(cfg.algo)
+    if isinstance(sys_, PFLSystem):
+        return sys_.options(cfg)
+    return parse(None, cfg.options, cfg.algo)  # API 1's module protocol: no options of its own
 
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
