@@ -72,9 +72,9 @@ def test_edited_manifest_fails_verification(tmp_path, edit):
 
 
 def test_layering_algorithms_import_only_core():
-    """algorithms/ holds strategies and client updates over core/ alone (a sibling algorithm may reuse another's
-    client update, e.g. pFedLA's local SGD is FedAvg's); core/ imports nothing of the package outside core/
-    (read from the import statements themselves)."""
+    """algorithms/ holds client updates over core/ alone (a sibling algorithm may reuse another's client update,
+    e.g. pFedLA's local SGD is FedAvg's), algorithms/systems/ the pFL systems' round strategies; core/ imports
+    nothing of the package outside core/ (read from the import statements themselves)."""
     import ast
     from pathlib import Path
     pkg = Path(__file__).resolve().parent.parent / "fedl2p_cli"
@@ -84,6 +84,14 @@ def test_layering_algorithms_import_only_core():
                 if isinstance(node, ast.ImportFrom) and node.level > 0:
                     target = (node.module or "").split(".")[0] if node.level == 2 else layer
                     assert target in allowed, f"{layer}/{f.name} imports from {'.' * node.level}{node.module}"
+    # algorithms/systems/: the pFL systems' round strategies also speak the engine's round vocabulary (LoopState,
+    # OnDevice), build models and write their weights; never the stages, the CLI or the catalog
+    rounds = {"core", "algorithms", "engine", "io", "models", "configs", "errors", "artifacts"}
+    for f in (pkg / "algorithms" / "systems").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 3:
+                target = (node.module or "").split(".")[0]
+                assert target in rounds, f"algorithms/systems/{f.name} imports from ...{node.module}"
 
 
 def test_the_newest_artifact_is_unambiguous_within_one_second(tmp_path):

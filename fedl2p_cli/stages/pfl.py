@@ -1,6 +1,6 @@
 """`fedl2p pfl-train`: the other personalised-FL systems, trained on a partition's seen clients. Each registered
-system names its class (`System(trainer="package.module:Class")`, an `algorithms.system.PFLSystem`), and its rounds
-run here through the executor the Runtime chooses (this process, `--workers` processes, Flower):
+system names its class (`System(trainer="package.module:Class")`, an `algorithms.systems.base.PFLSystem`), and its
+rounds run here through the executor the Runtime chooses (this process, `--workers` processes, Flower):
 pfedla / heurpfedla (Ma et al., CVPR 2022): the server's per-client models and hypernetworks -> server.safetensors.
 cafeme (Vettoruzzo et al., SDM 2024): omega = {modulator, base model} -> omega.safetensors.
 `fedl2p personalize --methods pfedla,heurpfedla,cafeme` evaluates them beside FT and FedL2P on the same clients.
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from .. import plugins
-from ..algorithms.system import PFLSystem
-from ..algorithms.system_options import as_record, parse
+from ..algorithms.systems.base import PFLSystem
+from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate

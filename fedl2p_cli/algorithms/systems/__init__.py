@@ -1,2 +1,3 @@
-"""fedl2p's own personalised-FL systems, each an `algorithms.system.PFLSystem` as a plugin's system is:
+"""Personalised-FL systems as round strategies: `base.PFLSystem`, the class every system is (`api.PFLSystem`),
+`options` (a system's own options), and fedl2p's own systems, each a `PFLSystem` as a plugin's system is:
 pfedla.PFedLA (pFedLA and HeurpFedLA, Ma et al., CVPR 2022) and cafeme.CAFeMe (Vettoruzzo et al., SDM 2024)."""

@@ -18,7 +18,7 @@ from ...io import weights
 from ...io.partition_h5 import Partition
 from ...models import registry
 from .. import cafeme
-from ..system import PFLSystem
+from .base import PFLSystem
 
 FILE = "omega.safetensors"
 

@@ -19,7 +19,7 @@ from ...io.partition_h5 import Partition
 from ...models import registry
 from .. import pfedla
 from ..local import LocalConfig
-from ..system import PFLSystem
+from .base import PFLSystem
 
 FILE = "server.safetensors"
 

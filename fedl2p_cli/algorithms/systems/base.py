@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from ..artifacts import Artifact, Draft
-    from ..configs import PFLConfig
-    from ..core.client import ClientData
-    from ..engine.loop import LoopState
-    from ..engine.placement import OnDevice
-    from ..engine.rounds import RoundStrategy
-    from ..io.partition_h5 import Partition
+    from ...artifacts import Artifact, Draft
+    from ...configs import PFLConfig
+    from ...core.client import ClientData
+    from ...engine.loop import LoopState
+    from ...engine.placement import OnDevice
+    from ...engine.rounds import RoundStrategy
+    from ...io.partition_h5 import Partition
 
 
 class PFLSystem:
@@ -47,7 +47,7 @@ class PFLSystem:
     def options(self, cfg: PFLConfig) -> Any:
         """`cfg.options` as this system's `Options` (checked: a name it lacks or a value of the wrong type is one
         line naming --options)."""
-        from .system_options import parse
+        from .options import parse
         return parse(self.Options, cfg.options, cfg.algo)
 
     def context(self, cfg: PFLConfig, part: Partition) -> Any:

@@ -8,7 +8,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from ..errors import FedL2PError
+from ...errors import FedL2PError
 
 _TYPES = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
 
