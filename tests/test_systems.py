@@ -113,3 +113,20 @@ def test_options_on_the_command_line(tiny_store, store, capsys, monkeypatch):
     assert run_cli(base + ["--options", "lr_scale=0.5,note=half"]) == 0
     art = store.newest("pfl", lambda a: a.config["algo"] == "toy-scaled")
     assert art.config["options"] == {"lr_scale": 0.5, "note": "half"}
+
+
+def test_personalize_refuses_two_artifacts_of_one_system_and_names_a_missing_plugin(tiny_store, store):
+    """Two --pfl ids of one system would make one row (the later silently replacing the earlier): refused in one
+    line. A system named in --methods whose plugin is not loaded, while its artifact is stored: the line names the
+    plugin to load, not `meta-train`."""
+    part_id = tiny_store["partition"].id
+    pcfg = personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    ids = (tiny_store["pretrain"].id, tiny_store["stats"].id)
+    with plugins.using(plugins.build("tests.test_systems")):
+        a, _ = pfl.run(cfg_of("toy-fedavg"), store, part_id)
+        b, _ = pfl.run(replace(cfg_of("toy-fedavg"), rounds=1), store, part_id)
+        with pytest.raises(FedL2PError, match=f"--pfl: {a.id} and {b.id} are both 'toy-fedavg'; a personalisation"):
+            personalize.run(pcfg, store, *ids, pfl_refs=[a.id, b.id])
+    with pytest.raises(FedL2PError, match="tests.test_systems") as e:
+        personalize.run(replace(pcfg, methods=["ft-bnc", "toy-fedavg"]), store, *ids)
+    assert "meta-train" not in str(e.value), e.value

@@ -19,8 +19,8 @@ def personalize(
     cfg: PersonalizeConfig,
     rt: Runtime,
     meta: Optional[List[str]] = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
-    pfl: Optional[List[str]] = typer.Option(None, "--pfl", help="A pfl-train artifact id (pFedLA, HeurpFedLA, CAFeMe or a "
-                                            "plugin's system) to compare as well (repeatable)."),
+    pfl: Optional[List[str]] = typer.Option(None, "--pfl", help="A pfl-train artifact id to compare as well (repeatable, one "
+                                            "per system); default: each system in --methods takes its newest."),
     pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
     stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     force: bool = options.FORCE,

@@ -22,8 +22,8 @@ def pfl_train(
     force: bool = options.FORCE,
     store: Optional[Path] = options.STORE,
 ) -> None:
-    """Train pFedLA, HeurpFedLA or CAFeMe on the seen clients -> a pfl artifact that `fedl2p personalize --methods`
-    evaluates beside FT and FedL2P (pFedLA has no model for unseen clients: N/A there)."""
+    """Train a personalised-FL system (pFedLA, HeurpFedLA, CAFeMe or a plugin's) on the seen clients -> a pfl artifact
+    that `fedl2p personalize --methods` evaluates beside FT and FedL2P (pFedLA has no model for unseen clients)."""
     art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress(), runtime=rt)
     render.table(f"pfl-train ({cfg.algo})", ["metric", "value"], [[k_, v] for k_, v in art.metrics.items()])
     render.artifact_line("pfl", art.id, art.path, reused)

@@ -117,7 +117,14 @@ class Setup:
         out: list[Row] = []
         for stage in STAGES:
             given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
-            out += [method_of(a).prepare(self, a) for a in given]
+            rows = [method_of(a).prepare(self, a) for a in given]
+            twice = [(a.id, b.id, r.name) for i, (a, r) in enumerate(zip(given, rows))
+                     for b, q in zip(given[:i], rows[:i]) if q.name == r.name]
+            if twice:  # one row per name: the later would silently replace the earlier
+                flag = "--pfl" if stage == "pfl" else "--meta"
+                raise FedL2PError(f"{flag}: {twice[0][1]} and {twice[0][0]} are both '{twice[0][2]}'; a personalisation "
+                                  "compares one artifact per method (run personalize once per artifact)")
+            out += rows
             for m in self.cfg.methods:
                 kind = methods.find(m)
                 if (kind.trained_by if kind else "meta-train") == stage and not any(stands_for(a, m) for a in given):
@@ -133,6 +140,9 @@ class Setup:
         return kind.prepare(self, kind.resolve(self, m))
 
     def unknown(self, m: str) -> str:
+        stored = self.store.newest("pfl", lambda a: a.config.get("algo") == m)
+        if stored is not None:  # a system whose plugin is not loaded: loading its artifact names the plugin to load
+            self.store.load("pfl", stored.id)
         have = sorted({a.metrics.get("variant") for a in self.store.iter("meta-train") if a.parents.get("pretrain") == self.pretrain_id})
         hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
                 if have else "; run `fedl2p meta-train` first")
