@@ -127,7 +127,7 @@ class Runtime:
         d = {"device": self.device, "torch": torch.__version__, "deterministic": self.deterministic,
              # the CPU's kernels differ by instruction set: the same id computed on another CPU can differ in its bits
              "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-             "threads": torch.get_num_threads()}
+             "threads": torch.get_num_threads(), "workers": self.workers, "engine": self.engine}
         if self.on_gpu:
             dev = self.torch_device
             d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,

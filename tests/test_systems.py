@@ -53,6 +53,7 @@ def test_a_new_system_is_one_class_and_one_registration(tiny_store, store):
     finally:
         torch.set_num_threads(threads)
     assert two.id == art.id and two.file("model.safetensors").read_bytes() == one  # the same path: read before
+    assert two.manifest["computed_on"]["workers"] == 2 and two.manifest["computed_on"]["engine"] == "local"
 
 
 def test_a_module_system_of_api_1_still_trains_and_is_noted_once(tiny_store, store):
