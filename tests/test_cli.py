@@ -294,7 +294,7 @@ def test_two_processes_asking_for_one_artifact_build_it_once(tiny_store, tmp_pat
     once), then reuses its artifact; with --lock-timeout it gives up after that many seconds, in one line."""
     root = tmp_path / "store"
     shutil.copytree(tiny_store["store"].root, root)
-    args = ["meta-train", "--rounds", "40", "--fraction", "0.5", "--epochs", "1", "--batch-size", "16", "--base-lr", "0.01",
+    args = ["meta-train", "--rounds", "120", "--fraction", "0.5", "--epochs", "1", "--batch-size", "16", "--base-lr", "0.01",
             "--seed", "4", "--pretrain", tiny_store["pretrain"].id, "--stats", tiny_store["stats"].id]
     env = dict(os.environ, FEDL2P_STORE=str(root), COLUMNS="200")
     cmd = [sys.executable, "-m", "fedl2p_cli", *args]

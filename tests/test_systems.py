@@ -108,10 +108,11 @@ def test_options_on_the_command_line(tiny_store, store, capsys, monkeypatch):
     base = ["--plugin", "tests.test_systems", "pfl-train", "--algo", "toy-scaled", "--rounds", "1", "--fraction", "0.5",
             "--local-epochs", "1", "--batch-size", "16", "--partition", tiny_store["partition"].id]
     capsys.readouterr()
-    assert run_cli(base + ["--options", "lr_scale=fast"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("--options: lr_scale must be a number, got 'fast'") and "Traceback" not in "".join(err)
-    assert run_cli(base + ["--options", "lr_scale=0.5,note=half"]) == 0
+    with plugins.using(plugins.build()):  # --plugin loads into this catalog, not the test process's
+        assert run_cli(base + ["--options", "lr_scale=fast"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].endswith("--options: lr_scale must be a number, got 'fast'") and "Traceback" not in "".join(err)
+        assert run_cli(base + ["--options", "lr_scale=0.5,note=half"]) == 0
     art = store.newest("pfl", lambda a: a.config["algo"] == "toy-scaled")
     assert art.config["options"] == {"lr_scale": 0.5, "note": "half"}
 
@@ -128,6 +129,6 @@ def test_personalize_refuses_two_artifacts_of_one_system_and_names_a_missing_plu
         b, _ = pfl.run(replace(cfg_of("toy-fedavg"), rounds=1), store, part_id)
         with pytest.raises(FedL2PError, match=f"--pfl: {a.id} and {b.id} are both 'toy-fedavg'; a personalisation"):
             personalize.run(pcfg, store, *ids, pfl_refs=[a.id, b.id])
-    with pytest.raises(FedL2PError, match="tests.test_systems") as e:
-        personalize.run(replace(pcfg, methods=["ft-bnc", "toy-fedavg"]), store, *ids)
+    with plugins.using(plugins.build()), pytest.raises(FedL2PError, match="tests.test_systems") as e:  # built-ins only:
+        personalize.run(replace(pcfg, methods=["ft-bnc", "toy-fedavg"]), store, *ids)  # another test may have loaded it
     assert "meta-train" not in str(e.value), e.value
