@@ -44,23 +44,25 @@ def per_client(ctx, lam, c: int, fd: bool = True) -> dict:
     with torch.no_grad():
         beta, eta = hyper_fn(*ctx.inputs(c), len(ctx.theta_g), cfg)(lam)
 
-    def val_loss(b: torch.Tensor, client_bn: str) -> float:
+    def tuned(b: torch.Tensor, client_bn: str):
+        """Fine-tuning under (b, eta) on the client's fixed batches: the strategy and its result."""
         s = Strategy(b, eta)
-        ft = finetune(ctx.model, ctx.theta_g, *data.train, s, ctx.stats.client_bn(c), cfg.epochs, cfg.batch_size,
-                      generator(EVAL_SEED, c), client_bn)
+        return s, finetune(ctx.model, ctx.theta_g, *data.train, s, ctx.stats.client_bn(c), cfg.epochs, cfg.batch_size,
+                           generator(EVAL_SEED, c), client_bn)
+
+    def val_loss(b: torch.Tensor, client_bn: str) -> float:
+        s, ft = tuned(b, client_bn)
         return personalized_accuracy(ctx.model, ft.params, *data.val, s, ft.bn, cfg.batch_size, cfg.val_stats)[0]
 
     out: dict = {"beta": beta.tolist()}
     for mode in ("precise", "running") if fd else ():
-        fd = []
+        fd_ = []
         for layer in range(len(beta)):
             step = torch.zeros_like(beta)
             step[layer] = DELTA
-            fd.append((val_loss(beta + step, mode) - val_loss(beta - step, mode)) / (2 * DELTA))
-        out[f"fd_{mode}"] = fd
-    s = Strategy(beta, eta)
-    ft = finetune(ctx.model, ctx.theta_g, *data.train, s, ctx.stats.client_bn(c), cfg.epochs, cfg.batch_size,
-                  generator(EVAL_SEED, c), cfg.client_bn)
+            fd_.append((val_loss(beta + step, mode) - val_loss(beta - step, mode)) / (2 * DELTA))
+        out[f"fd_{mode}"] = fd_
+    _, ft = tuned(beta, cfg.client_bn)
     direct = {"beta": beta.clone(), "eta": eta.clone()}
     ift = [meta_gradient(ctx.model, ft, direct, lambda lm: (lm["beta"], lm["eta"]), data, cfg,
                          generator(EVAL_SEED, c, k)).grads["beta"].tolist() for k in range(4)]  # 4 validation batches
@@ -68,7 +70,7 @@ def per_client(ctx, lam, c: int, fd: bool = True) -> dict:
     return out
 
 
-def measure(art, ctx, lam, label: str, fd: bool = True) -> dict:
+def measure(ctx, lam, label: str, fd: bool = True) -> dict:
     rows = [per_client(ctx, lam, c, fd) for c in ctx.part.pool(False)]
     print(f"measured {label}", flush=True)
     return {"lambda": label, "clients": rows}
@@ -81,7 +83,7 @@ def variant(ctx, lam0, settings: str, base: dict) -> dict:
     meta = ctx.cfg.meta
     typed = {k: type(getattr(meta, k))(v) if not isinstance(getattr(meta, k), bool) else v == "true" for k, v in pairs.items()}
     ctx.cfg = replace(ctx.cfg, meta=replace(meta, **typed))
-    m = measure(None, ctx, lam0, f"initial, {settings}", fd=False)
+    m = measure(ctx, lam0, f"initial, {settings}", fd=False)
     for r, b in zip(m["clients"], base["clients"]):
         r.update(fd_precise=b["fd_precise"], fd_running=b["fd_running"])
     return m
@@ -129,7 +131,7 @@ def main() -> None:
         print(report(measured))
         return
     _, lam, _ = meta_train.load_lambda(Store(objective.accuracy.STORE), art.id)
-    measured = [measure(art, ctx, lam0, "initial"), measure(art, ctx, lam, "20 rounds, last")]
+    measured = [measure(ctx, lam0, "initial"), measure(ctx, lam, "20 rounds, last")]
     (HERE / "beta-gradient.json").write_text(json.dumps(measured, indent=1))
     text = report(measured)
     (HERE / "beta-gradient.md").write_text(text + "\n")
