@@ -37,14 +37,17 @@ def timeit(fn, reps: int, warmup: int = 1) -> float:
 # -- measurements -----------------------------------------------------------------------------
 
 def plain_model(m: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `m` as ordinary torch modules (nn.Conv2d instead of core.conv's Conv2d; MixBN with no policy active
-    runs F.batch_norm exactly as nn.BatchNorm2d does): the plain-PyTorch reference, in training mode."""
+    """A copy of `m` as ordinary torch modules (nn.Conv2d and nn.MaxPool2d instead of core.conv's Conv2d and
+    core.pool's MaxPool2d; MixBN with no policy active runs F.batch_norm exactly as nn.BatchNorm2d does): the
+    plain-PyTorch reference, in training mode."""
     import copy
     from fedl2p_cli.core.conv import Conv2d
+    from fedl2p_cli.core.pool import MaxPool2d
     plain = copy.deepcopy(m).train()
+    native = {Conv2d: torch.nn.Conv2d, MaxPool2d: torch.nn.MaxPool2d}
     for mod in plain.modules():
-        if type(mod) is Conv2d:
-            mod.__class__ = torch.nn.Conv2d
+        if type(mod) in native:
+            mod.__class__ = native[type(mod)]
     return plain
 
 

@@ -109,14 +109,18 @@ def client_kwargs(cfg: dict, rounds: int, meta_algorithm: str = "IFT") -> dict:
 
 def their_model(our_model, model_utils, native_conv: bool = False):
     """Our pretrained model with each of its BN layers replaced by their KLDBatchNorm2d (weights and statistics).
-    native_conv: our convolutions (core/conv.py's hand-written double backward) become plain nn.Conv2d, as in their
-    own models (the speed bench; the accuracy bench keeps ours, as when its results were recorded)."""
+    native_conv: our convolutions (core/conv.py's hand-written double backward) and max-pools (core/pool.py's
+    channels-last kernel) become plain nn.Conv2d and nn.MaxPool2d, as in their own models (the speed bench; the
+    accuracy bench keeps ours, as when its results were recorded)."""
     from fedl2p_cli.core.bn import MixBN
     from fedl2p_cli.core.conv import Conv2d
+    from fedl2p_cli.core.pool import MaxPool2d
     m = copy.deepcopy(our_model)
     for parent in m.modules():
         if native_conv and type(parent) is Conv2d:
             parent.__class__ = nn.Conv2d  # same parameters and state-dict keys (core.conv.Conv2d subclasses it)
+        if native_conv and type(parent) is MaxPool2d:
+            parent.__class__ = nn.MaxPool2d  # their models pool with torch's own module
         for name, child in parent.named_children():
             if isinstance(child, (MixBN, nn.BatchNorm2d)):
                 setattr(parent, name, model_utils.KLDBatchNorm2d(child.num_features, eps=child.eps))

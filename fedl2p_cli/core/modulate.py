@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import mlp
+from .pool import max_pool2d
 
 Mod = dict[str, Tensor]
 ACTIVATIONS = (nn.ReLU, nn.Softplus, nn.GELU, nn.SiLU, nn.Tanh)
@@ -98,7 +99,7 @@ def modulator(mod: Mod, x: Tensor, y: Tensor, num_classes: int) -> Tensor:
     for i in range(len(WIDTHS)):
         h = F.relu(F.conv2d(h, mod[f"conv{i}.weight"], mod[f"conv{i}.bias"], padding=1))
         if i < len(WIDTHS) - 1:
-            h = F.max_pool2d(h, 2)
+            h = max_pool2d(h, 2)
     h = torch.cat([h.mean((2, 3)), F.one_hot(y, num_classes).to(h.dtype)], 1)
     h = F.relu(F.linear(h, mod["fc0.weight"], mod["fc0.bias"]))
     z = h.mean(0)  # the permutation-invariant client context

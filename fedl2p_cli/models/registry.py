@@ -15,6 +15,7 @@ from .. import plugins
 from ..catalog import ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
+from ..core.pool import use_channels_last_pools
 from ..errors import FedL2PError
 from . import guard
 from .bn_swap import check_swap, plain_bn, replace_bn, require_bn
@@ -81,7 +82,7 @@ def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
     if s.head is not None:
         _declared_head(model, s.head, name)
         setattr(model, HEAD_ATTR, s.head)
-    model = use_double_backward_convs(index_bn_layers(model))
+    model = use_channels_last_pools(use_double_backward_convs(index_bn_layers(model)))
     if input_shape is not None:
         check_twice_differentiable(model, input_shape, name)
     return model
