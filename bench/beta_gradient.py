@@ -13,6 +13,12 @@ lambda and at the run's last lambda: the client's beta and learning rates are re
   statistics fine-tuning ends with, not recomputed), which the IFT's fixed fine-tuned statistics resemble.
 Mean over clients, the share of clients where the IFT and the finite difference agree in sign, and their correlation
 across clients. Writes bench/beta-gradient.json and bench/beta-gradient.md.
+
+`--unrolled` adds, to the measurements in bench/beta-gradient.json, the derivative the IFT approximates, computed
+exactly: every fine-tuning step differentiated (the same batches, create_graph), with the client BN statistics held
+at those fine-tuning ends with, as the IFT holds them, and the validation loss on the whole split. Where the IFT
+differs from it, the IFT's own approximation is to blame (theta* taken as a stationary point of L_T, the truncated
+Neumann series, L_T on one batch); where it differs from the finite difference, the statistics held fixed are.
 """
 
 from __future__ import annotations
@@ -70,6 +76,39 @@ def per_client(ctx, lam, c: int, fd: bool = True) -> dict:
     return out
 
 
+def unrolled(ctx, lam, c: int) -> list[float]:
+    """dL_V/dbeta per layer through every fine-tuning step (see the module docstring)."""
+    import torch
+    from fedl2p_cli.algorithms.fedl2p import hyper_fn
+    from fedl2p_cli.core.bn import BNPolicy
+    from fedl2p_cli.core.finetune import Strategy, finetune
+    from fedl2p_cli.core.functional import ce_loss, epochs_of_batches
+    from fedl2p_cli.core.hypergrad import val_loss
+    from fedl2p_cli.engine.loop import generator
+    cfg = ctx.cfg.meta
+    data = ctx.part.client_on(c, torch.device("cpu"))
+    (x, y), val = data.train, data.val
+    with torch.no_grad():
+        beta, eta = hyper_fn(*ctx.inputs(c), len(ctx.theta_g), cfg)(lam)
+    ft = finetune(ctx.model, ctx.theta_g, x, y, Strategy(beta, eta), ctx.stats.client_bn(c), cfg.epochs, cfg.batch_size,
+                  generator(EVAL_SEED, c), cfg.client_bn)  # the statistics the IFT holds, and the end point to check
+    b = beta.clone().requires_grad_(True)
+    params = {k: v.detach().requires_grad_(True) for k, v in ctx.theta_g.items()}
+    for idx in epochs_of_batches(len(y), cfg.batch_size, generator(EVAL_SEED, c), cfg.epochs, x.device):
+        loss = ce_loss(ctx.model, params, x[idx], y[idx], BNPolicy(b, train=True))
+        grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+        params = {k: v - lr * g for (k, v), lr, g in zip(params.items(), eta, grads)}
+    drift = max(float((params[k].detach() - ft.params[k]).abs().max()) for k in params)
+    assert drift < 1e-3, f"client {c}: the differentiated fine-tuning ends {drift:.2g} away from finetune's"
+    return torch.autograd.grad(val_loss(ctx.model, params, b, val, ft.bn, cfg.val_stats), b)[0].tolist()
+
+
+def add_unrolled(ctx, lam, m: dict) -> None:
+    for c, r in zip(ctx.part.pool(False), m["clients"]):
+        r["unrolled"] = unrolled(ctx, lam, c)
+    print(f"unrolled {m['lambda']}", flush=True)
+
+
 def measure(ctx, lam, label: str, fd: bool = True) -> dict:
     rows = [per_client(ctx, lam, c, fd) for c in ctx.part.pool(False)]
     print(f"measured {label}", flush=True)
@@ -98,15 +137,36 @@ def summary(m: dict) -> list[list]:
         diff = ift - fdp
         corr = np.corrcoef(ift, fdp)[0, 1] if ift.std() > 0 and fdp.std() > 0 else float("nan")
         rows.append([m["lambda"], f"bn{layer}", f"{get('beta').mean():.2f}", f"{ift.mean():+.4f}", f"{fdp.mean():+.4f}",
-                     f"{fdr.mean():+.4f}", f"{diff.mean():+.3f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.3f}",
-                     f"{100 * agree:.0f}%", f"{corr:.2f}"])
+                     f"{fdr.mean():+.4f}", _paired(diff), f"{100 * agree:.0f}%", f"{corr:.2f}"])
+    return rows
+
+
+def _paired(d) -> str:
+    return f"{d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(len(d)):.3f}"
+
+
+def unrolled_rows(m: dict) -> list[list]:
+    """Per layer: the unrolled derivative beside the IFT and the finite difference, and the two gaps it separates."""
+    rows = []
+    for layer in range(len(m["clients"][0]["beta"])):
+        get = lambda k: np.array([r[k][layer] for r in m["clients"]])  # noqa: E731
+        ift, unr, fdp = get("ift"), get("unrolled"), get("fd_precise")
+        rows.append([m["lambda"], f"bn{layer}", f"{ift.mean():+.4f}", f"{unr.mean():+.4f}", f"{fdp.mean():+.4f}",
+                     _paired(ift - unr), _paired(unr - fdp), f"{100 * np.mean(np.sign(ift) == np.sign(unr)):.0f}%"])
     return rows
 
 
 def report(measured: list[dict]) -> str:
     cols = ["lambda", "layer", "mean β", "IFT dL/dβ (mean)", "finite diff., precise BN", "finite diff., running BN",
             "IFT − finite diff. (paired, ± SE)", "sign agrees (IFT vs precise)", "correlation over clients"]
-    return tables.markdown(cols, [r for m in measured for r in summary(m)])
+    text = tables.markdown(cols, [r for m in measured for r in summary(m)])
+    done = [m for m in measured if all("unrolled" in r for r in m["clients"])]
+    if done:
+        text += "\n\n" + tables.markdown(
+            ["lambda", "layer", "IFT", "unrolled, BN held", "finite diff., precise BN",
+             "IFT − unrolled (paired, ± SE)", "unrolled − finite diff. (± SE)", "sign: IFT vs unrolled"],
+            [r for m in done for r in unrolled_rows(m)])
+    return text
 
 
 def main() -> None:
@@ -118,6 +178,7 @@ def main() -> None:
         print(report(json.loads((HERE / "beta-gradient.json").read_text())))
         return
     settings = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--meta=")), None)
+    unroll = "--unrolled" in sys.argv
     arts = [a for a in objective.runs(cell) if a.config["meta"]["meta_grad"] == "ift" and a.config["seed"] == 0
             and a.config["rounds"] == 20 and a.config["keep"] == "last"]
     if not arts:
@@ -131,6 +192,14 @@ def main() -> None:
         print(report(measured))
         return
     _, lam, _ = meta_train.load_lambda(Store(objective.accuracy.STORE), art.id)
+    if unroll:  # the exact derivative beside the measurements already made, at the same two lambdas
+        measured = json.loads((HERE / "beta-gradient.json").read_text())
+        for m, at in zip(measured[:2], (lam0, lam)):
+            add_unrolled(ctx, at, m)
+        (HERE / "beta-gradient.json").write_text(json.dumps(measured, indent=1))
+        (HERE / "beta-gradient.md").write_text(report(measured) + "\n")
+        print(report(measured))
+        return
     measured = [measure(ctx, lam0, "initial"), measure(ctx, lam, "20 rounds, last")]
     (HERE / "beta-gradient.json").write_text(json.dumps(measured, indent=1))
     text = report(measured)
