@@ -40,7 +40,8 @@ def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
 
 
 def _finite(lam: Lambda) -> bool:
-    return all(torch.isfinite(v).all() for v in lam.values())
+    """One host read for every tensor (on a GPU each `bool()` waits for the device)."""
+    return bool(torch.stack([torch.isfinite(v).all() for v in lam.values()]).all())
 
 
 def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data: ClientData, cfg: MetaConfig,
