@@ -455,7 +455,7 @@ def meta_runs(personalize_id: str) -> list[dict]:
             continue
         art = store.load("meta-train", i, verify=False)
         h = list(csv.DictReader(open(art.file("history.csv"))))
-        eta = [float(x["etatilde_x"]) for x in h]
+        eta = [float(x["etatilde_x"]) for x in h if x.get("etatilde_x")]  # none when the LRs are fixed (nets=bnnet)
         out.append({"variant": art.metrics["variant"], "id": i, "eta_last": eta[-1] if eta else float("nan"),
                     "eta_max": max(eta, default=float("nan")), "eta_min": min(eta, default=float("nan")),
                     "kept_round": art.metrics.get("kept_round"), "rounds_run": art.metrics.get("rounds_run"),
