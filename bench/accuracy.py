@@ -21,6 +21,7 @@ a method.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import multiprocessing as mp
@@ -51,25 +52,23 @@ SHIFTED = ("feature", "planted")  # cells personalising the clean model to clien
 # --beta-init 0.9 (binit, every cell) and, on feature-shift cells, the other personalised-FL systems (pfl). Each
 # personalises the hand-made baselines with it: its rows join the cell's table (same clients, seeds and batches).
 GROUPS = ("extras", "binit", "pfl")
-# the keys of a [[meta-train]] table at the default variant (every other key names an option): `--default-ift` keeps these
-DEFAULT_KEYS = {"rounds", "fraction", "iterations", "epochs", "batch_size", "base_lr", "seed", "workers"}
 
 
 def pipeline_file(cell: str, group: str | None = None) -> Path:
     return BENCH / (f"{cell}.{group}.toml" if group else f"{cell}.toml")
 
 
-def sections(cell: str, full: bool = True, group: str | None = None, default_ift: bool = False) -> dict:
+def sections(cell: str, full: bool = True, group: str | None = None, stable_ift: bool = False) -> dict:
     """The sections of a cell's pipeline file (without its learning and personalisation when not `full`; with only its
-    default-variant meta-train runs when `default_ift`). Meta-train workers (not part of any id) follow the process: 2,
-    or 1 inside the cells' pool (a daemon may not start processes)."""
+    stable-IFT meta-train runs, variant `fedl2p` at any seed, when `stable_ift`). Meta-train workers (not part of any
+    id) follow the process: 2, or 1 inside the cells' pool (a daemon may not start processes)."""
     from fedl2p_cli.stages.pipeline_files import resolve
     s = resolve(pipeline_file(cell, group))  # its extends chain applied
     s = {k: v for k, v in s.items() if k not in ("name", "description")}
     if not full:
         return {k: v for k, v in s.items() if k not in ("meta-train", "pfl", "personalize")}
     workers = 1 if mp.current_process().daemon else 2
-    s["meta-train"] = [m | {"workers": workers} for m in s.get("meta-train", []) if not default_ift or set(m) <= DEFAULT_KEYS]
+    s["meta-train"] = [m | {"workers": workers} for m in s.get("meta-train", []) if not stable_ift or _stable_ift_table(m)]
     return s
 
 
@@ -107,9 +106,9 @@ def _run(label: str, secs: dict) -> None:
     print(f"[{label}] done in {time.time() - t0:.0f} s", flush=True)
 
 
-def run_cell(cell: str, full: bool = True, default_ift: bool = False) -> None:
-    _run(cell, sections(cell, full, default_ift=default_ift))
-    if full and not default_ift:
+def run_cell(cell: str, full: bool = True, stable_ift: bool = False) -> None:
+    _run(cell, sections(cell, full, stable_ift=stable_ift))
+    if full and not stable_ift:
         run_extras(cell)
 
 
@@ -150,29 +149,29 @@ def oracle(candidates: np.ndarray) -> tuple[float, float]:
     return float(per_seed.mean()), float(per_seed.std())
 
 
-def planned(cell: str, group: str | None = None, default_ift: bool = False) -> list | None:
+def planned(cell: str, group: str | None = None, stable_ift: bool = False) -> list | None:
     """The artifacts of a cell's pipeline file (or of one of its groups), found as `fedl2p run` and `fedl2p report`
     find them: its compiled plan executed with reuse_only (nothing is built). None while one of them is missing."""
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import pipeline
     from fedl2p_cli.stages.common import Missing, NoProgress
-    p = pipeline.Pipeline(f"accuracy-{cell}", sections(cell, group=group, default_ift=default_ift), pipeline.Store(STORE))
+    p = pipeline.Pipeline(f"accuracy-{cell}", sections(cell, group=group, stable_ift=stable_ift), pipeline.Store(STORE))
     try:
         return pipeline.run(p, None, NoProgress, runtime=Runtime().replace(reuse_only=True))
     except Missing:
         return None
 
 
-def collect(cell: str, default_ift: bool = False) -> list[dict] | None:
-    """The finished cell's rows (one per pool), or None if it is not complete (`default_ift`: of its default-IFT run).
-    Its extra groups' learned rows join them (not with `default_ift`: that report is the default IFT's alone)."""
+def collect(cell: str, stable_ift: bool = False) -> list[dict] | None:
+    """The finished cell's rows (one per pool), or None if it is not complete (`stable_ift`: of its stable-IFT run).
+    Its extra groups' learned rows join them (not with `stable_ift`: that report is the stable IFT's alone)."""
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
-    main = planned(cell, default_ift=default_ift)
+    main = planned(cell, stable_ift=stable_ift)
     if main is None:
         return None
-    groups = [] if default_ift else [g for g in GROUPS if pipeline_file(cell, g).is_file()]
+    groups = [] if stable_ift else [g for g in GROUPS if pipeline_file(cell, g).is_file()]
     extras = [r.artifact for g in groups for r in planned(cell, g) or [] if r.stage == "personalize"]
     rows = []
     for art in (r.artifact for r in main if r.stage == "personalize"):
@@ -305,8 +304,16 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-def is_default_variant(config: dict) -> bool:
-    """A meta-train artifact's config (by its options, not its name): FedL2P's default variant, at any seed."""
+def _stable_ift_table(table: dict) -> bool:
+    """A pipeline file's [[meta-train]] table that is the stable IFT (variant `fedl2p`, at any seed)."""
+    from fedl2p_cli.configs import MetaTrainConfig
+    from fedl2p_cli.core.config import from_flat
+    return is_stable_ift(dataclasses.asdict(from_flat(MetaTrainConfig, {k: v for k, v in table.items() if k != "workers"})))
+
+
+def is_stable_ift(config: dict) -> bool:
+    """A meta-train artifact's config (by its options, not its name): the IFT at every option's reference value
+    (variant `fedl2p`: the paper's meta-gradient and beta init with the IFT's stabilising defaults), at any seed."""
     from dataclasses import replace
 
     from fedl2p_cli.stages.meta_train import config_from_dict
@@ -465,7 +472,7 @@ def meta_runs(personalize_id: str) -> list[dict]:
 
 
 def runs_report(done: list[list[dict]]) -> str:
-    """One line per cell and meta-train seed: how the default IFT's learning went."""
+    """One line per cell and meta-train seed: how the stable IFT's learning went."""
     lines = ["The meta-train runs: η̃ (mean over tensors, × its start) after the last round and its range over the rounds, "
              "the round whose λ was kept, and the sampled clients' mean validation loss in the first and last round.", "",
              *tables.lines(["cell", "run", "η̃ last (min–max)", "kept round", "end", "val. loss first → last"],
@@ -503,7 +510,7 @@ def main() -> None:
     ap.add_argument("cells", nargs="*", default=list(CELLS), help=f"cells to run: {', '.join(CELLS)}")
     ap.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
     ap.add_argument("--report-only", action="store_true", help="only write the report from finished cells")
-    ap.add_argument("--default-ift", action="store_true", help="only each cell's default-IFT meta-train runs, with the "
+    ap.add_argument("--stable-ift", action="store_true", help="only each cell's stable-IFT meta-train runs, with the "
                     "hand-made methods on the same clients and batches: bench/accuracy-ift.md")
     ap.add_argument("--new-only", action="store_true", help="on finished cells, run only the groups every cell shares "
                     "(the beta-init variant; the other personalised-FL systems on feature-shift cells)")
@@ -520,20 +527,20 @@ def main() -> None:
             run_cell("ls-1000", False)
         if args.jobs == 1 or len(args.cells) == 1:  # in this process: its meta-trains may use worker processes
             for c in args.cells:
-                run_cell(c, True, args.default_ift)
+                run_cell(c, True, args.stable_ift)
         else:
             with ctx.Pool(args.jobs) as pool:
-                pool.starmap(run_cell, [(c, True, args.default_ift) for c in args.cells], chunksize=1)
+                pool.starmap(run_cell, [(c, True, args.stable_ift) for c in args.cells], chunksize=1)
     done, central = [], {}
     for c in CELLS:
-        rows = collect(c, args.default_ift)
+        rows = collect(c, args.stable_ift)
         if rows is None:
             print(f"[{c}] not complete; left out of the report")
             continue
         for r in rows:
             if r["kind"] in SHIFTED and r["pool"] == "seen":
                 r["ari"] = cluster_rows(c, r)
-            if args.default_ift:  # the learning runs themselves; the cell's other measurements do not depend on them
+            if args.stable_ift:  # the learning runs themselves; the cell's other measurements do not depend on them
                 r["runs"] = meta_runs(r["personalize"])
                 continue
             if r["kind"] in SHIFTED and r["pool"] == "seen":
@@ -549,9 +556,9 @@ def main() -> None:
                 r["central_acc"] = central[key]
         done.append(rows)
     text = report(done) + central_report(done) + "\n" + beta_report(done)
-    if args.default_ift:
+    if args.stable_ift:
         text += "\n" + runs_report(done)
-    out = "accuracy-ift" if args.default_ift else "accuracy"
+    out = "accuracy-ift" if args.stable_ift else "accuracy"
     (HERE / f"{out}.md").write_text(text)
     (HERE / f"{out}.json").write_text(json.dumps([r for cell in done for r in cell], indent=2, default=float))
     print(text)

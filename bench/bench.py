@@ -125,17 +125,17 @@ def _hyper_setup(name: str):
     return m, theta, lam, hyper, batch, bn, Strategy(beta, eta)
 
 
-DEFAULT_IFT = "--meta-grad ift --hessian fo --ift-at star --q 3 --psi-power 3 --scale-by-psi --eta-grad last-step"
+STABLE_IFT = "--meta-grad ift --hessian fo --ift-at star --q 3 --psi-power 3 --scale-by-psi --eta-grad last-step"
 
 
 def default_meta_gradient(m, theta_prev, after, grad, lam, hyper, batch, bn):
-    """`fedl2p meta-train`'s default meta-gradient (DEFAULT_IFT, MetaConfig's values) after the fine-tuning step
+    """`fedl2p meta-train --meta-grad ift`'s meta-gradient (STABLE_IFT, MetaConfig's IFT values) after the fine-tuning step
     theta_prev -> after with gradient `grad`, as `algorithms.fedl2p.meta_gradient` calls it."""
     from fedl2p_cli.core.hypergrad import ift_hypergradient
     from fedl2p_cli.core.settings import MetaConfig
-    c = MetaConfig()
+    c = MetaConfig(meta_grad="ift")
     assert (c.meta_grad, c.hessian, c.ift_at, c.q, c.psi_power, c.scale_by_psi, c.eta_grad) == \
-        ("ift", "fo", "star", 3, 3, True, "last-step"), "DEFAULT_IFT no longer names the defaults"
+        ("ift", "fo", "star", 3, 3, True, "last-step"), "STABLE_IFT no longer names the defaults"
     return lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, c.q, c.psi, c.scale_by_psi, c.hessian,
                                      c.psi_power, val_stats=c.val_stats, eta_step=list(grad))
 
@@ -149,7 +149,7 @@ def products(fn) -> dict:
 
 
 def bench_hypergrad(name: str) -> dict:
-    """The default meta-gradient (DEFAULT_IFT), the hypergradient (fo, exact; fo with --ift-at last-step, all at the
+    """The stable IFT's meta-gradient (STABLE_IFT), the hypergradient (fo, exact; fo with --ift-at last-step, all at the
     paper's fixed psi) and FOMAML+ / one of *our* beta-mixed SGD steps, timed in turns (see `interleaved`: timing them
     one after the other let the machine's drift bias the ratios by up to 30% on ResNet-18); the default's and FOMAML+'s
     counts of backward passes; peak RSS after the first fo and after the first exact hypergradient."""
@@ -169,7 +169,7 @@ def bench_hypergrad(name: str) -> dict:
         out[f"rss_before_{hess}_mb"] = peak_rss_mb()
         fns[f"hypergrad_{hess}"]()
         out[f"hypergrad_{hess}_peak_rss_mb"] = peak_rss_mb()
-    out |= {"default_ift": DEFAULT_IFT, "hypergrad_default_products": products(fns["hypergrad_default"]),
+    out |= {"stable_ift": STABLE_IFT, "hypergrad_default_products": products(fns["hypergrad_default"]),
             "fomaml_products": products(fns["fomaml"])}
     t = interleaved(fns, 10 if name == "small-cnn" else 2)
     return out | {"sgd_step_s": t["sgd"], **{f"{k}_ratio": v / t["sgd"] for k, v in t.items() if k != "sgd"}}
@@ -275,11 +275,12 @@ def bench_client_round() -> dict:
         cfg = MetaConfig(iterations=1, epochs=5, batch_size=32, base_lr=0.01, **kw)
         return lambda: client_update(m, theta, lam, xi, xs, bn0, data, cfg, torch.Generator().manual_seed(0))
 
-    fns = {"plain_finetune": plain_finetune, "ift_fo": ours(), "ift_fo_laststep": ours(ift_at="last-step"),
+    fns = {"plain_finetune": plain_finetune, "ift_fo": ours(meta_grad="ift"),
+           "ift_fo_laststep": ours(meta_grad="ift", ift_at="last-step"),
            "fomaml": ours(meta_grad="fomaml")}
     counts = {f"{k}_products": products(fns[k]) for k in ("ift_fo", "fomaml")}
     t = interleaved(fns, 11)
-    return {"train_samples": len(yt), "plain_finetune_s": t["plain_finetune"], "default_ift": DEFAULT_IFT, **counts,
+    return {"train_samples": len(yt), "plain_finetune_s": t["plain_finetune"], "stable_ift": STABLE_IFT, **counts,
             **{f"{k}_round_s": v for k, v in t.items() if k != "plain_finetune"}, "peak_rss_mb": peak_rss_mb()}
 
 
@@ -290,7 +291,7 @@ def bench_meta_round() -> dict:
         store, part_art, _ = _embedded(d)
         pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
         st, _ = stats.run(stats.StatsConfig(), store, part_art.id, pre.id)
-        cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01))
+        cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
         art, _ = meta_train.run(cfg, store, pre.id, st.id)
         import csv
         rows = list(csv.DictReader(open(art.file("history.csv"))))[1:]
@@ -322,7 +323,8 @@ def bench_workers() -> dict:
             runs.append(("Flower simulation, 2 ClientApps", 2, 1, "flower"))
         for label, workers, threads, engine in runs:
             torch.set_num_threads(threads)
-            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, seed=len(out), meta=MetaConfig(epochs=5, base_lr=0.01))
+            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, seed=len(out),
+                                             meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
             t = time.perf_counter()
             art, _ = meta_train.run(cfg, store, pre.id, st.id, runtime=Runtime(workers=workers, engine=engine))
             total = time.perf_counter() - t
@@ -417,7 +419,7 @@ def main() -> None:
 def show(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
-    t = Table(title="fedl2p bench (ratios measured in one run)", caption=f"default meta-gradient: fedl2p meta-train {DEFAULT_IFT}")
+    t = Table(title="fedl2p bench (ratios measured in one run)", caption=f"stable IFT: fedl2p meta-train {STABLE_IFT}")
     t.add_column("measure")
     t.add_column("value", justify="right")
     t.add_column("goal", justify="right")
@@ -431,7 +433,7 @@ def show(r: dict) -> None:
     add("engine overhead per pretraining round", g("engine", "engine_overhead_fraction"), "< 0.10", "{:.1%}")
     add("stats throughput / plain forward", g("stats", "stats_throughput_vs_forward"), ">= 0.8", "{:.2f}")
     for key, label in (("hypergrad_small", "small-cnn"), ("hypergrad_resnet18", "resnet18-cifar")):
-        add(f"default meta-gradient / SGD step, {label}", g(key, "hypergrad_default_ratio"), "<= 12", "{:.1f}x")
+        add(f"stable IFT meta-gradient / SGD step, {label}", g(key, "hypergrad_default_ratio"), "<= 12", "{:.1f}x")
         n = g(key, "hypergrad_default_products")
         add("  its second-order products (first-order gradients)", n and f"{n['second_order']} ({n['first_order']})", "4", "{}")
         add(f"hypergradient fo / SGD step, {label}", g(key, "hypergrad_fo_ratio"), "<= 12", "{:.1f}x")
@@ -450,7 +452,7 @@ def show(r: dict) -> None:
     cr = r.get("client_round") or {}
     if "plain_finetune_s" in cr:
         add(f"plain PyTorch fine-tuning, e=5 on {cr['train_samples']} samples (s)", cr["plain_finetune_s"], "", "{:.3f}")
-        for k, label in (("ift_fo", "default IFT"), ("ift_fo_laststep", "IFT fo, --ift-at last-step"), ("fomaml", "FOMAML+")):
+        for k, label in (("ift_fo", "stable IFT"), ("ift_fo_laststep", "IFT fo, --ift-at last-step"), ("fomaml", "FOMAML+")):
             add(f"  whole client round, K=1, {label} (s)", cr[f"{k}_round_s"], "", "{:.3f}")
             add("    ÷ plain fine-tuning", cr[f"{k}_round_s"] / cr["plain_finetune_s"], "", "{:.2f}x")
     for k, v in (r.get("workers", {}).get("workers") or {}).items():

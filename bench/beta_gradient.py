@@ -1,7 +1,7 @@
-"""`python bench/beta_gradient.py [CELL]`: is the default IFT's meta-gradient with respect to each BN layer's beta the
+"""`python bench/beta_gradient.py [CELL]`: is the stable IFT's meta-gradient with respect to each BN layer's beta the
 derivative of the objective it stands for?
 
-On every seen client of a `bench/budget.py` run (the default IFT, meta-train seed 0, 20 rounds), at the initial
+On every seen client of a `bench/budget.py` run (the stable IFT, meta-train seed 0, 20 rounds), at the initial
 lambda and at the run's last lambda: the client's beta and learning rates are read from lambda; then
 - the IFT estimate: `meta_gradient` (Alg. 2, the run's own settings) with the beta and learning rates themselves as the
   meta-parameters (an identity in place of BNNet/LRNet), so its `beta` entry is dL_V/dbeta per layer, as meta-training
@@ -182,7 +182,7 @@ def main() -> None:
     arts = [a for a in objective.runs(cell) if a.config["meta"]["meta_grad"] == "ift" and a.config["seed"] == 0
             and a.config["rounds"] == 20 and a.config["keep"] == "last"]
     if not arts:
-        raise SystemExit(f"beta_gradient: no 20-round default-IFT run (seed 0, keep last) of {cell}; run bench/budget.py")
+        raise SystemExit(f"beta_gradient: no 20-round stable-IFT run (seed 0, keep last) of {cell}; run bench/budget.py")
     art = arts[0]
     ctx, lam0 = objective.context(art)
     if settings:  # another meta-gradient setting at the initial lambda, added to beta-gradient.json

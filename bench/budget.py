@@ -1,6 +1,6 @@
 """`python bench/budget.py [CELL ...] [--rounds 20,60,200]`: FedL2P's accuracy against its meta-train budget.
 
-For each bench-accuracy cell named (default: fs-1000), the default IFT and FOMAML+ are meta-trained at every round
+For each bench-accuracy cell named (default: fs-1000), the stable IFT and FOMAML+ are meta-trained at every round
 count asked for (the cell's meta-train settings and its 3 meta-train seeds), each kept with `--keep best` (the round
 with the lowest validation loss, the paper) and `--keep last`, and personalised beside the hand-made FT methods and FT
 tuned on both pools: the same clients, seeds and batches as the cell. Each round count is one pipeline run, in
@@ -29,15 +29,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accuracy  # noqa: E402  (the cells' definitions)
 
-VARIANTS = {"IFT (default)": {}, "FOMAML+": {"meta_grad": "fomaml"}}
-CHOICES = {"ift": "IFT (default)", "fomaml": "FOMAML+"}  # --variants
+VARIANTS = {"IFT (stable)": {}, "FOMAML+": {"meta_grad": "fomaml"}}
+CHOICES = {"ift": "IFT (stable)", "fomaml": "FOMAML+"}  # --variants
 KEEPS = ("best", "last")  # best first: the last-kept twin then reuses its rounds
 HANDMADE = ["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"]
 
 
 def grid(cell: str, rounds: int, variants: list[str]) -> list[dict]:
     """The cell's default meta-train runs (one per meta-train seed) as each variant and keep, at `rounds`."""
-    base = accuracy.sections(cell, default_ift=True)["meta-train"]
+    base = accuracy.sections(cell, stable_ift=True)["meta-train"]
     return [m | {"rounds": rounds, "keep": keep, "workers": 1} | VARIANTS[v]
             for v in variants for m in base for keep in KEEPS]
 
@@ -61,7 +61,7 @@ def run(cell: str, rounds: int, variants: list[str]) -> list[str]:
 def label(variant: str) -> tuple[str, str]:
     """(variant, keep) of a merged learned row's name, e.g. fedl2p-fomaml-last."""
     keep = "last" if variant.endswith("-last") else "best"
-    return ("FOMAML+" if "-fomaml" in variant else "IFT (default)"), keep
+    return ("FOMAML+" if "-fomaml" in variant else "IFT (stable)"), keep
 
 
 def rows(cell: str, rounds: int, pers_ids: list[str]) -> list[dict]:
@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument("cells", nargs="*", default=["fs-1000"], choices=list(accuracy.CELLS), metavar="CELL",
                     help=f"bench-accuracy cells ({', '.join(accuracy.CELLS)}; default fs-1000)")
     ap.add_argument("--rounds", default="20,60,200", help="meta-train round counts, comma-separated (default 20,60,200)")
-    ap.add_argument("--variants", default="ift,fomaml", help="which of ift (the default IFT) and fomaml (FOMAML+) to run, "
+    ap.add_argument("--variants", default="ift,fomaml", help="which of ift (the stable IFT) and fomaml (FOMAML+) to run, "
                     "comma-separated (default both)")
     ap.add_argument("--report", action="store_true", help="only write the report from the runs already finished")
     args = ap.parse_args()

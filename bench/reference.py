@@ -9,7 +9,7 @@ average weighted by validation size, the lambda kept after the round with the lo
 Their `outer_loop_epochs` is set to our K: it counts epochs over a client's validation batches, so their clients take
 K x ceil(|val| / 32) meta-steps where ours take K (printed).
 
-Our side: the cell's pipeline file cut to its default-IFT meta-train runs (3 seeds), built or reused in the store,
+Our side: the cell's pipeline file cut to its stable-IFT meta-train runs (3 seeds), built or reused in the store,
 personalised with the cell's hand-made methods on both pools; its beta per domain, eta~'s growth and accuracy.
 
 Writes bench/reference.md and bench/reference.json. Runs in .venv-ref (scripts/reference-venv.sh builds it).
@@ -92,13 +92,13 @@ def evaluate_reference(client_mod, config, kwargs: dict, params, clients: list[i
 # --- our side ---------------------------------------------------------------------------------------------------------
 
 def ours(cell: str) -> dict:
-    """Build or reuse the cell's default-IFT meta-train runs and their personalisation; read what the table shows."""
+    """Build or reuse the cell's stable-IFT meta-train runs and their personalisation; read what the table shows."""
     import numpy as np
     import accuracy
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import personalize as pers_stage
     from fedl2p_cli.stages import pipeline
-    s = accuracy.sections(cell, default_ift=True)
+    s = accuracy.sections(cell, stable_ift=True)
     res = pipeline.run(pipeline.Pipeline(f"reference-{cell}", s, pipeline.Store(STORE)), None, RichProgress)
     store = pipeline.Store(STORE)
     out = {"pools": {}}
@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.cell not in accuracy.CELLS:
         fail(f"--cell {a.cell}: choose one of {', '.join(accuracy.CELLS)}")
     t0 = time.time()
-    print(f"[ours] {a.cell}: default-IFT meta-train (3 seeds) and personalisation, built or reused in {STORE}", flush=True)
+    print(f"[ours] {a.cell}: stable-IFT meta-train (3 seeds) and personalisation, built or reused in {STORE}", flush=True)
     our = ours(a.cell)
-    cfg = accuracy.sections(a.cell, default_ift=True)["meta-train"][0]
+    cfg = accuracy.sections(a.cell, stable_ift=True)["meta-train"][0]
     from fedl2p_cli.stages import partition as partition_stage
     from fedl2p_cli.stages import pretrain as pretrain_stage
     from fedl2p_cli.artifacts import Store

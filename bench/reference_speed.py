@@ -4,7 +4,7 @@ authors' client (royson/fedl2p), timed in turns in one process at one torch thre
 Both sides get the same model (theirs with their KLD batch norm and plain nn.Conv2d), the same client tensors
 (synthetic: speed does not depend on their values), batch 32, e = 5 epochs, one meta-iteration (our K = 1; their
 validation split is one batch, so their `outer_loop_epochs` = 1 is one meta-step), Q = 3. Ours: `client_update` with
-`fedl2p meta-train`'s defaults (the default IFT), or `--meta-grad fomaml` (FOMAML+). Theirs: their client's `fit()`
+`fedl2p meta-train`'s defaults (the stable IFT), or `--meta-grad fomaml` (FOMAML+). Theirs: their client's `fit()`
 with their IFT (`Hypergrad`, psi 0.1, Q 3) or their FOMAML.
 
 Phases. Ours: fine-tuning = `finetune` less PreciseBN; then PreciseBN, the validation loss recorded each round and
@@ -249,7 +249,7 @@ def render(res: dict) -> str:
                             "gradients", "second-order products"], speed_rows(res))]
     lines += ["", "Ratios are of medians, theirs ÷ ours: above 1, ours is faster. Our round also holds PreciseBN and "
               "the recorded validation loss; theirs their per-round KLD and feature statistics (seconds in the json).",
-              "", "Where our default-IFT round's time goes (medians; share of the round):", "",
+              "", "Where our stable-IFT round's time goes (medians; share of the round):", "",
               *tables.lines(["part", *res["models"]], share_rows(res))]
     return "\n".join(lines)
 
@@ -271,7 +271,7 @@ def speed_rows(res: dict) -> list[list]:
 
 
 def share_rows(res: dict) -> list[list[str]]:
-    """Per part of our default-IFT round (SHARES): its median seconds and share of the round, per model."""
+    """Per part of our stable-IFT round (SHARES): its median seconds and share of the round, per model."""
     rows = []
     for key, label in SHARES:
         cells = []

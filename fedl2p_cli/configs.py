@@ -14,7 +14,6 @@ Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
 PFLOrder = Literal["first", "second"]
 PFLOuter = Literal["adam", "sgd"]
-DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
 MODEL_HELP = ("small-cnn | resnet18-cifar | resnet18 | resnet18-speech | package.module:factory (any nn.Module with "
               "BatchNorm).<plugin-models>")
 
@@ -176,12 +175,17 @@ class PFLConfig:
             "fedl2p's systems take none).")
 
 
+# what `fedl2p meta-train` makes at its defaults (fedl2p-fomaml-binit0.9), beside the hand-made recipes
+DEFAULT_VARIANT = MetaTrainConfig().variant()
+DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", DEFAULT_VARIANT]
+
+
 @dataclass(kw_only=True)
 class PersonalizeConfig:
     """`fedl2p personalize`: which clients, which methods, and the fine-tuning budget every method shares."""
     unseen: bool = opt(False, "Evaluate the unseen pool (clients never used in meta-training).", flag=True)
     methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated methods: ft-bnc, ft-bng, ft-bni, ft-tuned, meta-train "
-                                              "variants (fedl2p-fomaml, ...), pfedla, heurpfedla, "
+                                              "variants (fedl2p-fomaml-binit0.9, fedl2p, ...), pfedla, heurpfedla, "
                                               "cafeme.<plugin-methods><plugin-systems>")
     # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
     pfl_steps: int = opt(50, "CAFeMe: personalisation steps of every evaluated client before testing (paper: 50).",

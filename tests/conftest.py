@@ -21,7 +21,9 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 TINY_PARTITION = dict(dataset="digits-c", alpha=0.5, clients=12, samples_per_client=40, unseen_fraction=0.25,
                       corruptions=["clean", "invert", "contrast"], severity=4, seed=0)
 TINY_PRETRAIN = dict(rounds=3, fraction=0.5, batch_size=16, eval_every=1, seed=0)
-TINY_META = MetaConfig(epochs=1, batch_size=16, base_lr=0.01)
+# the paper's meta-gradient and beta init (the defaults are FOMAML+ from 0.9): the IFT's second-order path is the one
+# most tests read, and the pinned ids (tests/test_any_model.py) are of this run
+TINY_META = MetaConfig(epochs=1, batch_size=16, base_lr=0.01, meta_grad="ift", beta_init=0.5)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +33,8 @@ def tiny_store(tmp_path_factory):
     pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, part.id, plot=False)
     st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id)
     meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store, pre.id, st.id)
-    pers, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0]),
+    pers, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
+                                                           methods=["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]),
                               store, pre.id, st.id, [meta.id])
     return {"store": store, "partition": part, "pretrain": pre, "stats": st, "meta": meta, "personalize": pers}
 

@@ -18,7 +18,7 @@ from fedl2p_cli.stages.pretrain import import_init
 
 # the tiny store's ids (tests/conftest.py), from before models, datasets and methods became plugins: a change to how
 # built-ins register must not change what they build
-# meta and personalize follow the default IFT settings (--psi-power, --scale-by-psi, --eta-bound, --eta-grad): their ids
+# meta and personalize follow the stable IFT settings (--psi-power, --scale-by-psi, --eta-bound, --eta-grad): their ids
 # change with those defaults. Last: --psi-power 5 -> 3 (issue 52), when lambda_max came to be estimated on the Neumann
 # series' own Krylov space instead of by 5 extra power iterations (a different psi, so a different artifact)
 # personalize: a learned variant named in --methods no longer enters the id (its meta-train artifact is a parent), so

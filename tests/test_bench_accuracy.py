@@ -1,4 +1,4 @@
-"""bench/accuracy.py's `--default-ift`: which of a cell's meta-train runs it keeps (no run: the cells' files only)."""
+"""bench/accuracy.py's `--stable-ift`: which of a cell's meta-train runs it keeps (no run: the cells' files only)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ def variants(sections: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("cell", list(accuracy.CELLS))
-def test_default_ift_keeps_exactly_the_cells_default_variant_at_three_seeds(cell):
+def test_stable_ift_keeps_exactly_the_cells_default_variant_at_three_seeds(cell):
     full = variants(accuracy.sections(cell))
-    kept = variants(accuracy.sections(cell, default_ift=True))
+    kept = variants(accuracy.sections(cell, stable_ift=True))
     assert kept == ["fedl2p", "fedl2p-seed1", "fedl2p-seed2"]
     assert [v for v in full if v in kept] == kept and len(full) > len(kept)  # the others are left out, none lost
 
@@ -80,7 +80,8 @@ def test_a_cells_rows_are_the_artifacts_its_compiled_plans_name(tmp_path, monkey
     bench.mkdir()
     shutil.copy(root / "pipelines" / "tiny.toml", bench / "tiny.toml")
     (bench / "tiny.extras.toml").write_text('extends = "tiny.toml"\nname = "tiny.extras"\n\n[[meta-train]]\nrounds = 2\n'
-                                            'fraction = 0.5\nepochs = 1\nbatch_size = 16\nbase_lr = 0.01\nmeta_grad = "fomaml"\n')
+                                            'fraction = 0.5\nepochs = 1\nbatch_size = 16\nbase_lr = 0.01\nmeta_grad = "fomaml"\n'
+                                            'beta_init = 0.5\n')
     monkeypatch.setattr(accuracy, "BENCH", bench)
     monkeypatch.setattr(accuracy, "STORE", tmp_path / "store")
     monkeypatch.setitem(accuracy.CELLS, "tiny", ("feature", 1.0))
@@ -95,4 +96,4 @@ def test_a_cells_rows_are_the_artifacts_its_compiled_plans_name(tmp_path, monkey
     assert sorted(r["personalize"] for r in rows) == sorted(made["fedl2p"])
     for r in rows:  # the extra group's learned row joined, paired against this personalisation's best baseline
         assert {"fedl2p", "fedl2p-fomaml"} <= set(r["methods"]) and "vs_best_baseline" in r["methods"]["fedl2p-fomaml"]
-    assert all("fedl2p-fomaml" not in r["methods"] for r in accuracy.collect("tiny", default_ift=True))
+    assert all("fedl2p-fomaml" not in r["methods"] for r in accuracy.collect("tiny", stable_ift=True))

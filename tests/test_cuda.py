@@ -94,7 +94,7 @@ def test_hypergradient_on_cuda_matches_the_float64_oracle_on_the_cpu():
 def _one_update(model, theta, lam, inputs, bn, data, dev):
     args = device.move((theta, lam, *inputs, bn, data), dev)
     model.to(dev)
-    r = client_update(model, *args, MetaConfig(epochs=2, batch_size=16, base_lr=0.01), torch.Generator().manual_seed(0))
+    r = client_update(model, *args, MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad="ift"), torch.Generator().manual_seed(0))
     model.cpu()
     return device.to_host(r)
 

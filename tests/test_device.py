@@ -56,7 +56,7 @@ def on_meta(fn):
     return out
 
 
-META = MetaConfig(epochs=1, batch_size=8, base_lr=0.01)
+META = MetaConfig(epochs=1, batch_size=8, base_lr=0.01, meta_grad="ift")  # the second-order path
 VARIANTS = {"ift-fo": META, "ift-exact": replace(META, hessian="exact"), "ift-last-step": replace(META, ift_at="last-step"),
             "fomaml": replace(META, meta_grad="fomaml"), "valtbs": replace(META, val_stats="test-batch"),
             "running-bn": replace(META, client_bn="running"), "eta-nonneg": replace(META, eta_nonneg=True),

@@ -101,10 +101,10 @@ def test_the_example_package_end_to_end_through_its_entry_point(tmp_path):
         pers = next(p for p in (store / "personalize").iterdir()
                     if json.loads((p / "summary.json").read_text())["pool"] == pool)
         summary = (pers / "summary.md").read_text()
-        for row in ("| FT (BN C) |", "| FT BN-only (BN C) |", "| FedBN |", "| fedl2p-fomaml |"):
+        for row in ("| FT (BN C) |", "| FT BN-only (BN C) |", "| FedBN |", "| fedl2p-fomaml-binit0.9 |"):
             assert row in summary, (pool, row, summary)
         rows = json.loads((pers / "summary.json").read_text())["methods"]
-        assert all(np.isfinite(rows[m]["mean"]) for m in ("ft-bnc", "ft-bn-only", "fedbn", "fedl2p-fomaml")), rows
+        assert all(np.isfinite(rows[m]["mean"]) for m in ("ft-bnc", "ft-bn-only", "fedbn", "fedl2p-fomaml-binit0.9")), rows
     pfl = next((store / "pfl").iterdir())
     manifest = json.loads((pfl / "manifest.json").read_text())
     assert "fedl2p-fedbn" in json.dumps(manifest), manifest  # the plugin that made it, by distribution

@@ -63,7 +63,7 @@ def test_a_folder_that_is_not_a_deployments_result_is_refused_in_one_line(tiny_s
 
 def test_personalize_with_meta_after_import_and_the_default_methods(tiny_store, tmp_path, capsys, monkeypatch):
     """The deployment guide's last step: `flower import`, then `personalize --meta ID` with the default --methods
-    (which name the default variant 'fedl2p', not the imported run's): the imported meta-nets are a row of the table,
+    (which name the default run's variant, not the imported run's): the imported meta-nets are a row of the table,
     in a store that has no meta-train artifact of the default variant (a deployment's operator trained none)."""
     import shutil
     store = Store(tmp_path / "store")

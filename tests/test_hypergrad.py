@@ -258,8 +258,8 @@ def test_krylov_lambda_max_converges_to_eigvalsh(setup):
 
 
 @pytest.mark.parametrize("hessian", ["exact", "fo"])
-def test_default_ift_matches_dense_formula(setup, hessian):
-    """The default IFT (MetaConfig's --psi-power, --scale-by-psi, --eta-grad last-step), psi's cap lifted so that the
+def test_stable_ift_matches_dense_formula(setup, hessian):
+    """The stable IFT (MetaConfig's --psi-power, --scale-by-psi, --eta-grad last-step), psi's cap lifted so that the
     Krylov estimate decides it: p = psi * sum_{k<=Q} (I - psi H)^k v with psi = PSI_MARGIN / the dense Rayleigh-Ritz
     value on {v, .., H^(Q-1) v}, for BNNet, LRNet and eta~ separately."""
     from fedl2p_cli.core.settings import MetaConfig

@@ -26,9 +26,10 @@ def test_the_builtin_methods():
     # a meta-train variant belongs to the family its options say (not to a prefix of its printed name); L2P and
     # pFedLA have nothing for clients they never trained
     from fedl2p_cli.configs import MetaConfig, MetaTrainConfig
-    fo = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", init_gain=1.0), input_norm="standardize", keep="last")
+    fo = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", beta_init=0.5, init_gain=1.0), input_norm="standardize",
+                         keep="last")
     assert fo.variant() == "fedl2p-fomaml-std-last-gain1" and methods.learned(fo.family()) is methods.get("fedl2p")
-    local = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml"), local=True)
+    local = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", beta_init=0.5), local=True)
     assert local.variant() == "l2p-fomaml" and methods.learned(local.family()) is methods.get("l2p")
     assert methods.find("fedl2p-fomaml") is None and methods.find("fedl2p-tbs") is None and methods.find("ft-bnx") is None
     with pytest.raises(UnknownName, match="unknown method 'ft-bnx' \\(--methods\\); choose one of: ft-bnc, ft-bng"):

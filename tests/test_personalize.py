@@ -187,7 +187,7 @@ def test_an_untrained_variant_is_refused_naming_the_trained_ones(tiny_store):
 
 
 def test_meta_id_of_another_variant_answers_the_default_methods(tiny_store, tmp_path):
-    """`fedl2p personalize --meta ID` with the default --methods (which name `fedl2p`) where ID is a variant other
+    """`fedl2p personalize --meta ID` with the default --methods (which name the default run's variant) where ID is a variant other
     than the default and no default-variant artifact exists: ID's row stands for `fedl2p` (one learned row, ID's)."""
     import dataclasses
     import json

@@ -32,6 +32,8 @@ fraction = 0.5
 epochs = 1
 batch_size = 16
 base_lr = 0.01
+meta_grad = "ift"
+beta_init = 0.5
 """
 
 

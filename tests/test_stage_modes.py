@@ -68,8 +68,8 @@ def test_no_resume_ignores_a_checkpoint(tiny_store):
 
 @pytest.mark.parametrize("variant", ["fomaml", "bnnet", "lrnet", "k2"])
 def test_meta_variants_run_and_learn_what_they_should(tiny_store, variant):
-    meta = {"fomaml": MetaConfig(epochs=1, batch_size=16, base_lr=0.01, meta_grad="fomaml"),
-            "k2": MetaConfig(epochs=1, batch_size=16, base_lr=0.01, iterations=2)}.get(variant, TINY_META)
+    meta = {"fomaml": MetaConfig(epochs=1, batch_size=16, base_lr=0.01, meta_grad="fomaml", beta_init=0.5),
+            "k2": MetaConfig(epochs=1, batch_size=16, base_lr=0.01, iterations=2, meta_grad="ift", beta_init=0.5)}.get(variant, TINY_META)
     nets = variant if variant in ("bnnet", "lrnet") else "both"
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=2, nets=nets, meta=meta, keep="last")
     art, _ = run(tiny_store, cfg)

@@ -1,7 +1,9 @@
 """Variant names come from the options' declarations (`opt(..., tag=Tag(...))`, core/config.py): the name is the
 family and the declared word of each option that differs from its default. Names enter artifact metrics and result
 tables, so every name the hand-written grammar gave must come out byte-identical: GOLDEN was captured from that code
-(MetaTrainConfig.variant() before the declarations existed) over each option alone and 120 random mixes."""
+(MetaTrainConfig.variant() before the declarations existed) over each option alone and 120 random mixes, when the
+defaults were the paper's meta-gradient and beta init (ift, 0.5): names are measured against those reference values
+(`core.config.reference_of`), so every case starts from them."""
 
 import random
 import sys
@@ -15,6 +17,7 @@ from fedl2p_cli.core.settings import MetaConfig
 
 TOP = {"nets": ["bnnet", "lrnet"], "local": [True], "input_norm": ["standardize"], "meta_opt": ["fedadam"],
        "keep": ["last"], "seed": [1, 7], "norm_bound": [3.0, 2.5], "aggregator": ["median", "trimmed-mean"]}
+PAPER = {"meta_grad": "ift", "beta_init": 0.5}  # the reference values (the defaults before FOMAML+ from 0.9)
 META = {"meta_grad": ["fomaml"], "hessian": ["exact"], "fixed_beta": [0.0, 0.3], "psi_power": [0, 5],
         "scale_by_psi": [False], "eta_bound": [0.0, 2.5], "eta_grad": ["ift"], "hidden_bias": ["zero"],
         "beta_init": [0.9, 0.25], "init_gain": [1.0, 0.25], "client_bn": ["running"], "ift_at": ["last-step"],
@@ -208,7 +211,12 @@ def test_the_cases_are_the_ones_the_golden_table_was_captured_over():
 
 @pytest.mark.parametrize("top,meta,want", GOLDEN, ids=[w for _, _, w in GOLDEN])
 def test_every_variant_name_is_byte_identical_to_the_hand_written_grammar(top, meta, want):
-    assert MetaTrainConfig(**top, meta=MetaConfig(**meta)).variant() == want
+    assert MetaTrainConfig(**top, meta=MetaConfig(**(PAPER | meta))).variant() == want
+
+
+def test_the_default_run_names_its_two_departures_from_the_paper():
+    assert MetaTrainConfig().variant() == "fedl2p-fomaml-binit0.9"
+    assert MetaTrainConfig(seed=1, keep="last").variant() == "fedl2p-fomaml-last-binit0.9-seed1"
 
 
 def test_a_personalisation_with_test_batch_statistics_tags_its_learned_rows():
@@ -220,9 +228,11 @@ def test_bench_finds_variants_by_config_not_by_name():
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
     import accuracy
     from dataclasses import asdict
-    assert accuracy.is_default_variant(asdict(MetaTrainConfig(seed=2, rounds=5)))
-    for other in (MetaTrainConfig(local=True), MetaTrainConfig(meta=MetaConfig(beta_init=0.9)), MetaTrainConfig(keep="last")):
-        assert not accuracy.is_default_variant(asdict(other))
+    ift = MetaConfig(meta_grad="ift", beta_init=0.5)
+    assert accuracy.is_stable_ift(asdict(MetaTrainConfig(seed=2, rounds=5, meta=ift)))
+    for other in (MetaTrainConfig(local=True, meta=ift), MetaTrainConfig(meta=MetaConfig(meta_grad="ift")),
+                  MetaTrainConfig(keep="last", meta=ift), MetaTrainConfig()):
+        assert not accuracy.is_stable_ift(asdict(other))
     v = {"mean": 0.5, "sd": 0.1}
     merged = accuracy.over_meta_seeds({"fedl2p": v, "fedl2p-seed1": v | {"mean": 0.7}, "fedl2p-tbs": v, "ft-bnc": v},
                                       {"fedl2p": "fedl2p", "fedl2p-seed1": "fedl2p"})

@@ -34,8 +34,8 @@ BELOW_1 = between(0, 1, hi_open=True)      # [0, 1)
 
 @dataclasses.dataclass(frozen=True)
 class Tag:
-    """How an option names a variant (`opt(..., tag=Tag(...))`): when its value differs from the option's declared
-    default and `when(owner)` holds (owner: the config holding the field), `word` joins the variant's name, placed by
+    """How an option names a variant (`opt(..., tag=Tag(...))`): when its value differs from the option's reference
+    value (`reference_of`) and `when(owner)` holds (owner: the config holding the field), `word` joins the variant's name, placed by
     `rank` among the other words. `word`: a format of the value (`"binit{v:g}"`), a dict value -> word, or a function
     (value, owner) -> word."""
     word: str | dict | Callable[[Any, Any], str]
@@ -57,9 +57,24 @@ def default_of(f: dataclasses.Field) -> Any:
     return f.default
 
 
+def reference_of(f: dataclasses.Field) -> Any:
+    """The value ids and variant names are measured against: `opt(..., reference=...)` where the default moved away
+    from it (the paper's setting, so every artifact id and variant name made before the move stays), else the
+    declared default."""
+    return f.metadata["reference"] if "reference" in f.metadata else default_of(f)
+
+
+def stored(cls: type, values: dict) -> dict:
+    """`values` (an artifact's stored settings, one config level) with the `identity_default` fields its id left out
+    put back at their reference values: an artifact made while beta_init's default was 0.5 reads back as 0.5, never
+    as today's default."""
+    return {f.name: reference_of(f) for f in dataclasses.fields(cls)
+            if f.metadata.get("identity_default") and f.name not in values} | values
+
+
 def variant_words(cfg: Any) -> list[str]:
     """The words naming `cfg`'s variant: one per tagged field (nested configs walked) whose value differs from its
-    declared default, in rank order."""
+    reference value, in rank order."""
     found: list[tuple[int, str]] = []
 
     def walk(obj: Any) -> None:
@@ -67,7 +82,7 @@ def variant_words(cfg: Any) -> list[str]:
             v = getattr(obj, f.name)
             if dataclasses.is_dataclass(v):
                 walk(v)
-            elif (tag := f.metadata.get("tag")) and v != default_of(f) and (tag.when is None or tag.when(obj)):
+            elif (tag := f.metadata.get("tag")) and v != reference_of(f) and (tag.when is None or tag.when(obj)):
                 found.append((tag.rank, tag.spell(v, obj)))
     walk(cfg)
     return [w for _, w in sorted(found, key=lambda rw: rw[0])]
@@ -78,7 +93,8 @@ def opt(default: Any, help: str = "", *meta: dict, **extra: Any) -> Any:
     range such as `POSITIVE`). Keywords: `option` (the flag's spelling when it is not --field-name), `short` (e.g.
     "-k"), `flag` (a bool without its --no- form), `envvar`, `path` (a str the CLI takes as a path), `cli=False`
     (not a command-line option), `identity_default` (left out of the artifact id at its default: an option added
-    after artifacts existed), `tag` (a `Tag`: the word this option adds to a variant's name)."""
+    after artifacts existed), `tag` (a `Tag`: the word this option adds to a variant's name), `reference` (the value
+    ids and names are measured against when the default is not it: see `reference_of`)."""
     md: dict = {"help": help}
     for m in meta:
         md |= m

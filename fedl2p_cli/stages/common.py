@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol
 
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
-from ..core.config import validate
+from ..core.config import reference_of, validate
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 
@@ -44,8 +44,9 @@ class NoProgress:
 def config_dict(cfg: Any, exclude: tuple[str, ...] = ()) -> dict:
     """The identity-relevant part of a config dataclass (locations and cosmetics excluded; where the work runs is
     never in a config: it is the Runtime, fedl2p_cli/runtime.py). A field marked
-    `identity_default` (an option added after artifacts existed) is left out while it holds its default, so
-    artifacts built before the option existed keep their ids."""
+    `identity_default` (an option added after artifacts existed) is left out while it holds its reference value (its
+    default, unless the default moved: `core.config.reference_of`), so artifacts built before the option existed keep
+    their ids."""
     d = _identity(cfg)
     for k in exclude:
         d.pop(k, None)
@@ -56,14 +57,10 @@ def _identity(cfg: Any) -> dict:
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
-        if f.metadata.get("identity_default") and v == _default(f):
+        if f.metadata.get("identity_default") and v == reference_of(f):
             continue
         out[f.name] = _identity(v) if dataclasses.is_dataclass(v) else copy.deepcopy(v)
     return out
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING else f.default
 
 
 # config keys that name registered pieces, and the kinds of piece they name

@@ -20,6 +20,7 @@ from ..core.finetune import Strategy
 from ..errors import FedL2PError
 from ..runtime import Runtime
 from . import partition as partition_stage
+from . import meta_train as meta_stage
 from . import personalize as personalize_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
@@ -96,7 +97,7 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
                           f" to take apart (learned: {', '.join(learned) or 'none'})")
     method = cfg.method or learned[0]
     meta_id = art.parents[f"meta-train:{method}"]
-    b_fixed = cfg.beta if cfg.beta is not None else float(store.load("meta-train", meta_id).config["meta"].get("beta_init", 0.5))
+    b_fixed = cfg.beta if cfg.beta is not None else meta_stage.config_from_dict(store.load("meta-train", meta_id).config).meta.beta_init
     parents = {"personalize": art.id, "meta-train": meta_id}
 
     def build(draft: Draft) -> None:

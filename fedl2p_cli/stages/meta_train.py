@@ -18,7 +18,7 @@ from ..core.settings import RoundPolicy
 from .. import methods
 from ..runtime import Runtime
 from ..configs import MetaTrainConfig
-from ..core.config import validate
+from ..core.config import stored, validate
 from ..core.settings import LEGACY_IFT
 from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
                              normalize_inputs)
@@ -413,7 +413,8 @@ def config_from_dict(d: dict) -> MetaTrainConfig:
     """The inverse of dataclasses.asdict (how a deployment's run config carries the settings); runtime keys (a run
     config written when they were settings) are left to `Runtime.from_dict`."""
     known = set(MetaTrainConfig.__dataclass_fields__) - {"meta"}
-    return MetaTrainConfig(**{k: v for k, v in d.items() if k in known}, meta=MetaConfig(**d["meta"]))
+    top = stored(MetaTrainConfig, {k: v for k, v in d.items() if k in known})
+    return MetaTrainConfig(**top, meta=MetaConfig(**stored(MetaConfig, d["meta"])))
 
 
 def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:

@@ -16,7 +16,7 @@ import torch
 from .. import methods
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..artifacts import Artifact, Draft, Store
-from ..configs import PersonalizeConfig
+from ..configs import DEFAULT_VARIANT, PersonalizeConfig
 from ..core import metanets
 from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
@@ -162,7 +162,7 @@ class Setup:
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
         _, lam, norm = meta_stage.load_lambda(self.store, art.id)
         check_shapes(art, lam, self.table)
-        nets = MetaNets(lam, MetaConfig(**art.config["meta"]), norm, bool(art.config.get("local")))
+        nets = MetaNets(lam, meta_stage.config_from_dict(art.config).meta, norm, bool(art.config.get("local")))
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
@@ -207,10 +207,13 @@ def method_of(art: Artifact) -> methods.Method:
 
 
 def stands_for(art: Artifact, name: str) -> bool:
-    """A requested name that an artifact given by id answers: its own name (variant, algorithm), or the learned
-    method it belongs to (`--methods fedl2p --meta ID` of any fedl2p variant)."""
+    """A requested name that an artifact given by id answers: its own name (variant, algorithm), the learned method
+    it belongs to (`--methods fedl2p --meta ID` of any fedl2p variant), or the default run's variant that the default
+    --methods name (`personalize --meta ID` compares ID, whichever FedL2P variant it is)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
-    return name == own or method_of(art) is methods.find(name)
+    if name == own or method_of(art) is methods.find(name):
+        return True
+    return name == DEFAULT_VARIANT and method_of(art) is methods.find("fedl2p")
 
 
 def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress) -> results_h5.Results:

@@ -1,0 +1,66 @@
+"""The defaults moved from the paper's meta-gradient and beta init (ift, 0.5) to FOMAML+ from 0.9. Ids and variant
+names are measured against the paper's values (`opt(..., reference=...)`, core/config.reference_of), so no artifact
+made before the move changes id, and an artifact's stored settings read back as what it was made with. The pins
+below were computed by the code before the move."""
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+from fedl2p_cli.artifacts import canonical_json
+from fedl2p_cli.configs import MetaTrainConfig
+from fedl2p_cli.core.settings import MetaConfig
+from fedl2p_cli.stages import meta_train, pipeline, pipeline_files
+
+ROOT = Path(__file__).resolve().parents[1]
+# sha256 of an identity (what a meta-train id hashes, its parents aside), from the code before the defaults moved
+BEFORE = {("ift", 0.5): "8ec39b56e777cb98", ("fomaml", 0.5): "777ac555ee152855", ("fomaml", 0.9): "2b5c0cf828bd4e50"}
+# the same over every [[meta-train]] table of every shipped pipeline file (139 runs in 40 files). A deliberate change
+# to a shipped file's runs moves it: update it then, and say why in the commit
+PIPELINES = "15329bdcf9256069"
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+def test_every_run_keeps_the_identity_it_had_before_the_defaults_moved():
+    for (grad, b0), want in BEFORE.items():
+        assert digest(meta_train.identity(MetaTrainConfig(meta=MetaConfig(meta_grad=grad, beta_init=b0)))) == want
+
+
+def test_the_default_run_is_the_artifact_fomaml_from_beta_0_9_always_was():
+    cfg = MetaTrainConfig()
+    assert (cfg.meta.meta_grad, cfg.meta.beta_init) == ("fomaml", 0.9)
+    assert digest(meta_train.identity(cfg)) == BEFORE[("fomaml", 0.9)]
+    assert cfg.variant() == "fedl2p-fomaml-binit0.9"
+
+
+def shipped_identities() -> dict:
+    out = {}
+    for f in sorted(ROOT.glob("pipelines/**/*.toml")):
+        if f.name.startswith("_"):
+            continue
+        runs = pipeline._tables(pipeline_files.resolve(f).get("meta-train", []), "meta-train", f.name)
+        cfgs = [pipeline._make(MetaTrainConfig, "meta-train", pipeline._runtime(m, "meta-train", f.name)[0], f.name)
+                for m in runs]
+        out[str(f.relative_to(ROOT))] = [canonical_json(meta_train.identity(c)) for c in cfgs]
+    return out
+
+
+def test_every_shipped_pipeline_builds_the_meta_train_artifacts_it_built_before():
+    found = shipped_identities()
+    assert sum(len(v) for v in found.values()) == 139
+    assert digest(found) == PIPELINES
+
+
+def test_a_stored_config_reads_back_as_made_not_as_todays_default():
+    """An id leaves beta_init out at 0.5; reading that artifact's settings back must give 0.5, not the new 0.9
+    (personalize rebuilds its meta-nets and decompose its fixed beta from them)."""
+    old = meta_train.identity(MetaTrainConfig(meta=MetaConfig(meta_grad="ift", beta_init=0.5)))
+    assert "beta_init" not in old["meta"]
+    assert meta_train.config_from_dict(old).meta.beta_init == 0.5
+    new = meta_train.identity(MetaTrainConfig())
+    assert meta_train.config_from_dict(new).meta.beta_init == 0.9
+    full = dataclasses.asdict(MetaTrainConfig(meta=MetaConfig(beta_init=0.3)))  # a run config: every key present
+    assert meta_train.config_from_dict(full).meta.beta_init == 0.3
