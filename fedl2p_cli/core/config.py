@@ -35,8 +35,8 @@ BELOW_1 = between(0, 1, hi_open=True)      # [0, 1)
 @dataclasses.dataclass(frozen=True)
 class Tag:
     """How an option names a variant (`opt(..., tag=Tag(...))`): when its value differs from the option's reference
-    value (`reference_of`) and `when(owner)` holds (owner: the config holding the field), `word` joins the variant's name, placed by
-    `rank` among the other words. `word`: a format of the value (`"binit{v:g}"`), a dict value -> word, or a function
+    value (`reference_of`) and `when(owner)` holds (owner: the config holding the field), `word` joins the variant's
+    name, placed by `rank` among the other words. `word`: a format of the value (`"binit{v:g}"`), a dict value -> word, or a function
     (value, owner) -> word."""
     word: str | dict | Callable[[Any, Any], str]
     rank: int

@@ -76,7 +76,7 @@ class MetaConfig:
                                 tag=Tag("runningbn", 140))
     hidden_bias: HiddenBias = opt("paper", "Meta-net biases: paper = every bias 0.5 (BNNet) / 1.0 (LRNet), as App. E | "
                                            "zero = hidden biases 0 (an ablation).", tag=Tag("zerobias", 110))
-    # the options below were added after artifacts existed: left out of the artifact id at their defaults
+    # the options below were added after artifacts existed: left out of the artifact id at their reference values
     beta_init: float = opt(0.9, "Every client's initial beta, BNNet's bias constant (App. E, the paper: 0.5; 0.9 starts "
                                 "near the clients' own statistics). See docs/method/fedl2p.md.", UNIT,
                            identity_default=True, tag=Tag("binit{v:g}", 120), reference=0.5)
