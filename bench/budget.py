@@ -104,6 +104,16 @@ def val_curves(cell: str, rounds: int, column: str = "val_loss") -> dict[str, li
     return {v: np.mean([c[:min(map(len, cs))] for c in cs], axis=0).tolist() for v, cs in curves.items()}
 
 
+def longest_curves(cell: str, finished: list[int], column: str = "val_loss") -> dict[str, list[float]]:
+    """`val_curves` per variant from the longest of its finished round counts (a variant still running at the
+    longest count is shown at the longest it finished)."""
+    out: dict[str, list[float]] = {}
+    for rounds in sorted(finished, reverse=True):
+        for variant, c in val_curves(cell, rounds, column).items():
+            out.setdefault(variant, c)
+    return out
+
+
 def bn_layers(cell: str, rounds: int) -> int:
     """How many BN layers the cell's model has: the beta_i columns of its runs' history."""
     from fedl2p_cli.artifacts import Store
@@ -207,11 +217,11 @@ def main() -> None:
         for r in counts:
             if str(r) in done:
                 all_rows += rows(cell, r, done[str(r)])
-        longest = max((r for r in counts if str(r) in done), default=None)
-        if longest is not None:
-            curves[cell] = val_curves(cell, longest)
-            betas[cell] = {f"{v}, bn{i}": c for i in range(bn_layers(cell, longest))
-                           for v, c in val_curves(cell, longest, f"beta_{i}").items()}
+        finished = [r for r in counts if str(r) in done]
+        if finished:
+            curves[cell] = longest_curves(cell, finished)
+            betas[cell] = {f"{v}, bn{i}": c for i in range(bn_layers(cell, max(finished)))
+                           for v, c in longest_curves(cell, finished, f"beta_{i}").items()}
     if not all_rows:
         raise SystemExit("budget: no finished run yet")
     # a round count personalised more than once (other --variants): each row once, from its latest personalisation
