@@ -308,16 +308,18 @@ def _stable_ift_table(table: dict) -> bool:
     """A pipeline file's [[meta-train]] table that is the stable IFT (variant `fedl2p`, at any seed)."""
     from fedl2p_cli.configs import MetaTrainConfig
     from fedl2p_cli.core.config import from_flat
-    return is_stable_ift(dataclasses.asdict(from_flat(MetaTrainConfig, {k: v for k, v in table.items() if k != "workers"})))
+    return _stable_ift(from_flat(MetaTrainConfig, {k: v for k, v in table.items() if k != "workers"}))
 
 
 def is_stable_ift(config: dict) -> bool:
     """A meta-train artifact's config (by its options, not its name): the IFT at every option's reference value
     (variant `fedl2p`: the paper's meta-gradient and beta init with the IFT's stabilising defaults), at any seed."""
-    from dataclasses import replace
-
     from fedl2p_cli.stages.meta_train import config_from_dict
-    return replace(config_from_dict(config), seed=0).variant() == "fedl2p"
+    return _stable_ift(config_from_dict(config))
+
+
+def _stable_ift(cfg) -> bool:
+    return dataclasses.replace(cfg, seed=0).variant() == "fedl2p"
 
 
 def seed_groups(store) -> dict[str, str]:
