@@ -18,12 +18,12 @@ does not import torch; the torch-side names load on first use.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .algorithms.systems.base import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
+from . import imports
 from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, Outcome, System, Tuned
@@ -77,7 +77,7 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'fedl2p_cli.api' has no attribute '{name}'")
     module, attr = _LAZY[name]
-    value = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+    value = imports.load(f"{__package__}.{module}:{attr}", imports.Why.OWN)
     globals()[name] = value  # asked once
     return value
 

@@ -175,17 +175,18 @@ class PFLConfig:
             "fedl2p's systems take none).")
 
 
-# what `fedl2p meta-train` makes at its defaults (fedl2p-fomaml-binit0.9), beside the hand-made recipes
+# what `fedl2p meta-train` makes at its defaults (fedl2p-fomaml-binit0.9)
 DEFAULT_VARIANT = MetaTrainConfig().variant()
-DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", DEFAULT_VARIANT]
+# the hand-made recipes and the newest FedL2P run of the model, whatever its variant (`fedl2p` names the method)
+DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
 
 
 @dataclass(kw_only=True)
 class PersonalizeConfig:
     """`fedl2p personalize`: which clients, which methods, and the fine-tuning budget every method shares."""
     unseen: bool = opt(False, "Evaluate the unseen pool (clients never used in meta-training).", flag=True)
-    methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated methods: ft-bnc, ft-bng, ft-bni, ft-tuned, meta-train "
-                                              "variants (fedl2p-fomaml-binit0.9, fedl2p, ...), pfedla, heurpfedla, "
+    methods: list[str] = opt(DEFAULT_METHODS, "Comma-separated methods: ft-bnc, ft-bng, ft-bni, ft-tuned, fedl2p (newest "
+                                              "run), fedl2p-checked, a variant by name, pfedla, heurpfedla, "
                                               "cafeme.<plugin-methods><plugin-systems>")
     # CAFeMe's personalisation steps for every evaluated client (paper: 50); added later, so out of the id at 50
     pfl_steps: int = opt(50, "CAFeMe: personalisation steps of every evaluated client before testing (paper: 50).",

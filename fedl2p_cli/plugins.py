@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import importlib.metadata as md
 import inspect
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from . import imports
 from .catalog import API_VERSION, BUILTIN, KINDS, Catalog, ModelSpec, Plugin, PluginError, PretrainAlgo
 from .errors import FedL2PError
 
@@ -101,8 +101,11 @@ def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], Any]) ->
 
 
 def _import(module: str, how: str) -> Any:
+    """A plugin the user named (`how`: --plugin, FEDL2P_PLUGINS, a pipeline's `plugins`) or the built-in one."""
     try:
-        return importlib.import_module(module)
+        return imports.load(module, imports.Why.PLUGIN, declared=[module])
+    except imports.ImportRefused:
+        raise
     except Exception as e:  # noqa: BLE001 - ImportError, or any error the module raises while importing
         raise PluginError(f"plugin '{module}' ({how}) failed to import: {e.__class__.__name__}: {e}") from None
 
@@ -117,7 +120,7 @@ def _register_fn(obj: Any, module: str, attr: str = "register") -> Callable[[Reg
 
 def check_api(module: str) -> None:
     """A plugin module may say which API it was written for (`FEDL2P_API = 1`); another one is refused."""
-    declared = getattr(importlib.import_module(module), "FEDL2P_API", None)
+    declared = getattr(_import(module, "loaded"), "FEDL2P_API", None)
     if declared is not None and declared != API_VERSION:
         raise PluginError(f"plugin '{module}' is written for fedl2p API {declared!r}; this fedl2p has API {API_VERSION}: "
                           f"install a release of the plugin for API {API_VERSION}")
@@ -126,7 +129,7 @@ def check_api(module: str) -> None:
 def internal_imports(module: str) -> list[str]:
     """The fedl2p modules other than `fedl2p_cli.api` that a plugin's source files import (its package's files, or
     its one file), read with ast: what may break it when fedl2p's internals change."""
-    mod = importlib.import_module(module)
+    mod = _import(module, "loaded")
     path = Path(getattr(mod, "__file__", None) or "")
     files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path] if path.suffix == ".py" else []
     found: set[str] = set()
@@ -195,7 +198,7 @@ def _entry_points(catalog: Catalog) -> None:
         plugin = Plugin(module, dist.name if dist else None, dist.version if dist else None)
         try:
             try:
-                obj = ep.load()
+                obj = imports.load(ep.value.split("[")[0].replace(" ", ""), imports.Why.PLUGIN, declared=[module])  # installed
             except Exception as e:  # noqa: BLE001
                 raise PluginError(f"plugin '{module}' (entry point '{ep.name}' of {plugin.dist}) failed to import: "
                                   f"{e.__class__.__name__}: {e}") from None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import imports
 from .errors import FedL2PError
 from .runtime import Runtime
 
@@ -41,7 +42,7 @@ def check(backend: str | None, uri: str | None = None) -> None:
 def _require(backend: str) -> None:
     module = {"tensorboard": "tensorboard", "mlflow": "mlflow"}[backend]
     try:
-        __import__(module)
+        imports.load(module, imports.Why.OPTIONAL)
     except ImportError:
         raise FedL2PError(f"--track {backend} needs its extra: pip install 'fedl2p[{backend}]'") from None
 

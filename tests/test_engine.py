@@ -200,3 +200,15 @@ def test_a_round_s_timeout_does_not_count_the_workers_start_up():
         pool.close()
         pool.pool = pool._start()  # as after a hung or dead worker
         assert pool.map([3, 4]) == [3, 4]
+
+
+def test_each_client_draws_its_own_batch_stream():
+    """Mutation pin: with the client index dropped from the seed (engine/loop.py), every client of a seed would see
+    the same batch order, and round draws of two clients would be the same."""
+    from fedl2p_cli.engine.loop import batch_stream
+    perms = [torch.randperm(64, generator=batch_stream(0, c)) for c in range(4)]
+    assert all(not torch.equal(perms[0], p) for p in perms[1:])
+    assert torch.equal(perms[2], torch.randperm(64, generator=batch_stream(0, 2)))  # the same client: the same stream
+    assert not torch.equal(torch.randperm(64, generator=batch_stream(1, 2)), perms[2])  # another seed: another stream
+    draws = [torch.rand(8, generator=generator(0, 3, c)) for c in range(3)]
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])

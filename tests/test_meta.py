@@ -324,3 +324,14 @@ def test_stable_ift_moves_the_learned_lrs_as_the_last_step_says(tiny_store):
     unrolled = eta_grad(replace(cfg, meta_grad="fomaml"))  # the same validation batch: drawn first from the same seed
     torch.testing.assert_close(eta_grad(cfg), unrolled, rtol=1e-4, atol=1e-7)
     assert not torch.allclose(eta_grad(replace(cfg, eta_grad="ift")), unrolled, rtol=0.1)
+
+
+def test_eta_bound_clamps_from_both_sides():
+    """Mutation pin (algorithms/fedl2p.py bound_eta): --eta-bound B keeps eta~ within [base LR / B, base LR x B], the
+    upper side as much as the lower; the FOMAML+ path leaves eta~ alone."""
+    from fedl2p_cli.core.settings import MetaConfig
+    lam = {"eta": torch.tensor([1e-6, 0.01, 5.0, -1.0])}
+    cfg = MetaConfig(meta_grad="ift", eta_bound=10.0, base_lr=0.01)
+    assert torch.allclose(fedl2p_alg.bound_eta(lam, cfg)["eta"], torch.tensor([0.001, 0.01, 0.1, 0.001]))
+    fomaml = MetaConfig(meta_grad="fomaml", eta_bound=10.0, base_lr=0.01)
+    assert torch.equal(fedl2p_alg.bound_eta(lam, fomaml)["eta"], lam["eta"])

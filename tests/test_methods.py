@@ -103,3 +103,61 @@ def check_some_tensors(tiny_store, tmp_path, head):
     assert all(torch.equal(ft.params[n], theta[n]) for n, keep in zip(names, chosen) if not keep)
     want = personalized_accuracy(model, ft.params, *part.client(c).test, s, ft.bn, 16)[1]
     assert r.acc_after[0, 0, 0] == pytest.approx(want, abs=1e-9)
+
+
+def test_a_learned_methods_name_means_its_newest_run_of_any_variant(tiny_store, tmp_path):
+    """`--methods ft-bnc,fedl2p` after a default `fedl2p meta-train`: `fedl2p` is the newest FedL2P run of the model,
+    whatever its variant, and its row carries the variant's name (the default run is fedl2p-fomaml-binit0.9)."""
+    from fedl2p_cli.configs import DEFAULT_METHODS, MetaConfig
+    from fedl2p_cli.stages import meta_train
+    assert DEFAULT_METHODS[-1] == "fedl2p"
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
+    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=1, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16,
+                                                                                              base_lr=0.01)),
+                             store, pre, st)
+    assert meta.metrics["variant"] == "fedl2p-fomaml-binit0.9"
+    cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    art, _ = personalize.run(cfg, store, pre, st)
+    _, r = personalize.load(store, art.id)
+    assert r.methods == ["ft-bnc", "fedl2p-fomaml-binit0.9"] and art.parents["meta-train:fedl2p-fomaml-binit0.9"] == meta.id
+    # given by id, any FedL2P variant answers the default --methods' `fedl2p`
+    art2, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0]), store, pre, st,
+                              [tiny_store["meta"].id])
+    assert personalize.load(store, art2.id)[1].methods[-1] == tiny_store["meta"].metrics["variant"]
+
+
+def test_a_checked_learned_strategy_picks_by_validation(tiny_store, tmp_path):
+    """fedl2p-checked: beside the learned row, each client fine-tunes under the learned strategy at its LRs x0.1, x1
+    and x10 and keeps the one (or no fine-tuning) with the best validation accuracy; its test accuracy is that one's."""
+    from fedl2p_cli.core.finetune import evaluate
+    from fedl2p_cli.core.selection import select_by_validation
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store, pre, st, meta = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["meta"]
+    cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p-checked"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
+    art, _ = personalize.run(cfg, store, pre, st, [meta.id])
+    _, r = personalize.load(store, art.id)
+    v = meta.metrics["variant"]
+    assert r.methods == ["ft-bnc", v, f"{v}-checked"]
+    np.testing.assert_array_equal(r.beta[v], r.beta[f"{v}-checked"])
+    _, part = partition.load(store, tiny_store["partition"].id)
+    _, model, state = pretrain.load(store, pre)
+    _, table = stats.load_matching(store, st, pre)
+    theta = {n: state[n] for n, _ in model.named_parameters()}
+    picks_differ = False
+    for j in range(len(r.client)):
+        c = int(r.client[j])
+        data = part.client(c)
+        beta, lr = torch.as_tensor(r.beta[v][j]), torch.as_tensor(r.eta[v][j])
+        scores = []
+        for f in (0.1, 1.0, 10.0):
+            s = Strategy(beta, lr * f)
+            ft = finetune(model.eval(), theta, *data.train, s, table.client_bn(c), 1, 16, generator(0, c, 7), "precise")
+            scores.append((*personalized_accuracy(model, ft.params, *data.val, s, ft.bn, 16),
+                           personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 16)[1]))
+        scores.append((*evaluate(model, theta, *data.val), evaluate(model, theta, *data.test)[1]))
+        out = np.array(scores)
+        want = out[select_by_validation(out[:, 1], out[:, 0]), 2]
+        assert r.acc_after[2, 0, j] == pytest.approx(want, abs=1e-6)
+        picks_differ |= want != out[:, 2].max()
+    assert picks_differ  # some client's validation pick is not its best on test: the test could tell them apart

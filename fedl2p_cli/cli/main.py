@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Optional
@@ -10,7 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .. import tracking
+from .. import imports, tracking
 from ..errors import USER_ERRORS
 from ..stages.table import STAGES, Stage
 from . import artifacts, flower, render
@@ -74,8 +73,7 @@ def _global(ctx: typer.Context,
 
 def _stage_command(stage: Stage) -> None:
     """A stage's command (the stage table's), one line in `fedl2p --help`: a command with its example, or a group."""
-    module, _, attr = (stage.cli or "").partition(":")
-    target = getattr(importlib.import_module(module), attr)
+    target = imports.load(stage.cli or "", imports.Why.OWN)
     if isinstance(target, typer.Typer):
         app.add_typer(target, name=stage.command, short_help=stage.help)
     else:

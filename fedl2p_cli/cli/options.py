@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, NewType, Optional
 
 import typer
 
+from .. import imports
 from ..artifacts import Store
 from ..errors import FedL2PError
 from ..runtime import Runtime
@@ -92,6 +92,6 @@ class Lazy:
 
     def __getattr__(self, attr: str):
         if self._module is None:
-            self._module = importlib.import_module(self._name)
+            self._module = imports.load(self._name, imports.Why.OWN)
         return getattr(self._module, attr)
 

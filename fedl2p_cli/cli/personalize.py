@@ -42,3 +42,5 @@ def show(s: dict) -> None:
         if "beta_per_domain" in v:
             title, cols, brows = stage.beta_table(m, v["beta_per_domain"])
             render.table(f"{title} ({s['pool']} clients)", cols, brows)
+    for line in stage.spread_lines(s):
+        print(line, flush=True)

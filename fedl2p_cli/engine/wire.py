@@ -11,12 +11,13 @@ and name no other code to run.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 from typing import Any
 
 from torch import Tensor
+
+from .. import imports
 
 _PACKAGE = __name__.split(".")[0]
 
@@ -69,10 +70,12 @@ def _decode(node: Any, tensors: dict[str, Tensor]) -> Any:
 
 
 def _dataclass(path: str) -> type:
-    module, _, name = path.partition(":")
-    if module.split(".")[0] != _PACKAGE and not _plugin_module(module):
-        raise ValueError(f"wire: refusing to rebuild '{path}' (not a dataclass of {_PACKAGE} or of a loaded plugin)")
-    cls = getattr(importlib.import_module(module), name)
+    module = path.partition(":")[0]
+    why = imports.Why.OWN if imports.within(module, _PACKAGE) else imports.Why.ALLOWED  # ALLOWED: a loaded plugin's
+    try:
+        cls = imports.load(path, why, allowed=_plugin_module)
+    except imports.ImportRefused:
+        raise ValueError(f"wire: refusing to rebuild '{path}' (not a dataclass of {_PACKAGE} or of a loaded plugin)") from None
     if not dataclasses.is_dataclass(cls):
         raise ValueError(f"wire: '{path}' is not a dataclass")
     return cls

@@ -5,7 +5,7 @@ Registered by fedl2p_cli/builtin.py, through the same plugin registry as a user'
 from __future__ import annotations
 
 from ..core.selection import candidates
-from .registry import HandMade, Learned, System, Tuned
+from .registry import Checked, HandMade, Learned, System, Tuned
 
 SYSTEMS = "fedl2p_cli.algorithms.systems"  # the systems' classes, imported when used
 
@@ -16,6 +16,7 @@ METHODS = (
     Tuned("ft-tuned", "FT tuned (val)", candidates=candidates),
     Learned("fedl2p", "FedL2P", family="fedl2p"),
     Learned("l2p", "L2P", family="l2p", pools=("seen",)),  # a lambda per client it trained: none for others
+    Checked("fedl2p-checked", "FedL2P checked (val)", family="fedl2p"),  # its strategy at LR x0.1/1/10 or none, by val
 )
 SYSTEMS_BUILTIN = (
     # per-client aggregation weights: a model for the clients it trained only

@@ -25,7 +25,7 @@ class Row(Protocol):
 
 class Setup(Protocol):
     """The personalisation being prepared: its config and the artifacts it reads. A method asks it for rows
-    (`row`, `meta_row`, `pfl_row`) and the artifacts they come from (`newest_meta`, `newest_pfl`)."""
+    (`row`, `meta_row`, `pfl_row`) and the artifacts they come from (`newest_learned`, `newest_meta`, `newest_pfl`)."""
     cfg: PersonalizeConfig
     model: nn.Module | None       # the harness's model, once built (a hand-made method's `tensors` reads it)
 
@@ -34,6 +34,7 @@ class Setup(Protocol):
     @property
     def n_params(self) -> int: ...
     def row(self, name: str, method: Method, art: Any = None, payload: Any = None) -> Row: ...
+    def newest_learned(self, family: str) -> Any: ...
     def newest_meta(self, variant: str) -> Any: ...
     def meta_row(self, method: Any, art: Any) -> Row: ...
     def learned_strategy(self, row: Row, c: int) -> Strategy | None: ...
@@ -61,6 +62,7 @@ class ClientContext(Protocol):
     setup: Setup
     client: Client
     seed: int
+    strategies: dict[str, Strategy | None]  # each row's strategy for this client, by row name
 
     def handmade(self, method: HandMade, factor: float) -> Trial:
         """Fine-tuning under a hand-made method's strategy at `factor` x its LR (computed once, shared)."""
@@ -72,6 +74,10 @@ class ClientContext(Protocol):
 
     def learned(self, row: Row) -> Trial | None:
         """Fine-tuning under the strategy a learned row recorded for this client (None: it has none)."""
+        ...
+
+    def finetune(self, strategy: Strategy) -> Trial:
+        """Fine-tuning under any strategy (a learned one changed, say), on the client's batches for the seed."""
         ...
 
     def system(self, row: Row) -> float:

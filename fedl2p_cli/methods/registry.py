@@ -5,6 +5,7 @@ builds such an object plus one `registry.add_method` call in a plugin's `registe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection
 
@@ -117,7 +118,8 @@ class Learned(Method):
     trained_by: ClassVar[str | None] = "meta-train"
 
     def resolve(self, setup: Setup, name: str) -> Any:
-        return setup.newest_meta(name)
+        # the method's own name means its newest run, whatever its variant (the row is named by the variant)
+        return setup.newest_learned(self.family) if name == self.name else setup.newest_meta(name)
 
     def prepare(self, setup: Setup, art: Any) -> Row:
         return setup.meta_row(self, art)
@@ -128,6 +130,38 @@ class Learned(Method):
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         trial = run.learned(row)  # None: no strategy for this client (L2P and a client it never trained)
         return Outcome(float("nan") if trial is None else trial.evaluate("test", run.setup.cfg.eval_stats)[1])
+
+
+@dataclass(frozen=True)
+class Checked(Learned):
+    """A learned method's strategy with its own check: each client fine-tunes under the meta-nets' strategy at its
+    LRs x each of `lr_factors`, and compares those and no fine-tuning on its validation split, as ft-tuned compares
+    its grid. Costs len(lr_factors) fine-tunings per client (ft-tuned: 9). Its rows read the artifacts of the learned
+    method of its `family`, one row beside each (named VARIANT-checked)."""
+    lr_factors: tuple[float, ...] = (0.1, 1.0, 10.0)
+
+    def resolve(self, setup: Setup, name: str) -> Any:
+        return setup.newest_learned(self.family)
+
+    def prepare(self, setup: Setup, art: Any) -> Row:
+        row = setup.meta_row(self, art)
+        return dataclasses.replace(row, name=f"{row.name}-checked")
+
+    def personalize(self, row: Row, run: ClientContext) -> Outcome:
+        import numpy as np
+        from ..core.finetune import Strategy
+        from ..core.selection import select_by_validation
+        s = run.strategies.get(row.name)
+        if s is None:
+            return Outcome(float("nan"))
+        stats = run.setup.cfg.eval_stats
+        out = np.zeros((len(self.lr_factors) + 1, 3))
+        for i, f in enumerate(self.lr_factors):
+            trial = run.finetune(Strategy(s.beta, s.lr * f))
+            out[i] = *trial.evaluate("val", stats), trial.evaluate("test", stats)[1]
+        vl, va = run.unadapted("val")
+        out[-1] = vl, va, run.unadapted("test")[1]
+        return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2])
 
 
 @dataclass(frozen=True)

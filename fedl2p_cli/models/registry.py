@@ -4,14 +4,13 @@ BatchNorm1d/2d of a model becomes a `MixBN` (models/bn_swap.py), so all BN strat
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 from typing import Callable
 
 import torch
 from torch import nn
 
-from .. import plugins
+from .. import imports, plugins
 from ..catalog import ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
@@ -39,8 +38,10 @@ def spec(name: str) -> ModelSpec:
 
 def _import_factory(ref: str) -> Callable[..., nn.Module]:
     module, _, attr = ref.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
+    try:  # the user named it (--model, --allow-import) or a loaded plugin's package holds it: models.guard's list
+        fn = imports.load(ref, imports.Why.ALLOWED, allowed=guard.allowed)
+    except imports.ImportRefused as e:
+        raise FedL2PError(f"--model {ref}: {e}; name it with --model or allow its module with --allow-import {module}") from None
     except Exception as e:  # noqa: BLE001 - ImportError, AttributeError, or the module's own error
         raise FedL2PError(f"--model {ref}: cannot load it ({e.__class__.__name__}: {e})") from None
     if not callable(fn):

@@ -136,6 +136,10 @@ class ClientRun:
         s = self.strategies.get(row.name)
         return None if s is None else self.harness.finetune(self.client, s, self.seed)
 
+    def finetune(self, strategy: Strategy) -> Trial:
+        """Fine-tuning under any strategy, on the client's batches for the seed."""
+        return self.harness.finetune(self.client, strategy, self.seed)
+
     def system(self, row: Any) -> float:
         """Another system's test accuracy on this client (its own models; NaN where it has none for the client)."""
         from . import pfl as pfl_stage

@@ -16,7 +16,7 @@ import torch
 from .. import methods
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..artifacts import Artifact, Draft, Store
-from ..configs import DEFAULT_VARIANT, PersonalizeConfig
+from ..configs import PersonalizeConfig
 from ..core import metanets
 from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
@@ -35,6 +35,7 @@ from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
 from . import table
+from ..analysis import spread
 from ..analysis.text import signed
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
@@ -118,6 +119,8 @@ class Setup:
         for stage in STAGES:
             given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
             rows = [method_of(a).prepare(self, a) for a in given]
+            rows += [kind.prepare(self, a) for a in given for m in self.cfg.methods  # a checked row beside its own
+                     if isinstance(kind := methods.find(m), methods.Checked) and stands_for(a, m)]
             twice = [(a.id, b.id, r.name) for i, (a, r) in enumerate(zip(given, rows))
                      for b, q in zip(given[:i], rows[:i]) if q.name == r.name]
             if twice:  # one row per name: the later would silently replace the earlier
@@ -149,6 +152,17 @@ class Setup:
         return (f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade())}), not a system "
                 f"({', '.join(methods.systems())}) and no meta-train artifact of that variant for pretrained model "
                 f"{self.pretrain_id}{hint}")
+
+    def newest_learned(self, family: str) -> Artifact:
+        """The newest meta-train artifact of a learned family (`fedl2p`: any FedL2P variant, `l2p`: any L2P run)
+        learned on these clients' statistics, else of this model: what a learned method's name in --methods means."""
+        def mine(a: Artifact) -> bool:
+            return a.stage == "meta-train" and method_of(a).family == family
+        hit = (self.store.newest("meta-train", lambda a: mine(a) and a.parents.get("stats") == self.stats_id)
+               or self.store.newest("meta-train", lambda a: mine(a) and a.parents.get("pretrain") == self.pretrain_id))
+        if hit is None:
+            raise FedL2PError(self.unknown(family))
+        return self.store.load("meta-train", hit.id)
 
     def newest_meta(self, variant: str) -> Artifact:
         """The newest meta-train artifact of `variant` learned on these clients' statistics, else of this model."""
@@ -207,13 +221,13 @@ def method_of(art: Artifact) -> methods.Method:
 
 
 def stands_for(art: Artifact, name: str) -> bool:
-    """A requested name that an artifact given by id answers: its own name (variant, algorithm), the learned method
-    it belongs to (`--methods fedl2p --meta ID` of any fedl2p variant), or the default run's variant that the default
-    --methods name (`personalize --meta ID` compares ID, whichever FedL2P variant it is)."""
+    """A requested name that an artifact given by id answers: its own name (variant, algorithm) or the learned method
+    it belongs to (`--methods fedl2p --meta ID` of any FedL2P variant: a method's name means its newest run, and
+    ID is the run asked for)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
-    if name == own or method_of(art) is methods.find(name):
-        return True
-    return name == DEFAULT_VARIANT and method_of(art) is methods.find("fedl2p")
+    kind = methods.find(name)
+    checked = isinstance(kind, methods.Checked) and art.stage == "meta-train" and method_of(art).family == kind.family
+    return name == own or method_of(art) is kind or checked
 
 
 def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress) -> results_h5.Results:
@@ -276,6 +290,8 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
         if not fixed(m) and not np.isnan(r.beta[m]).all():
             rows[m]["beta_per_domain"] = {domain_names[d]: [float(v) for v in np.nanmean(r.beta[m][r.domain == d], axis=0)]
                                           for d in np.unique(r.domain)}
+        if not fixed(m) and not np.isnan(r.eta[m]).all():  # a learned row: are its strategies personal?
+            rows[m]["spread"] = spread.spread(r.beta[m], r.eta[m], r.domain)
     base = [m for m in r.methods if m in methods.baselines()]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
     best = max(base, key=lambda m: rows[m]["mean"]) if base else None
@@ -321,7 +337,27 @@ def markdown(s: dict) -> str:
             lines += ["", f"{title} (mean over a domain's clients)", "",
                       "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
+    spreads = spread_lines(s)
+    if spreads:
+        lines += ["", "Are the strategies personal? (spread across clients and domains)", ""] + [f"- {x}" for x in spreads]
     return "\n".join(lines) + "\n"
+
+
+def spread_lines(s: dict) -> list[str]:
+    """Per learned row: the spread of its β and LRs across clients and domains, and one line when every client got
+    (nearly) the same strategy."""
+    out = []
+    for m, v in s["methods"].items():
+        sp = v.get("spread")
+        if not sp:
+            continue
+        beta = (f"β split between domains {sp['beta_split_domains']:.3f} (largest in a layer), SD across clients "
+                f"{sp['beta_sd_clients']:.3f}; " if "beta_split_domains" in sp else "")
+        out.append(f"{methods.label(m)}: {beta}LR ratio between domains ×{sp['eta_ratio_domains']:.2f}, between "
+                   f"clients ×{sp['eta_ratio_clients']:.2f}")
+        if (line := spread.verdict(methods.label(m), sp)) is not None:
+            out.append(line)
+    return out
 
 
 def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[str], list[list[str]]]:

@@ -11,13 +11,12 @@ A system registered with a bare module (`trainer="package.module"`: SETTINGS, tr
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .. import plugins
+from .. import imports, plugins
 from ..algorithms.systems.base import PFLSystem
 from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
@@ -45,10 +44,8 @@ def check(cfg: PFLConfig) -> None:
 def system(algo: str) -> Any:
     """The registered system's class made once (a `PFLSystem`), or its module under API 1's module protocol."""
     spec = plugins.current().get("system", algo).trainer
-    module, _, name = spec.partition(":")
-    if name:
-        return getattr(importlib.import_module(module), name)()
-    return importlib.import_module(spec)  # API 1's module protocol (the loader noted it: plugins.register)
+    found = imports.load(spec, imports.Why.REGISTERED, declared=[spec])  # the registered system's own trainer
+    return found() if ":" in spec else found  # a class, made once; or API 1's module protocol (plugins.register noted it)
 
 
 def identity(cfg: PFLConfig) -> dict:

@@ -215,10 +215,11 @@ def _personalize(s: dict[str, Any], name: str) -> list[Step]:
     if not isinstance(pools, list) or not pools or any(x not in ("seen", "unseen") for x in pools):
         raise FedL2PError(f"pipeline {name}: [personalize] pools must be a list of \"seen\" and/or \"unseen\", got {pools!r}")
     handmade = pers.pop("methods", list(methods.baselines()))
-    bad = [m for m in handmade if m not in methods.handmade()] if isinstance(handmade, list) else [handmade]
+    allowed = methods.handmade() + methods.names(methods.Checked)  # a checked row reads the [[meta-train]] runs
+    bad = [m for m in handmade if m not in allowed] if isinstance(handmade, list) else [handmade]
     if bad:
-        raise FedL2PError(f"pipeline {name}: [personalize] methods lists '{bad[0]}'; hand-made methods are: "
-                          f"{', '.join(methods.handmade())} (meta-net variants come from [[meta-train]])")
+        raise FedL2PError(f"pipeline {name}: [personalize] methods lists '{bad[0]}'; hand-made and checked methods "
+                          f"are: {', '.join(allowed)} (meta-net variants come from [[meta-train]])")
     analysis = _table(s["analyze"], "analyze", name) if "analyze" in s else None
     acfg = _analysis(s, name)
     steps = []

@@ -1,0 +1,61 @@
+"""Are a learned method's strategies personal? The spread of β and η across clients and across domains.
+
+FedL2P's claim is a strategy per client. A learned row whose β and η are the same for every client is a hand-made
+recipe found by meta-learning: worth knowing, and easy to miss in a table of means. These numbers say which it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Below both, every client got (nearly) one strategy: a β split of 0.05 moves a BN layer's statistics by 5% of the
+# gap between the client's and the pretrained ones; an LR ratio of 1.1 is within any LR grid's step.
+SAME_BETA_SPLIT = 0.05
+SAME_ETA_RATIO = 1.1
+# the options that let the meta-nets tell clients apart (docs/method/fedl2p.md#personal-strategies)
+PERSONAL_OPTIONS = "--input-norm standardize --init-gain 1"
+
+
+def _eta_ratio(means: np.ndarray) -> float:
+    """The largest ratio between two groups' mean LR of one tensor (tensors whose LR is 0 in some group are left out:
+    a frozen tensor has no ratio)."""
+    pos = means[:, (means > 0).all(axis=0)]
+    if pos.shape[1] == 0 or pos.shape[0] < 2:
+        return 1.0
+    return float((pos.max(axis=0) / pos.min(axis=0)).max())
+
+
+def spread(beta: np.ndarray, eta: np.ndarray, domain: np.ndarray) -> dict[str, float]:
+    """β [clients, BN layers] and η [clients, tensors] of one learned row (rows with NaN, clients it has no
+    strategy for, left out): the largest SD of a layer's β across clients, the largest split of a layer's β between
+    two domains' means, the largest ratio of a tensor's LR between two domains' means (and between two clients)."""
+    ok = ~np.isnan(eta).any(axis=1)
+    beta, eta, domain = beta[ok], eta[ok], domain[ok]
+    if len(eta) == 0:
+        return {}
+    groups = [d for d in np.unique(domain)]
+    out = {"eta_ratio_domains": _eta_ratio(np.stack([eta[domain == d].mean(0) for d in groups])),
+           "eta_ratio_clients": _eta_ratio(eta)}
+    if beta.size and not np.isnan(beta).any():
+        dmeans = np.stack([beta[domain == d].mean(0) for d in groups])
+        out |= {"beta_sd_clients": float(beta.std(axis=0).max()), "beta_split_domains": float(np.ptp(dmeans, axis=0).max())}
+    return out
+
+
+def same_for_everyone(s: dict[str, float]) -> bool:
+    """Whether the strategies are (nearly) one for every client: no β split between domains of SAME_BETA_SPLIT and no
+    LR ratio between clients of SAME_ETA_RATIO (with one domain, the clients' β SD stands for the split)."""
+    if not s:
+        return False
+    beta = max(s.get("beta_split_domains", 0.0), s.get("beta_sd_clients", 0.0))
+    return beta < SAME_BETA_SPLIT and s["eta_ratio_clients"] < SAME_ETA_RATIO
+
+
+def verdict(label: str, s: dict[str, float]) -> str | None:
+    """One line for a learned row whose clients all got the same strategy; None when they did not."""
+    if not same_for_everyone(s):
+        return None
+    return (f"{label}: every client got nearly the same strategy (β split between domains "
+            f"{s.get('beta_split_domains', 0.0):.3f} < {SAME_BETA_SPLIT}, LR ratio between clients "
+            f"{s['eta_ratio_clients']:.2f} < {SAME_ETA_RATIO}); meta-train with {PERSONAL_OPTIONS} to let the "
+            "meta-nets tell clients apart (docs/method/fedl2p.md#personal-strategies)")
