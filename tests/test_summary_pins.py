@@ -62,8 +62,8 @@ def test_a_difference_that_rounds_to_zero_reads_0_00():
 def test_clients_better_counts_a_tie_as_not_better():
     """Mutation pin (stages/personalize.py deltas): the "clients better" column counts clients strictly above the best
     FT; a client level with it is not better."""
-    best = np.array([[0.5, 0.6, 0.7, 0.8]])
-    acc = np.array([[0.6, 0.6, 0.6, np.nan]])  # better, tied, worse, no value
+    best = np.array([[0.5, 0.6, 0.7, 0.8], [0.5, 0.6, 0.7, 0.8]])
+    acc = np.array([[0.6, 0.6, 0.6, np.nan], [0.6, 0.6, 0.6, 0.9]])  # better, tied, worse, better in one seed only
     d = personalize.deltas(acc, best, None)
-    assert d["clients_better"] == 1 / 3
+    assert d["clients_better"] == 2 / 4
     assert personalize.deltas(best.copy(), best, None)["clients_better"] == 0.0

@@ -59,3 +59,15 @@ def verdict(label: str, s: dict[str, float]) -> str | None:
             f"{s.get('beta_split_domains', 0.0):.3f} < {SAME_BETA_SPLIT}, LR ratio between clients "
             f"{s['eta_ratio_clients']:.2f} < {SAME_ETA_RATIO}); meta-train with {PERSONAL_OPTIONS} to let the "
             "meta-nets tell clients apart (docs/method/fedl2p.md#personal-strategies)")
+
+
+def lines(label: str, s: dict[str, float]) -> list[str]:
+    """What a summary prints for one learned row: its spread, then the verdict line when there is one."""
+    if not s:
+        return []
+    beta = (f"β split between domains {s['beta_split_domains']:.3f} (largest in a layer), SD across clients "
+            f"{s['beta_sd_clients']:.3f}; " if "beta_split_domains" in s else "")
+    out = [f"{label}: {beta}LR ratio between domains ×{s['eta_ratio_domains']:.2f}, between clients "
+           f"×{s['eta_ratio_clients']:.2f}"]
+    line = verdict(label, s)
+    return out + ([line] if line else [])

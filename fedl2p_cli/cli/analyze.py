@@ -34,6 +34,10 @@ def clusters(
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])
+    if a.get("method") and a.get("spread"):  # an artifact made before the spread was recorded has none
+        from ..analysis.spread import lines
+        for line in lines(a["method"], a["spread"]):
+            print(line, flush=True)
     render.artifact_line("analyze", art.id, art.path, reused)
 
 

@@ -167,8 +167,14 @@ def gateway(
     max_body: int = typer.Option(4, min=1, help="Largest request body in MiB, refused (413) before it is read."),
     header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a connection may take to send a request's "
                                          "head (and its TLS handshake)."),
-    idle_timeout: float = typer.Option(60.0, min=0.1, help="Seconds an idle connection, or a stalled body, is kept."),
-    max_connections: int = typer.Option(128, min=1, help="Connections served at once; more are answered 503."),
+    idle_timeout: float = typer.Option(60.0, min=0.1, help="Seconds an idle connection, or a body with no new byte, is kept."),
+    max_connections: int = typer.Option(128, min=1, help="Connections served at once; when full, a stranger's is closed "
+                                        "for a newcomer."),
+    max_per_peer: int = typer.Option(16, min=1, help="Connections one address may hold; more are answered 503."),
+    unauth_per_minute: int = typer.Option(30, min=1, help="Calls per address and minute the SuperLink may refuse as "
+                                          "unauthenticated; then 429."),
+    body_timeout: float = typer.Option(60.0, min=0.1, help="Seconds a whole request body may take to arrive."),
+    body_budget: int = typer.Option(64, min=1, help="MiB of request bodies held at once, all connections together."),
     host_name: Optional[str] = typer.Option(None, help="Serve only requests whose Host header names this host "
                                             "(the name the sites connect to); others get 400."),
     allow_self_registration: bool = typer.Option(False, "--allow-self-registration", help="Also forward "
@@ -181,7 +187,8 @@ def gateway(
     paths) to the SuperLink on loopback, and answer everything else here (Control and ServerAppIo APIs included)."""
     from ..deploy import gateway as gw
     limits = gw.Limits(max_body=max_body * gw.MiB, header_timeout=header_timeout, idle_timeout=idle_timeout,
-                       max_connections=max_connections)
+                       max_connections=max_connections, max_per_peer=max_per_peer,
+                       unauth_per_minute=unauth_per_minute, body_timeout=body_timeout, body_budget=body_budget * gw.MiB)
     gw.serve(listen, superlink, certfile, keyfile, ca, limits, host_name, allow_self_registration, access_log)
 
 

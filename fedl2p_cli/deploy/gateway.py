@@ -21,6 +21,7 @@ A SuperNode still authenticates to the SuperLink itself: its signed headers pass
 from __future__ import annotations
 
 import asyncio
+import http
 import ipaddress
 import ssl
 import sys
@@ -47,6 +48,20 @@ class Limits:
     max_connections: int = 128
     max_header: int = 16 * 1024
     upstream_timeout: float = 600.0  # a Fleet call carrying a large object may take a while; a dead SuperLink ends it
+    body_timeout: float = 60.0      # a whole body must arrive within this (a trickle at 1 byte / 2 s is ended)
+    body_budget: int = 64 * MiB     # bytes of request bodies buffered at once, all connections together
+    max_per_peer: int = 16          # connections one address may hold
+    unauth_per_minute: int = 30     # calls the SuperLink refused as unauthenticated, per address, before 429
+
+
+@dataclass
+class Conn:
+    """One served connection: its address (the peer's IP), its writer (to close it when a site needs the slot), and
+    whether a call on it has been accepted upstream (an authenticated site's: never evicted)."""
+    ip: str
+    writer: asyncio.StreamWriter
+    opened: float
+    authed: bool = False
 
 
 class Reject(Exception):
@@ -67,11 +82,11 @@ class AccessLog:
         self.out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n")
         self.out.flush()
 
-    def request(self, peer: str, method: bytes, target: bytes, status: int, n_in: int, n_out: int,
-                upstream_ms: float | None) -> None:
+    def request(self, peer: str, method: bytes, target: bytes, status: int | str, n_in: int, n_out: int,
+                upstream_ms: float | None, note: str = "") -> None:
         up = f"{upstream_ms:.1f}" if upstream_ms is not None else "-"
         self.line(f"{peer} {printable(method, 16)} {printable(target, 200)} {status} in={n_in} out={n_out} "
-                  f"upstream_ms={up}")
+                  f"upstream_ms={up}" + (f" {note}" if note else ""))
 
 
 def printable(raw: bytes, limit: int) -> str:
@@ -88,27 +103,63 @@ class Gateway:
         import httpx
         self.routes, self.limits, self.log, self.host_name = routes, limits, log, host_name
         self.client = httpx.AsyncClient(base_url=upstream, verify=verify, timeout=limits.upstream_timeout)
-        self.active = 0
+        self.conns: list[Conn] = []
+        self.buffered = 0  # request-body bytes held now (reserved by declared length before reading)
+        self.refused: dict[str, list[float]] = {}  # per address: times the SuperLink answered 401/403 (last minute)
         self.tls: ssl.SSLContext | None = None  # set by `run`: the handshake happens here, so it is bounded and logged
+
+    @property
+    def active(self) -> int:
+        return len(self.conns)
+
+    def admit(self, ip: str, writer) -> tuple[Conn | None, str]:
+        """A slot for a new connection from `ip`, or why not. An address over --max-per-peer is refused; when every
+        slot is taken, the oldest connection no call has authenticated is closed for it (a stranger's, never a site's
+        that has made an accepted call), and only if there is none is the newcomer refused."""
+        mine = sum(c.ip == ip for c in self.conns)
+        if mine >= self.limits.max_per_peer:
+            return None, f"{mine} connections from this address (--max-per-peer)"
+        if self.active >= self.limits.max_connections:
+            strangers = [c for c in self.conns if not c.authed]
+            if not strangers:
+                return None, f"{self.active} connections open, all authenticated (--max-connections)"
+            victim = max(strangers, key=lambda c: (sum(d.ip == c.ip for d in self.conns), -c.opened))
+            self.conns.remove(victim)
+            self.log.line(f"{victim.ip} connection closed for a newcomer: no authenticated call on it, all "
+                          f"{self.limits.max_connections} slots taken")
+            victim.writer.transport.abort()
+        c = Conn(ip, writer, time.monotonic())
+        self.conns.append(c)
+        return c, ""
+
+    def limited(self, ip: str) -> bool:
+        """Whether `ip` has had --unauth-per-minute calls refused as unauthenticated in the last minute."""
+        now = time.monotonic()
+        times = [t for t in self.refused.get(ip, []) if now - t < 60.0]
+        self.refused[ip] = times
+        if not times:
+            del self.refused[ip]
+        return len(times) >= self.limits.unauth_per_minute
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
-        if self.active >= self.limits.max_connections:
-            self.log.line(f"{peer} refused: {self.active} connections open (--max-connections)")
+        c, why = self.admit(peer.rpartition(":")[0] or peer, writer)
+        if c is None:
+            self.log.line(f"{peer} refused: {why}")
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             await _close(writer)
             return
-        self.active += 1
         try:
             if self.tls is not None and not await self._handshake(writer, peer):
                 return
-            await self._serve(reader, writer, peer)
+            await self._serve(reader, writer, peer, c)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
             pass  # the peer went away or stalled: nothing to answer
         except Exception as e:  # noqa: BLE001 - the gateway's own failure: one line, the connection closed
             self.log.line(f"{peer} gateway error: {type(e).__name__}: {e}")
         finally:
-            self.active -= 1
+            if c in self.conns:
+                self.conns.remove(c)
             await _close(writer)
 
     async def _handshake(self, writer, peer: str) -> bool:
@@ -122,34 +173,56 @@ class Gateway:
             self.log.line(f"{peer} TLS handshake failed: {type(e).__name__}" + (f": {why}" if why else ""))
             return False
 
-    async def _serve(self, reader, writer, peer: str) -> None:
+    async def _serve(self, reader, writer, peer: str, c: Conn) -> None:
         """Requests on one connection, in turn: the head, the decision (before a byte of the body is read), the body,
         the forward. Anything answered here closes the connection."""
         import h11
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header)
         first = True
         while True:
-            req = None
+            req, raw, reserved = None, [], 0
             try:
-                req = await self._head(conn, reader, first)
+                req = await self._head(conn, reader, first, raw)
                 if req is None:
                     return
                 first = False
+                if head_size(req) > self.limits.max_header:  # a whole head in one read escapes h11's own bound
+                    raise Reject(431, f"request head over {self.limits.max_header} bytes")
                 verdict = fr.decide(req.method, req.target, _header(req, b"host"), self.routes, self.host_name)
                 for v in (verdict, framing(req)):
                     if v.status:
                         raise Reject(v.status, v.reason)
+                if self.limited(c.ip):
+                    raise Reject(429, f"too many unauthenticated calls from this address (--unauth-per-minute "
+                                      f"{self.limits.unauth_per_minute})")
+                reserved = self.reserve(int(_header(req, b"content-length") or 0))
                 body = await self._body(conn, reader, req)
             except h11.RemoteProtocolError as e:
-                return await self._reject(conn, writer, peer, req, Reject(e.error_status_hint, f"bad request: {e}"))
+                self.buffered -= reserved
+                return await self._reject(conn, writer, peer, req or first_line(raw), Reject(e.error_status_hint,
+                                                                                          f"bad request: {e}"))
             except Reject as r:
-                return await self._reject(conn, writer, peer, req, r)
-            await self._forward(conn, writer, peer, req, verdict.path, body)
+                self.buffered -= reserved
+                return await self._reject(conn, writer, peer, req or first_line(raw), r)
+            except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError) as e:
+                self.buffered -= reserved
+                if req is not None or b"".join(raw).strip():  # a request begun, then the peer went away: its line
+                    line = req or first_line(raw)
+                    self.log.request(peer, line.method, line.target, "-", 0, 0, None, f"client gone: {type(e).__name__}")
+                raise
+            try:
+                status = await self._forward(conn, writer, peer, req, verdict.path, body)
+            finally:
+                self.buffered -= reserved
+            if status in (401, 403):
+                self.refused.setdefault(c.ip, []).append(time.monotonic())
+            elif status is not None and status < 400:
+                c.authed = True  # the SuperLink accepted a call on this connection: a site's, kept when slots run out
             if conn.our_state is h11.MUST_CLOSE:
                 return
             conn.start_next_cycle()
 
-    async def _head(self, conn, reader, first: bool):
+    async def _head(self, conn, reader, first: bool, raw: list[bytes]):
         """The next request's head, or None when the peer closed an idle connection. The first byte of a request
         after the first may take `idle_timeout`; the whole head then `header_timeout`."""
         import h11
@@ -171,6 +244,8 @@ class Gateway:
                 raise Reject(408, "request head too slow (--header-timeout)") from None
             if deadline is None:
                 deadline = time.monotonic() + self.limits.header_timeout
+            if sum(map(len, raw)) < self.limits.max_header:  # enough to name the request in the log
+                raw.append(data[:self.limits.max_header])
             conn.receive_data(data)
 
     async def _body(self, conn, reader, req) -> bytes:
@@ -180,7 +255,7 @@ class Gateway:
         if declared is not None and int(declared) > self.limits.max_body:
             raise Reject(413, f"body of {int(declared)} bytes is over --max-body ({self.limits.max_body})")
         chunks, size = [], 0
-        deadline = time.monotonic() + self.limits.upstream_timeout
+        deadline = time.monotonic() + self.limits.body_timeout
         while True:
             ev = conn.next_event()
             if isinstance(ev, h11.Data):
@@ -191,45 +266,74 @@ class Gateway:
             elif isinstance(ev, h11.EndOfMessage):
                 return b"".join(chunks)
             elif ev is h11.NEED_DATA:
-                wait = min(self.limits.idle_timeout, deadline - time.monotonic())
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Reject(408, f"request body not complete within --body-timeout ({self.limits.body_timeout:g} s)")
                 try:
-                    data = await asyncio.wait_for(reader.read(65536), max(wait, 0.001))
+                    data = await asyncio.wait_for(reader.read(65536), min(self.limits.idle_timeout, left))
                 except TimeoutError:
-                    raise Reject(408, "request body stalled (--idle-timeout)") from None
+                    if left <= self.limits.idle_timeout:
+                        raise Reject(408, "request body not complete within --body-timeout "
+                                          f"({self.limits.body_timeout:g} s)") from None
+                    raise Reject(408, f"request body stalled: no byte for --idle-timeout ({self.limits.idle_timeout:g} s)") from None
                 if not data:
                     raise ConnectionError("peer closed mid-body")
                 conn.receive_data(data)
             else:
                 raise ConnectionError(f"unexpected {type(ev).__name__}")
 
-    async def _forward(self, conn, writer, peer: str, req, path: str, body: bytes) -> None:
+    def reserve(self, n: int) -> int:
+        """Reserve `n` bytes of --body-budget for a body about to be read (503 when the budget is spent)."""
+        if n > self.limits.max_body:
+            raise Reject(413, f"body of {n} bytes is over --max-body ({self.limits.max_body})")
+        if self.buffered + n > self.limits.body_budget:
+            raise Reject(503, f"the gateway holds {self.buffered} bytes of bodies (--body-budget); try again")
+        self.buffered += n
+        return n
+
+    async def _forward(self, conn, writer, peer: str, req, path: str, body: bytes) -> int | None:
+        """Forward one call and answer it; the SuperLink's status (None: it did not answer)."""
         import httpx
         t0 = time.perf_counter()
         try:
             r = await self.client.post(path, content=body, headers=fr.passed_headers(list(req.headers)))
         except httpx.HTTPError as e:
-            self.log.line(f"{peer} upstream error: {type(e).__name__}")
-            return await self._reject(conn, writer, peer, req, Reject(502, "the SuperLink did not answer"),
-                                      len(body))
+            await self._reject(conn, writer, peer, req, Reject(502, "the SuperLink did not answer"), len(body),
+                               f"upstream error: {type(e).__name__}")
+            return None
         ms = 1e3 * (time.perf_counter() - t0)
         headers = [(k, v) for k, v in r.headers.raw if k.lower() not in HOP]
-        await _send(conn, writer, r.status_code, headers, r.content)
+        try:
+            await _send(conn, writer, r.status_code, headers, r.content)
+        except (ConnectionError, OSError) as e:  # forwarded, answered upstream, the client gone before our answer
+            self.log.request(peer, req.method, req.target, r.status_code, len(body), 0, ms,
+                             f"client gone before the answer: {type(e).__name__}")
+            raise
         self.log.request(peer, req.method, req.target, r.status_code, len(body), len(r.content), ms)
+        return r.status_code
 
-    async def _reject(self, conn, writer, peer: str, req, r: Reject, n_in: int = 0) -> None:
+    async def _reject(self, conn, writer, peer: str, req, r: Reject, n_in: int = 0, note: str = "") -> None:
         text = f"{r.reason}\n".encode()
         try:
             await _send(conn, writer, r.status, [(b"content-type", b"text/plain"), (b"connection", b"close")], text)
         except Exception:  # noqa: BLE001 - h11 refuses to answer in some states (e.g. a head never completed)
             pass
         method, target = (req.method, req.target) if req is not None else (b"-", b"-")
-        self.log.request(peer, method, target, r.status, n_in, len(text), None)
+        self.log.request(peer, method, target, r.status, n_in, len(text), None, note)
+
+
+def reason_phrase(status: int) -> bytes:
+    """The standard reason phrase (flwr prints it: "Client error '404 Not Found'"), empty for an unknown status."""
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 async def _send(conn, writer, status: int, headers: list, body: bytes) -> None:
     import h11
     headers = [*headers, (b"content-length", str(len(body)).encode())]
-    writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
+    writer.write(conn.send(h11.Response(status_code=status, headers=headers, reason=reason_phrase(status))))
     writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
     await writer.drain()
 
@@ -239,9 +343,43 @@ def framing(req) -> "fr.Verdict":
     it: the classic request-smuggling pair) is refused rather than interpreted."""
     if _header(req, b"transfer-encoding") is not None:
         return fr.Verdict(400, reason="a Fleet call sends a Content-Length, not a Transfer-Encoding")
+    length = _header(req, b"content-length")
+    if length is None:
+        return fr.Verdict(411, reason="a Fleet call sends its body with a Content-Length")
+    if not length.isdigit():
+        return fr.Verdict(400, reason="one Content-Length, a number")
+    bad = next((k for k, v in req.headers if not visible(k) or not visible(v)), None)
+    if bad is not None:
+        return fr.Verdict(400, reason=f"header {printable(bad, 40)} holds bytes outside visible ASCII")
     if _header(req, b"content-type") != fr.MEDIA_TYPE:
         return fr.Verdict(415, reason="a Fleet call carries application/protobuf")
     return fr.Verdict(0)
+
+
+def visible(raw: bytes) -> bool:
+    """Only visible ASCII, space and tab: what a Fleet call's headers hold (control bytes and non-ASCII are refused,
+    not passed on to the SuperLink)."""
+    return all(b == 9 or 32 <= b < 127 for b in raw)
+
+
+def head_size(req) -> int:
+    """The request head's size as sent (request line, each header line, the blank line)."""
+    return (len(req.method) + len(req.target) + 12 + sum(len(k) + len(v) + 4 for k, v in req.headers) + 2)
+
+
+@dataclass(frozen=True)
+class Line:
+    """A request's method and target as its first line sent them, for a log line when h11 refused to parse it."""
+    method: bytes
+    target: bytes
+
+
+def first_line(raw: list[bytes]) -> Line | None:
+    data = b"".join(raw)
+    if not data.strip():
+        return None
+    parts = data.split(b"\n", 1)[0].rstrip(b"\r").split(b" ")
+    return Line(parts[0] or b"-", parts[1] if len(parts) > 1 else b"-")
 
 
 def _header(req, name: bytes) -> bytes | None:

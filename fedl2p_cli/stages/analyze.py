@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 
+from ..analysis import spread
 from ..analysis.clusters import distance_map, spectral_ari
 from ..artifacts import Artifact, Draft, Store
 from ..configs import ClustersConfig
@@ -41,6 +42,14 @@ def markdown(table: dict, names: list[str], method: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spread_md(method: str | None, sp: dict) -> str:
+    """The spread of the method's β and LRs: an ARI says whether the clusters follow the domains, not how far apart
+    the strategies are."""
+    if method is None or not sp:
+        return ""
+    return "\n" + "\n".join(f"- {line}" for line in spread.lines(method, sp)) + "\n"
+
+
 def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
         runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     validate(cfg)
@@ -64,8 +73,10 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
             m = distance_map(f.astype(np.float64), domains)
             np.savetxt(draft.path(f"distance_map_{name}.csv"), m, delimiter=",", header=",".join(names), fmt="%.6f")
             plot_map(m, names, f"relative cluster distances of {name} (log scale)", draft.path(f"distance_map_{name}.png"))
-        draft.path("ari.json").write_text(json.dumps({"method": method, "pool": results.pool, "ari": ari}, indent=2))
-        draft.path("ari.md").write_text(markdown(ari, names, method))
+        sp = spread.spread(results.beta[method], results.eta[method], domains) if method is not None else {}
+        draft.path("ari.json").write_text(json.dumps({"method": method, "pool": results.pool, "ari": ari, "spread": sp},
+                                                     indent=2))
+        draft.path("ari.md").write_text(markdown(ari, names, method) + spread_md(method, sp))
         draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
 
     return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force, runtime)

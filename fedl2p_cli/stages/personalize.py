@@ -346,18 +346,7 @@ def markdown(s: dict) -> str:
 def spread_lines(s: dict) -> list[str]:
     """Per learned row: the spread of its β and LRs across clients and domains, and one line when every client got
     (nearly) the same strategy."""
-    out = []
-    for m, v in s["methods"].items():
-        sp = v.get("spread")
-        if not sp:
-            continue
-        beta = (f"β split between domains {sp['beta_split_domains']:.3f} (largest in a layer), SD across clients "
-                f"{sp['beta_sd_clients']:.3f}; " if "beta_split_domains" in sp else "")
-        out.append(f"{methods.label(m)}: {beta}LR ratio between domains ×{sp['eta_ratio_domains']:.2f}, between "
-                   f"clients ×{sp['eta_ratio_clients']:.2f}")
-        if (line := spread.verdict(methods.label(m), sp)) is not None:
-            out.append(line)
-    return out
+    return [line for m, v in s["methods"].items() for line in spread.lines(methods.label(m), v.get("spread") or {})]
 
 
 def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[str], list[list[str]]]:

@@ -23,7 +23,8 @@ from ..artifacts import STAGES, Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 from .common import Missing, build_or_reuse, config_dict
-from .personalize import beta_table, row_cells
+from ..analysis import spread
+from .personalize import beta_table, fixed, row_cells, spread_lines
 from .table import stage as stage_of
 
 FORMAT = 1  # the page's layout version: part of the id, so a new layout is a new report
@@ -225,6 +226,11 @@ def pool_detail_html(store: Store, a: Artifact) -> str:
         if eta is not None and isinstance(methods.find(m), methods.Learned) and not np.isnan(eta).all():
             side.append(eta_table(m, eta, r.domain, doms, names))
     out.append(H.row(side))
+    spreads = spread_lines(s) if any("spread" in v for v in s["methods"].values()) else []  # recomputed for old ones
+    spreads = spreads or [line for m in r.methods if not fixed(m) and not np.isnan(r.eta[m]).all()
+                          for line in spread.lines(methods.label(m), spread.spread(r.beta[m], r.eta[m], r.domain))]
+    if spreads:
+        out.append("<p>Are the strategies personal?</p><ul>" + "".join(f"<li>{H.esc(x)}</li>" for x in spreads) + "</ul>")
     return "".join(out)
 
 
