@@ -40,6 +40,15 @@ def tiny_store(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _torch_threads_per_test():
+    """A command run in-process sets torch's threads (Runtime.apply); the next test starts from the suite's own
+    setting, so results that depend on summation order do not depend on which test ran before."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
 def _allow_list_per_test():
     """--allow-import (and a `--model package.module:factory`) allows a module for the rest of the process's
     catalog, as in one command; between tests it starts again from what it was."""
