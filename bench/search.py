@@ -7,7 +7,8 @@ reuses) its partition, model and statistics, personalises the hand-made methods 
 then meta-trains every variant at every seed and personalises it on both pools with the cell's personalisation seeds.
 Every run is an artifact, so a killed search resumes where it stopped. Rows: accuracy, paired Δ against `ft-tuned`
 and against the best fixed FT (same clients, seeds and batches; checked), β per kind, the largest split between kinds
-in a layer and the ARI of β against the kinds. `--json FILE` keeps the rows for the report.
+in a layer and the ARI of β against the kinds. `--json FILE` keeps the rows; `python bench/search.py report FILE ...`
+prints them as tables (mean ± SD over meta-train seeds).
 """
 
 from __future__ import annotations
@@ -110,7 +111,52 @@ def score(base_pid: str, var_pid: str) -> dict:
             "checked_vs_best_ft": float(np.nanmean(checked - hand[best]))})
 
 
+def report(paths: list[Path]) -> str:
+    """The rows of one or more --json files as one table per cell: per variant and pool, mean ± SD over meta-train
+    seeds of accuracy, Δ vs ft-tuned and vs the best fixed FT, the same for its checked row, β per kind, split, ARI.
+    A (cell, variant, seed, pool) found twice counts once (its newest row)."""
+    rows = {}
+    for p in paths:
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            rows[r["cell"], r["variant"], r["seed"], r["pool"]] = r
+    out = []
+    for cell in dict.fromkeys(k[0] for k in rows):
+        out += [f"### {cell}", "", "| variant | pool | seeds | FedL2P | Δ vs FT tuned | Δ vs best fixed FT | checked: Δ vs FT "
+                "tuned | checked: Δ vs best fixed FT | β per kind (bn0/bn1/bn2) | split | ARI |", "|" + "---|" * 11]
+        for variant in dict.fromkeys(k[1] for k in rows if k[0] == cell):
+            for pool in ("seen", "unseen"):
+                rs = [r for k, r in rows.items() if k[0] == cell and k[1] == variant and k[3] == pool]
+                if not rs:
+                    continue
+                f = lambda key: ms([r[key] for r in rs if key in r])  # noqa: E731
+                kinds = sorted(rs[0]["beta_per_kind"])
+                beta = " · ".join("/".join(f"{np.mean([r['beta_per_kind'][k][i] for r in rs]):.2f}"
+                                           for i in range(len(rs[0]["beta_per_kind"][k]))) for k in kinds)
+                acc = [100 * r["acc"] for r in rs]
+                out.append(f"| {variant} | {pool} | {len(rs)} | {np.mean(acc):.2f} ± {np.std(acc):.2f} | {f('vs_tuned')} | {f('vs_best_ft')} | "
+                           f"{f('checked_vs_tuned')} | {f('checked_vs_best_ft')} | {beta} | {np.mean([r['split'] for r in rs]):.2f} | "
+                           f"{np.mean([r['ari'] for r in rs]):.2f} |")
+        for pool in ("seen", "unseen"):
+            base = next(iter(r for k, r in rows.items() if k[0] == cell and k[3] == pool), None)
+            if base is not None:
+                out.append(f"{pool} pool: FT tuned {100 * base['tuned_acc']:.2f} ± {100 * base['tuned_sd']:.2f}, best fixed "
+                           f"FT ({base['best_ft']}) {100 * base['best_ft_acc']:.2f}.  ")
+        out.append("")
+    return "\n".join(out)
+
+
+def ms(v: list[float]) -> str:
+    """Points: mean ± SD (one value: the value)."""
+    if not v:
+        return ""
+    return f"{100 * np.mean(v):+.2f} ± {100 * np.std(v):.2f}" if len(v) > 1 else f"{100 * v[0]:+.2f}"
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["report"]:
+        print(report([Path(p) for p in sys.argv[2:]]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cells", help="comma-separated bench cells (pipelines/bench/CELL.toml)")
     ap.add_argument("variants", nargs="+", help="name:key=value[,key=value...]")

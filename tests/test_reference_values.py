@@ -18,6 +18,8 @@ BEFORE = {("ift", 0.5): "8ec39b56e777cb98", ("fomaml", 0.5): "777ac555ee152855",
 # the same over every [[meta-train]] table of every shipped pipeline file (139 runs in 40 files). A deliberate change
 # to a shipped file's runs moves it: update it then, and say why in the commit
 PIPELINES = "15329bdcf9256069"
+# files shipped after the pin (issue 60's planted family): their runs are new artifacts, nothing to keep
+ADDED = {f"pipelines/bench/planted-{k}.toml" for k in ("invert", "3kinds", "blur", "4kinds")}
 
 
 def digest(obj) -> str:
@@ -49,7 +51,7 @@ def shipped_identities() -> dict:
 
 
 def test_every_shipped_pipeline_builds_the_meta_train_artifacts_it_built_before():
-    found = shipped_identities()
+    found = {k: v for k, v in shipped_identities().items() if k not in ADDED}
     assert sum(len(v) for v in found.values()) == 139
     assert digest(found) == PIPELINES
 

@@ -13,7 +13,7 @@ import numpy as np
 SAME_BETA_SPLIT = 0.05
 SAME_ETA_RATIO = 1.1
 # the options that let the meta-nets tell clients apart (docs/method/fedl2p.md#personal-strategies)
-PERSONAL_OPTIONS = "--input-norm standardize --init-gain 1"
+PERSONAL_OPTIONS = "--input-norm standardize --init-gain 1 --keep last --beta-init 0.5"
 
 
 def _eta_ratio(means: np.ndarray) -> float:
@@ -58,7 +58,8 @@ def verdict(label: str, s: dict[str, float]) -> str | None:
     return (f"{label}: every client got nearly the same strategy (β split between domains "
             f"{s.get('beta_split_domains', 0.0):.3f} < {SAME_BETA_SPLIT}, LR ratio between clients "
             f"{s['eta_ratio_clients']:.2f} < {SAME_ETA_RATIO}); meta-train with {PERSONAL_OPTIONS} to let the "
-            "meta-nets tell clients apart (docs/method/fedl2p.md#personal-strategies)")
+            "meta-nets tell clients apart, and personalize with fedl2p-checked to let each client check the LR "
+            "(docs/method/fedl2p.md#personal-strategies)")
 
 
 def lines(label: str, s: dict[str, float]) -> list[str]:

@@ -60,7 +60,7 @@ class MetaConfig:
     # beta 0.9 ahead: `reference` keeps the paper's values as what ids and variant names are measured against
     meta_grad: MetaGrad = opt("fomaml", "fomaml = FOMAML+ (App. F) | ift = the implicit function theorem (Alg. 2, the "
                                         "paper's). See docs/method/fedl2p.md#which-variant.",
-                              tag=Tag("fomaml", 10), reference="ift")
+                              tag=Tag("{v}", 10), reference="ift")  # names itself: a third one is not "fomaml"
     hessian: Hessian = opt("fo", "fo = Hessian of CE at theta', inner gradient held constant (~10x an SGD step) | "
                                  "exact = full Hessian of Eq. 9-10 (~30-40x).",
                            tag=Tag("exact", 20, lambda m: m.meta_grad != "fomaml"))
