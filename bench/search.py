@@ -134,7 +134,8 @@ def report(paths: list[Path]) -> str:
                 beta = " · ".join("/".join(f"{np.mean([r['beta_per_kind'][k][i] for r in rs]):.2f}"
                                            for i in range(len(rs[0]["beta_per_kind"][k]))) for k in kinds)
                 acc = [100 * r["acc"] for r in rs]
-                out.append(f"| {variant} | {pool} | {len(rs)} | {np.mean(acc):.2f} ± {np.std(acc):.2f} | {f('vs_tuned')} | {f('vs_best_ft')} | "
+                out.append(f"| {variant} | {pool} | {len(rs)} | {np.mean(acc):.2f} ± {np.std(acc):.2f} | {f('vs_tuned')} | "
+                           f"{f('vs_best_ft')} | "
                            f"{f('checked_vs_tuned')} | {f('checked_vs_best_ft')} | {beta} | {np.mean([r['split'] for r in rs]):.2f} | "
                            f"{np.mean([r['ari'] for r in rs]):.2f} |")
         for pool in ("seen", "unseen"):
