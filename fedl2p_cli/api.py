@@ -10,7 +10,9 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
   `personalize(row, run)` gets a typed `ClientContext`;
 - a pFL system: `registry.add_system(System(name, label, trainer="package.module:Class"))`, the class a
   `PFLSystem`, whose rounds run through the same executors as fedl2p's own (`--workers`, `--engine flower`);
-- a pretraining algorithm: `registry.add_pretrain_algo(name, client)`, `client` a `PretrainClient`.
+- a pretraining algorithm: `registry.add_pretrain_algo(name, client)`, `client` a `PretrainClient`;
+- an executor (where a round's clients run, `--engine NAME`): `registry.add_executor(executor)`, an `Executor` whose
+  `open(job: Job)` returns a `Pool`.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .algorithms.systems.base import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
+from .engine.executors import Executor, Job, Pool
 from . import imports
 from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
@@ -181,7 +184,7 @@ __all__ = [
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient",
-    "SystemTrainer",
+    "SystemTrainer", "Executor", "Job", "Pool",
     # what a method is handed in `personalize`
     "Setup", "Row", "ClientContext", "Client", "Trial",
     # what a pFL system or a pretraining algorithm is handed and uses

@@ -1,4 +1,4 @@
-"""fedl2p's own models, datasets, methods, pFL systems and pretraining algorithms, registered through the same plugin
+"""fedl2p's own models, datasets, methods, pFL systems, pretraining algorithms and executors, registered through the same plugin
 registry (fedl2p_cli/plugins.py) as a user's: this module is the first plugin every process loads."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 def register(registry) -> None:
     from .algorithms import local
+    from .engine.executors import BUILTIN as EXECUTORS
     from .data.builtin_sources import SOURCES
     from .methods.builtin import METHODS, SYSTEMS_BUILTIN
     from .models import zoo
@@ -26,3 +27,5 @@ def register(registry) -> None:
     registry.add_pretrain_algo("fedbabu", local.sgd_client, "FedBABU: the classifier frozen while training",
                                freeze_head=True)
     registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps")
+    for executor in EXECUTORS:
+        registry.add_executor(executor)

@@ -13,10 +13,10 @@ from .errors import FedL2PError
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
 BUILTIN = "fedl2p_cli.builtin"
-KINDS = ("model", "dataset", "method", "system", "pretrain-algo")
+KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor")
 # what a kind is called where a lookup fails, and the option that names it
 WHAT = {"model": ("model", "--model"), "dataset": ("dataset", "--dataset"), "method": ("method", "--methods"),
-        "system": ("pFL system", "--algo"), "pretrain-algo": ("algorithm", "--algo")}
+        "system": ("pFL system", "--algo"), "pretrain-algo": ("algorithm", "--algo"), "executor": ("executor", "--engine")}
 
 
 class PluginError(FedL2PError):

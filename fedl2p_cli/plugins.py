@@ -77,6 +77,13 @@ class Registry:
         generator) -> (new state, mean loss)`, one client's local update; the server averages by samples."""
         self._add("pretrain-algo", name, PretrainAlgo(client, about, freeze_head, self.plugin))
 
+    def add_executor(self, executor: Any) -> None:
+        """Where a round's client updates run (`--engine NAME`): an `api.Executor` (its `name`, `about`,
+        `check(runtime)` and `open(job)` returning a pool whose `map(tasks)` gives the results in task order)."""
+        if not all(hasattr(executor, a) for a in ("name", "about", "check", "open")):
+            raise PluginError(f"{self.plugin.describe()}: add_executor takes an api.Executor (name, about, check, open)")
+        self._add("executor", executor.name, executor)
+
     def _add(self, kind: str, name: str, value: Any) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise PluginError(f"{self.plugin.describe()} registers a {kind} named {name!r}: use letters, digits, '.', '_' or '-'")

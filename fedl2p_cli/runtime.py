@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, UNIT, opt
-from .core.settings import Engine, RoundPolicy
+from .core.settings import RoundPolicy
 
 ROUNDS = "rounds"  # `scope` of the options that the commands running federated rounds (pretrain, meta-train) take
 
@@ -33,8 +33,8 @@ class Runtime:
     workers: int | Literal["auto"] = opt(1, "Processes running a round's clients at once, one torch thread each; "
                                             "auto: one per free core (usable cores less the load average). The same "
                                             "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
-    engine: Engine = opt("local", "Where client updates run: local = this process or --workers processes | flower = "
-                                  "Flower simulation (pip install 'fedl2p[flower]').", scope=ROUNDS)
+    engine: str = opt("local", "Where client updates run: local = this process or --workers processes | flower = "
+                                  "Flower simulation (pip install 'fedl2p[flower]') | a plugin's executor.", scope=ROUNDS)
     gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "
                                       "four per GPU). Not part of the artifact's id.", UNIT,
                                  scope=ROUNDS)

@@ -212,3 +212,57 @@ def test_each_client_draws_its_own_batch_stream():
     assert not torch.equal(torch.randperm(64, generator=batch_stream(1, 2)), perms[2])  # another seed: another stream
     draws = [torch.rand(8, generator=generator(0, 3, c)) for c in range(3)]
     assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+def test_an_executor_is_one_registration_and_gives_the_same_artifact(tiny_store, tmp_path):
+    """A plugin's executor (here: a round's tasks run in reverse order, results given back in task order) is chosen
+    by --engine through the catalog, like the built-ins; its pretrained model is bit for bit the local one's, and an
+    unknown --engine is one line naming the choices."""
+    import shutil
+
+    from fedl2p_cli import plugins
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.engine.executors import Job, Local
+    from fedl2p_cli.errors import FedL2PError
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import pretrain
+
+    from .conftest import TINY_PRETRAIN
+
+    opened = []
+
+    class Reversed:
+        name, about = "reversed", "a test's executor: tasks in reverse order"
+
+        def check(self, runtime):
+            pass
+
+        def open(self, job: Job):
+            inner = Local().open(job)
+            opened.append(job.nodes)
+
+            class P:
+                def map(self, tasks):
+                    return inner.map(tasks[::-1])[::-1]
+
+                def close(self):
+                    inner.close()
+
+                def __enter__(self):
+                    return self
+
+                def __exit__(self, *exc):
+                    self.close()
+            return P()
+
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store = Store(tmp_path / "s")
+    part = tiny_store["partition"].id
+    cfg = pretrain.PretrainConfig(**TINY_PRETRAIN | {"seed": 3})
+    local, _ = pretrain.run(cfg, store, part, plot=False)
+    with plugins.using(plugins.build(lambda registry: registry.add_executor(Reversed()))):
+        other, _ = pretrain.run(cfg, store, part, force=True, plot=False, runtime=Runtime(engine="reversed"))
+    assert opened and other.id == local.id
+    assert other.file("model.safetensors").read_bytes() == local.file("model.safetensors").read_bytes()
+    with pytest.raises(FedL2PError, match="unknown executor 'nope' \\(--engine\\); choose one of: local, flower"):
+        pretrain.run(cfg, store, part, force=True, plot=False, runtime=Runtime(engine="nope"))

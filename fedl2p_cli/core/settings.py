@@ -20,7 +20,6 @@ EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes wi
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
-Engine = Literal["local", "flower"]
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
 DEFAULT_PSI_POWER = 3  # Krylov products for psi = min(psi, 0.5/lambda_max), shared with the Q = 3 series (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)

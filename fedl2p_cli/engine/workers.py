@@ -21,7 +21,6 @@ from .rounds import Failed
 if TYPE_CHECKING:
     import torch
 
-    from ..runtime import Runtime
     from .placement import OnDevice
 
 _BROKEN = object()  # a task the executor lost when a worker died (not necessarily this task's worker)
@@ -135,23 +134,3 @@ class ClientPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-              nodes: int):
-    """The executor of a round's client updates, as `runtime` says: `local` (this process, or `workers` processes)
-    or `flower` (Flower's simulation runtime with `nodes` virtual SuperNodes, `workers` ClientApps at a time, each
-    given `gpus_per_client` of a GPU). Every process computes on the runtime's device; each builds its context as
-    `build(*args, runtime)`. A client that fails or gives no reply within the round timeout comes back as
-    `rounds.Failed`."""
-    from .. import plugins
-    catalog = plugins.current()
-    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
-                           allow_import=tuple(catalog.allowed))
-    if runtime.engine == "flower" and runtime.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
-        sent = sent.replace(device="cuda")
-    args = (sent.to_dict(), build, *args)
-    if runtime.engine == "flower":
-        from .flower import FlowerPool
-        return FlowerPool(runtime.workers, on_runtime, args, update, nodes, runtime.gpus_per_client, runtime.timeout())
-    return ClientPool(runtime.workers, on_runtime, args, update, local_context, runtime.torch_device, runtime.timeout())

@@ -10,8 +10,9 @@ from typing import Any, Callable, Protocol
 
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
+from ..engine import executors
 from ..core.config import reference_of, validate
-from ..errors import ArtifactError, FedL2PError
+from ..errors import ArtifactError
 from ..runtime import Runtime
 
 class Missing(ArtifactError):
@@ -116,8 +117,4 @@ def check_runtime(runtime: Runtime) -> None:
     """The runtime options of a stage with rounds, valid and consistent: --gpus-per-client goes with --engine flower
     on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
     validate(runtime)
-    engine, gpus_per_client, on_gpu = runtime.engine, runtime.gpus_per_client, runtime.on_gpu
-    if gpus_per_client > 0 and not (engine == "flower" and on_gpu):
-        raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
-    if engine == "flower" and on_gpu and gpus_per_client == 0:
-        raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")
+    executors.get(runtime.engine).check(runtime)  # --engine names a registered executor, which checks its options

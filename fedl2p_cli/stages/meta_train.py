@@ -25,7 +25,7 @@ from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.workers import open_pool
+from ..engine.executors import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.stats_h5 import StatsTable

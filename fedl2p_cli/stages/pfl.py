@@ -25,7 +25,7 @@ from ..core.config import validate
 from ..engine.loop import Checkpoint
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.workers import open_pool
+from ..engine.executors import open_pool
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime

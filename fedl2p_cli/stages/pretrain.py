@@ -21,7 +21,7 @@ from ..core.functional import get_state, set_state
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.workers import open_pool
+from ..engine.executors import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition

@@ -1,0 +1,119 @@
+"""Where a round's client updates run: each executor is a catalog entry (kind "executor", `--engine NAME`) behind one
+interface, registered through the plugin registry like a model or a method (`registry.add_executor`).
+
+An executor checks the runtime options it reads (`check`, before anything runs) and opens a pool for one stage run
+(`open`): the pool maps a round's tasks to their results in task order (a client that failed comes back as
+`rounds.Failed`), and is closed when the stage ends. The round loop (engine.rounds) never asks which executor it has.
+The built-ins: `local` (this process, or `--workers` processes) and `flower` (Flower's simulation runtime). Adding one
+(a batched executor, Ray) is one module with a class like these and one registration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from ..errors import FedL2PError
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a pool runs: `update(context, task)` for each task, on a context each process builds once as
+    `build(*args, runtime)` (worker processes, ClientApps; `sent` is the runtime they receive, with the parent's
+    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all."""
+    runtime: "Runtime"
+    sent: "Runtime"
+    build: Callable[..., Any]
+    args: tuple
+    update: Callable[..., Any]
+    local_context: Any
+    nodes: int
+
+
+class Pool(Protocol):
+    """One stage run's client pool."""
+
+    def map(self, tasks: list[Any]) -> list[Any]:
+        """The tasks' results in task order (`rounds.Failed` for a client that failed)."""
+        ...
+
+    def close(self) -> None: ...
+    def __enter__(self) -> "Pool": ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+class Executor(Protocol):
+    """An executor as the catalog holds it: its `--engine` name, one line about it, a check of the runtime options it
+    reads and the pool it opens."""
+    name: str
+    about: str
+
+    def check(self, runtime: "Runtime") -> None:
+        """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
+        ...
+
+    def open(self, job: Job) -> Pool: ...
+
+
+@dataclass(frozen=True)
+class Local:
+    """This process (`--workers 1`), or `--workers` processes of one torch thread each."""
+    name: str = "local"
+    about: str = "this process, or --workers processes of one torch thread each"
+
+    def check(self, runtime: "Runtime") -> None:
+        if runtime.gpus_per_client > 0:
+            raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+
+    def open(self, job: Job) -> Pool:
+        from .workers import ClientPool, on_runtime
+        rt = job.runtime
+        return ClientPool(rt.workers, on_runtime, (job.sent.to_dict(), job.build, *job.args), job.update,
+                          job.local_context, rt.torch_device, rt.timeout())
+
+
+@dataclass(frozen=True)
+class Flower:
+    """Flower's simulation runtime: `nodes` virtual SuperNodes, `--workers` ClientApps at a time, each given
+    `--gpus-per-client` of a GPU."""
+    name: str = "flower"
+    about: str = "Flower simulation (pip install 'fedl2p[flower]')"
+
+    def check(self, runtime: "Runtime") -> None:
+        if runtime.gpus_per_client > 0 and not runtime.on_gpu:
+            raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+        if runtime.on_gpu and runtime.gpus_per_client == 0:
+            raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")
+
+    def open(self, job: Job) -> Pool:
+        from .flower import FlowerPool
+        from .workers import on_runtime
+        rt, sent = job.runtime, job.sent
+        if rt.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
+            sent = sent.replace(device="cuda")
+        return FlowerPool(rt.workers, on_runtime, (sent.to_dict(), job.build, *job.args), job.update, job.nodes,
+                          rt.gpus_per_client, rt.timeout())
+
+
+BUILTIN = (Local(), Flower())
+
+
+def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update: Callable[..., Any],
+              local_context: Any, nodes: int) -> Pool:
+    """The pool of a stage run's client updates, from the executor `runtime.engine` names. Every process computes on
+    the runtime's device; each builds its context as `build(*args, runtime)`. A client that fails or gives no reply
+    within the round timeout comes back as `rounds.Failed`."""
+    from .. import plugins
+    catalog = plugins.current()
+    sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
+                           allow_import=tuple(catalog.allowed))
+    return get(runtime.engine).open(Job(runtime, sent, build, args, update, local_context, nodes))
+
+
+def get(name: str) -> Executor:
+    """The executor registered as `name` (UnknownName naming the choices, for --engine)."""
+    from .. import plugins
+    return plugins.current().get("executor", name)
