@@ -71,7 +71,7 @@ class Local:
     def open(self, job: Job) -> Pool:
         from .workers import ClientPool, on_runtime
         rt = job.runtime
-        return ClientPool(rt.workers, on_runtime, (job.sent.to_dict(), job.build, *job.args), job.update,
+        return ClientPool(int(rt.workers), on_runtime, (job.sent.to_dict(), job.build, *job.args), job.update,
                           job.local_context, rt.torch_device, rt.timeout())
 
 
@@ -94,7 +94,7 @@ class Flower:
         rt, sent = job.runtime, job.sent
         if rt.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
             sent = sent.replace(device="cuda")
-        return FlowerPool(rt.workers, on_runtime, (sent.to_dict(), job.build, *job.args), job.update, job.nodes,
+        return FlowerPool(int(rt.workers), on_runtime, (sent.to_dict(), job.build, *job.args), job.update, job.nodes,
                           rt.gpus_per_client, rt.timeout())
 
 
