@@ -10,6 +10,7 @@ import typer
 
 from ..errors import FedL2PError
 from ..configs import MetaTrainConfig
+from ..deploy.config import GatewayConfig
 from . import options, render
 from ..runtime import Runtime
 from .generate import config_command
@@ -156,40 +157,16 @@ def keygen(
 
 
 @app.command("gateway")
-def gateway(
-    listen: str = typer.Option("0.0.0.0:9092", help="HOST:PORT the sites' SuperNodes connect to (the only port to "
-                               "open in the server's firewall)."),
-    superlink: str = typer.Option("127.0.0.1:9093", help="HOST:PORT of the SuperLink, on loopback."),
-    certfile: Optional[Path] = typer.Option(None, help="The SuperLink's TLS certificate (server.pem)."),
-    keyfile: Optional[Path] = typer.Option(None, help="Its private key (server.key)."),
-    ca: Optional[Path] = typer.Option(None, help="The CA certificate that signed it (ca.crt); none of the three: an "
-                                      "insecure loopback trial."),
-    max_body: int = typer.Option(4, min=1, help="Largest request body in MiB, refused (413) before it is read."),
-    header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a connection may take to send a request's "
-                                         "head (and its TLS handshake)."),
-    idle_timeout: float = typer.Option(60.0, min=0.1, help="Seconds an idle connection, or a body with no new byte, is kept."),
-    max_connections: int = typer.Option(128, min=1, help="Connections served at once; when full, a stranger's is closed "
-                                        "for a newcomer."),
-    max_per_peer: int = typer.Option(16, min=1, help="Connections one address may hold; more are answered 503."),
-    unauth_per_minute: int = typer.Option(30, min=1, help="Calls per address and minute the SuperLink may refuse as "
-                                          "unauthenticated; then 429."),
-    body_timeout: float = typer.Option(60.0, min=0.1, help="Seconds a whole request body may take to arrive."),
-    body_budget: int = typer.Option(64, min=1, help="MiB of request bodies held at once, all connections together."),
-    host_name: Optional[str] = typer.Option(None, help="Serve only requests whose Host header names this host "
-                                            "(the name the sites connect to); others get 400."),
-    allow_self_registration: bool = typer.Option(False, "--allow-self-registration", help="Also forward "
-                                                 "register-node/unregister-node: only for an insecure trial, where "
-                                                 "SuperNodes have no registered key."),
-    access_log: Optional[Path] = typer.Option(None, help="Append the access log (a line per request) to this file "
-                                              "instead of standard output."),
-) -> None:
+@config_command(GatewayConfig)
+def gateway(cfg: GatewayConfig) -> None:
     """Expose only the SuperLink's Fleet API to the network: forward the Fleet endpoints a site needs (POST, exact
     paths) to the SuperLink on loopback, and answer everything else here (Control and ServerAppIo APIs included)."""
+    from ..core.config import validate
     from ..deploy import gateway as gw
-    limits = gw.Limits(max_body=max_body * gw.MiB, header_timeout=header_timeout, idle_timeout=idle_timeout,
-                       max_connections=max_connections, max_per_peer=max_per_peer,
-                       unauth_per_minute=unauth_per_minute, body_timeout=body_timeout, body_budget=body_budget * gw.MiB)
-    gw.serve(listen, superlink, certfile, keyfile, ca, limits, host_name, allow_self_registration, access_log)
+    validate(cfg)
+    path = lambda p: None if p is None else Path(p)  # noqa: E731
+    gw.serve(cfg.listen, cfg.superlink, path(cfg.certfile), path(cfg.keyfile), path(cfg.ca), cfg.limits(), cfg.host_name,
+             cfg.allow_self_registration, path(cfg.access_log))
 
 
 @app.command("run")

@@ -1,0 +1,47 @@
+"""`fedl2p flower gateway`'s options, declared once: the command line, its --help and the CLI reference are
+generated from these fields (cli/generate.py), and `limits()` is what the gateway enforces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.config import AT_LEAST_1, between, opt
+
+MiB = 1 << 20
+AT_LEAST_A_TENTH = between(0.1)
+
+
+@dataclass(kw_only=True)
+class GatewayConfig:
+    listen: str = opt("0.0.0.0:9092", "HOST:PORT the sites' SuperNodes connect to (the only port to open in the "
+                                      "server's firewall).")
+    superlink: str = opt("127.0.0.1:9093", "HOST:PORT of the SuperLink, on loopback.")
+    certfile: str | None = opt(None, "The SuperLink's TLS certificate (server.pem).", path=True)
+    keyfile: str | None = opt(None, "Its private key (server.key).", path=True)
+    ca: str | None = opt(None, "The CA certificate that signed it (ca.crt); none of the three: an insecure loopback "
+                               "trial.", path=True)
+    max_body: int = opt(4, "Largest request body in MiB, refused (413) before it is read.", AT_LEAST_1)
+    header_timeout: float = opt(10.0, "Seconds a connection may take to send a request's head (and its TLS "
+                                      "handshake).", AT_LEAST_A_TENTH)
+    idle_timeout: float = opt(60.0, "Seconds an idle connection, or a body with no new byte, is kept.", AT_LEAST_A_TENTH)
+    body_timeout: float = opt(60.0, "Seconds a whole request body may take to arrive.", AT_LEAST_A_TENTH)
+    body_budget: int = opt(64, "MiB of request bodies held at once, all connections together.", AT_LEAST_1)
+    max_connections: int = opt(128, "Connections served at once; when full, a stranger's is closed for a newcomer.",
+                               AT_LEAST_1)
+    max_per_peer: int = opt(16, "Connections one address may hold; more are answered 503.", AT_LEAST_1)
+    unauth_per_minute: int = opt(30, "Calls per address and minute the SuperLink may refuse as unauthenticated; then "
+                                     "429.", AT_LEAST_1)
+    host_name: str | None = opt(None, "Serve only requests whose Host header names this host (the name the sites "
+                                      "connect to); others get 400.")
+    allow_self_registration: bool = opt(False, "Also forward register-node/unregister-node: only for an insecure "
+                                               "trial, where SuperNodes have no registered key.", flag=True)
+    access_log: str | None = opt(None, "Append the access log (a line per request) to this file instead of standard "
+                                       "output.", path=True)
+
+    def limits(self):  # -> gateway.Limits (imported here: the gateway needs httpx and h11, this module does not)
+        from .gateway import Limits
+        return Limits(max_body=self.max_body * MiB, header_timeout=self.header_timeout, idle_timeout=self.idle_timeout,
+                      max_connections=self.max_connections, max_per_peer=self.max_per_peer,
+                      unauth_per_minute=self.unauth_per_minute, body_timeout=self.body_timeout,
+                      body_budget=self.body_budget * MiB)
+
