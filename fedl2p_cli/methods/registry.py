@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..core.finetune import Strategy
 
 POOLS = ("seen", "unseen")
+CHECKED = "-checked"  # a Checked row's name: its learned row's, and this
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class Checked(Learned):
 
     def prepare(self, setup: Setup, art: Any) -> Row:
         row = setup.meta_row(self, art)
-        return dataclasses.replace(row, name=f"{row.name}-checked")
+        return dataclasses.replace(row, name=f"{row.name}{CHECKED}")
 
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         import numpy as np

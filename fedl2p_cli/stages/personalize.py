@@ -290,7 +290,8 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
         if not fixed(m) and not np.isnan(r.beta[m]).all():
             rows[m]["beta_per_domain"] = {domain_names[d]: [float(v) for v in np.nanmean(r.beta[m][r.domain == d], axis=0)]
                                           for d in np.unique(r.domain)}
-        if not fixed(m) and not np.isnan(r.eta[m]).all():  # a learned row: are its strategies personal?
+        if not fixed(m) and not m.endswith(methods.registry.CHECKED) and not np.isnan(r.eta[m]).all():
+            # a learned row: are its strategies personal? (its checked row has the same ones)
             rows[m]["spread"] = spread.spread(r.beta[m], r.eta[m], r.domain)
     base = [m for m in r.methods if m in methods.baselines()]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
