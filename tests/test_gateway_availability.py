@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.gateway_attacks import request
-from tests.test_gateway import Running, Upstream, read_all, status
+from tests import test_gateway
+from tests.test_gateway import Running, read_all, status
 
 pytest.importorskip("httpx")
 pytest.importorskip("h11")
@@ -48,13 +49,7 @@ class Refusing(ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
-@pytest.fixture(scope="module")
-def upstream():
-    up = Upstream()
-    threading.Thread(target=up.serve_forever, daemon=True).start()
-    yield up
-    up.shutdown()
-
+upstream = test_gateway.upstream  # the recording SuperLink fixture of the attack tests
 
 def site_call(close: bool = True) -> bytes:
     """A registered site's call (the SuperLink accepts its key); by default the last on its connection."""

@@ -135,10 +135,9 @@ class Gateway:
     def limited(self, ip: str) -> bool:
         """Whether `ip` has had --unauth-per-minute calls refused as unauthenticated in the last minute."""
         now = time.monotonic()
-        times = [t for t in self.refused.get(ip, []) if now - t < 60.0]
-        self.refused[ip] = times
-        if not times:
-            del self.refused[ip]
+        times = [t for t in self.refused.pop(ip, []) if now - t < 60.0]
+        if times:  # an address with none in the last minute is forgotten
+            self.refused[ip] = times
         return len(times) >= self.limits.unauth_per_minute
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
