@@ -389,10 +389,32 @@ def bench_server_memory(n: int) -> dict:
             "fedl2p_state_mb": fedl2p_state / 2**20, "fedl2p_peak_rss_mb": fedl2p_peak}
 
 
+def bench_batched() -> dict:
+    """The batched executor on the CPU, one thread (bench/batching.py): per-client seconds of one step and of a whole
+    client round (e = 5, K = 1, FOMAML+ and IFT) at N clients per vmapped group; N = 1 is one client at a time."""
+    import batching
+    torch.set_num_threads(1)
+    dev = torch.device("cpu")
+    out = {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability()}
+    for name in ("small-cnn", "resnet18-cifar"):
+        ns = (1, 2, 4, 8) if name == "small-cnn" else (1, 4)
+        out[name] = {"step": batching.step_per_client(name, dev, ns, reps=5 if name == "small-cnn" else 2)}
+        for mg in ("fomaml", "ift"):
+            out[name][f"{mg}_round"] = batching.round_per_client(name, dev, mg, ns if name == "small-cnn" else (1, 4),
+                                                                 5, 1, reps=3 if name == "small-cnn" else 1)
+    return out
+
+
+def cpu_name() -> str:
+    from fedl2p_cli.runtime import cpu_model
+    return cpu_model()
+
+
 MEASUREMENTS = {
     "partition": bench_partition, "engine": bench_engine, "stats": bench_stats,
     "hypergrad_small": lambda: bench_hypergrad("small-cnn"), "hypergrad_resnet18": lambda: bench_hypergrad("resnet18-cifar"),
     "meta_round": bench_meta_round, "client_round": bench_client_round, "stage_rss": bench_stage_rss, "workers": bench_workers,
+    "batched": bench_batched,
     **{f"steps_{m}_t{n}": (lambda m=m, n=n: bench_steps(m, n)) for m in ("small-cnn", "resnet18-cifar") for n in (1, 2)},
     **{f"server_memory_{n}": (lambda n=n: bench_server_memory(n)) for n in (10, 100, 1000)},
 }
@@ -465,6 +487,11 @@ def show(r: dict) -> None:
             f"{g(key, 'pfedla_state_mb'):.1f} / {g(key, 'fedl2p_state_mb'):.2f}", "", "{}")
         add(f"  server peak RSS growth, {n} clients: pFedLA / FedL2P (MB)", None if g(key, "pfedla_peak_rss_mb") is None else
             f"{g(key, 'pfedla_peak_rss_mb'):.0f} / {g(key, 'fedl2p_peak_rss_mb'):.0f}", "", "{}")
+    for name, rec in ((k, v) for k, v in (r.get("batched") or {}).items() if isinstance(v, dict)):
+        for part, label in (("step", "one SGD step"), ("fomaml_round", "client round, FOMAML+"), ("ift_round", "client round, IFT")):
+            per = {int(n): v["per_client_s"] for n, v in rec[part].items()}
+            add(f"batched {label}, {name}: per client at N = {'/'.join(map(str, per))} (ms)",
+                " / ".join(f"{1e3 * t:.1f}" for t in per.values()), "", "{}")
     split = g("meta_round", "meta_round_split") or {}
     add("meta-train round (s)", g("meta_round", "meta_round_s"))
     for k, v in split.items():

@@ -9,7 +9,10 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
 - client updates per second one at a time and with N worker processes sharing the GPU (`--workers N --device cuda`,
   the executor meta-training uses: same artifact id, each process one CUDA context);
 - the projected wall time of the shipped pipeline `cifar10-a0.1-fedavg` (500 pretraining rounds of 100 FedAvg clients,
-  500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency.
+  500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency;
+- the batched executor (`--engine batched`, bench/batching.py): per-client step and round at N = 1, 8, 32, 128 with
+  peak memory, the projection from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a
+  time and batched (`--batched`: this part alone).
 Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
 """
 
@@ -172,6 +175,46 @@ def profile_round(model_name: str, meta_grad: str, dev: torch.device, top: int =
         print(prof.key_averages().table(sort_by=key, row_limit=top), flush=True)
 
 
+def batched(out: dict, dev: torch.device) -> None:
+    """The batched executor against one client at a time, in this run on this card: per-client step and round
+    (FOMAML+ and IFT, the CIFAR-10 pipeline's client) at N = 1, 8, 32, 128, with peak memory per N; then the
+    CIFAR-10 projection from the best per-client round."""
+    import batching  # bench/batching.py
+    ns = (1, 8, 32, 128)
+    for name in ("resnet18-cifar", "small-cnn"):
+        r = {"step": batching.step_per_client(name, dev, ns)}
+        for mg in ("fomaml", "ift"):
+            r[f"{mg}_round"] = batching.round_per_client(name, dev, mg, ns, CIFAR["epochs"], CIFAR["iterations"])
+        out.setdefault("batched", {})[name] = r
+        print("batched", name, json.dumps(r, indent=1), flush=True)
+        (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+    r18 = out["batched"]["resnet18-cifar"]
+    for mg in ("fomaml", "ift"):
+        best = min(v["per_client_s"] for v in r18[f"{mg}_round"].values())
+        out.setdefault("projection_batched_h", {})[f"meta_train_500_rounds_x_100_clients_{mg}"] = 500 * 100 * best / 3600
+
+
+def quickstart(out: dict) -> None:
+    """`fedl2p run quickstart` on this GPU in a fresh store, one client at a time and --engine batched."""
+    import subprocess
+    import tempfile
+    cli = [sys.executable, "-m", "fedl2p_cli"]
+    shown = subprocess.run([*cli, "run", "quickstart", "--show"], capture_output=True, text=True, check=True).stdout
+    head, _, rest = shown.partition("[[meta-train]]\n")
+    section, sep, tail = rest.partition("\n[")  # the meta-train section: batched, in this process
+    section = "\n".join(ln for ln in section.splitlines() if not ln.startswith(("workers", "engine")))
+    batched_text = f'{head}[[meta-train]]\nengine = "batched"\nworkers = 1\n{section}{sep}{tail}'
+    for label, text in (("local", shown), ("batched", batched_text)):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "quickstart.toml").write_text(text)
+            t0 = time.perf_counter()
+            r = subprocess.run([*cli, "--device", "cuda", "run", str(Path(d) / "quickstart.toml"), "--store",
+                                str(Path(d) / "store")], capture_output=True, text=True)
+            out.setdefault("quickstart_s", {})[label] = time.perf_counter() - t0 if r.returncode == 0 else r.stderr[-300:]
+        (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+        print("quickstart", label, out["quickstart_s"][label], flush=True)
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("bench-gpu: no CUDA device here; nothing measured")
@@ -184,6 +227,10 @@ def main() -> None:
         profile_round("resnet18-cifar", "ift", dev)
         return
     out: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
+    if "--batched" in sys.argv:  # the batched executor alone, then the quickstart both ways
+        batched(out, dev)
+        quickstart(out)
+        return
     t0 = time.perf_counter()
     for name in ("resnet18-cifar", "small-cnn"):
         r = steps(name, dev)
@@ -205,6 +252,10 @@ def main() -> None:
         "note": "pretraining clients one at a time; meta-training at the best measured concurrency"}
     (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
     print(json.dumps(out["projection_cifar10_a0.1_h"], indent=1))
+    batched(out, dev)
+    (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+    print(json.dumps(out["projection_batched_h"], indent=1))
+    quickstart(out)
 
 
 if __name__ == "__main__":

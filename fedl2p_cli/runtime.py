@@ -33,8 +33,12 @@ class Runtime:
     workers: int | Literal["auto"] = opt(1, "Processes running a round's clients at once, one torch thread each; "
                                             "auto: one per free core (usable cores less the load average). The same "
                                             "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
-    engine: str = opt("local", "Where client updates run: local = this process or --workers processes | flower = "
-                                  "Flower simulation (pip install 'fedl2p[flower]') | a plugin's executor.", scope=ROUNDS)
+    engine: str = opt("local", "Where client updates run: local (--workers processes) | flower (pip install "
+                                  "'fedl2p[flower]') | batched (vmapped groups of --client-batch clients) | a plugin's.", scope=ROUNDS)
+    client_batch: int | Literal["auto"] = opt("auto", "With --engine batched: clients computed as one vmapped group; "
+                                                      "auto: from a client's GPU memory (1 on the CPU). Same artifact.",
+                                              AT_LEAST_1,
+                                              scope=ROUNDS)
     gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "
                                       "four per GPU). Not part of the artifact's id.", UNIT,
                                  scope=ROUNDS)

@@ -205,6 +205,7 @@ def test_the_stage_list_scan_finds_one(tmp_path):
 # the state a module may keep, each with its reason; anything else found by `process_state` fails the test
 PROCESS_STATE = {
     "fedl2p_cli.core.bn._POLICY": "the BN policy of the forward in progress: a context, set and reset around it",
+    "fedl2p_cli.core.kernels._PLAIN": "torch's own kernels inside a vmapped call: a context, set and reset around it",
     "fedl2p_cli.engine.rounds._OBSERVERS": "the round observers of the build in progress: a context",
     "fedl2p_cli.plugins._USING": "the catalog a `using` block chose: a context",
     "fedl2p_cli.engine.workers._CONTEXT": "a worker process's client context, set by its pool initializer",

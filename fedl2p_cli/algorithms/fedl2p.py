@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..core.batched import IftSettings, finetune_many, fomaml_many, ift_many, val_batches
 from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params, random_batch
@@ -94,3 +95,80 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
         raise Diverged(f"non-finite validation loss {first_val}")
     report = {k: sum(r[k] for r in reports) / len(reports) for k in reports[0]}
     return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1], report)
+
+
+def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], inputs: list[tuple[Tensor, Tensor]],
+                       bn0s: list[ClientBN], datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator],
+                       timer: Timer | None = None) -> list[ClientResult | Diverged]:
+    """`client_update` for a group of clients in lock-step, each iteration's fine-tuning and meta-gradient (FOMAML+ or
+    the IFT) one vmapped computation (`core.batched`).
+    Per client the same as `client_update` to float tolerance: every client draws from its own generator in the same
+    order. A client that diverges gets its `Diverged` in place of a result and leaves the group."""
+    timer = timer or Timer()
+    n_p = len(theta_g)
+    hypers = [hyper_fn(xi, x, n_p, cfg) for xi, x in inputs]
+    out: list[ClientResult | Diverged | None] = [None] * len(lams)
+    lams, first_val, first, reports = list(lams), [math.nan] * len(lams), [None] * len(lams), [[] for _ in lams]
+    for k in range(cfg.iterations):
+        live = [c for c in range(len(lams)) if out[c] is None]
+        if not live:
+            break
+        with torch.no_grad():
+            strat = {c: Strategy(*hypers[c](lams[c])) for c in live}
+        with timer.section("finetune"):
+            fts = dict(zip(live, finetune_many(model, [theta_g] * len(live), [datas[c].train[0] for c in live],
+                                               [datas[c].train[1] for c in live], [strat[c] for c in live],
+                                               [bn0s[c] for c in live], cfg.epochs, cfg.batch_size,
+                                               [gens[c] for c in live], cfg.client_bn)))
+            if k == 0:
+                for c in live:
+                    xv, yv = datas[c].val
+                    first_val[c], _ = personalized_accuracy(model, fts[c].params, xv, yv, strat[c], fts[c].bn,
+                                                            cfg.batch_size, cfg.val_stats)
+                    first[c] = (strat[c].beta, strat[c].lr, fts[c].train_loss)
+        with timer.section("hypergrad"):
+            mgs = _meta_gradients(model, fts, lams, hypers, inputs, datas, cfg, gens, live, n_p)
+        for c in live:
+            mg, ft = mgs[c], fts[c]
+            if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
+                out[c] = Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
+                continue
+            reports[c].append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))
+            lams[c] = bound_eta(sgd_update(lams[c], mg.grads, cfg.meta_lrs), cfg)
+    results: list[ClientResult | Diverged] = []
+    for c, o in enumerate(out):
+        if o is not None:
+            results.append(o)
+        elif not math.isfinite(first_val[c]):
+            results.append(Diverged(f"non-finite validation loss {first_val[c]}"))
+        else:
+            report = {key: sum(r[key] for r in reports[c]) / len(reports[c]) for key in reports[c][0]}
+            beta, eta, tl = first[c]
+            results.append(ClientResult(lams[c], len(datas[c].train[1]), first_val[c], tl, beta, eta, report))
+    return results
+
+
+def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], hypers: list, inputs: list, datas: list[ClientData],
+                    cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int) -> dict[int, MetaGrad]:
+    """Each live client's meta-gradient, as one vmapped computation (FOMAML+ or the IFT), every client drawing its
+    batches as `meta_gradient` draws them."""
+    vis = val_batches([datas[c].val[1] for c in live], cfg.batch_size, [gens[c] for c in live])
+    val = [(datas[c].val[0][vi], datas[c].val[1][vi]) for c, vi in zip(live, vis)]
+    hyper = lambda lam, xi, x: hyperparameters(lam, xi, x, n_p, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg,  # noqa: E731
+                                               cfg.beta_output)
+    group = ([lams[c] for c in live], [inputs[c] for c in live])
+    if cfg.meta_grad == "fomaml":
+        last = [(datas[c].train[0][fts[c].last_batch], datas[c].train[1][fts[c].last_batch]) for c in live]
+        out = fomaml_many(model, hyper, *group, [fts[c].prev_params for c in live], last, val,
+                          [fts[c].bn for c in live], cfg.val_stats)
+    else:
+        at_last = cfg.ift_at == "last-step"
+        tis = [fts[c].last_batch if at_last else random_batch(len(datas[c].train[1]), cfg.batch_size, gens[c]) for c in live]
+        train = [(datas[c].train[0][ti], datas[c].train[1][ti]) for c, ti in zip(live, tis)]
+        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, at_last,
+                        cfg.eta_grad == "last-step", cfg.val_stats)
+        out = ift_many(model, hyper, *group, [fts[c].params for c in live],
+                       [fts[c].prev_params if at_last else fts[c].params for c in live],
+                       [fts[c].last_grad for c in live], train, val, [fts[c].bn for c in live], s)
+    psis = out.psi or [0.0] * len(live)
+    return {c: MetaGrad(g, lv, lt, p) for c, g, lv, lt, p in zip(live, out.grads, out.val_loss, out.train_loss, psis)}

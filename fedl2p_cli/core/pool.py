@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kernels import custom_allowed
+
 _aten = torch.ops.aten
 
 
@@ -42,7 +44,7 @@ def _pair(v) -> list[int]:
 def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
                return_indices: bool = False):
     """F.max_pool2d with the forward on the channels-last kernel, for a batched NCHW CPU tensor."""
-    if x.dim() != 4 or x.device.type != "cpu" or not x.is_contiguous():
+    if x.dim() != 4 or x.device.type != "cpu" or not x.is_contiguous() or not custom_allowed():
         return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)  # type: ignore[call-overload]
     stride = kernel_size if stride is None or stride == [] else stride
     y, idx = _MaxPool.apply(x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), ceil_mode)

@@ -4,8 +4,9 @@ interface, registered through the plugin registry like a model or a method (`reg
 An executor checks the runtime options it reads (`check`, before anything runs) and opens a pool for one stage run
 (`open`): the pool maps a round's tasks to their results in task order (a client that failed comes back as
 `rounds.Failed`), and is closed when the stage ends. The round loop (engine.rounds) never asks which executor it has.
-The built-ins: `local` (this process, or `--workers` processes) and `flower` (Flower's simulation runtime). Adding one
-(a batched executor, Ray) is one module with a class like these and one registration.
+The built-ins: `local` (this process, or `--workers` processes), `flower` (Flower's simulation runtime) and
+`batched` (clients in vmapped groups, engine/batched.py). Adding one (Ray, say) is one module with a class like
+these and one registration.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import FedL2PError
+from .batched import Batched
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -23,7 +25,9 @@ if TYPE_CHECKING:
 class Job:
     """What a pool runs: `update(context, task)` for each task, on a context each process builds once as
     `build(*args, runtime)` (worker processes, ClientApps; `sent` is the runtime they receive, with the parent's
-    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all."""
+    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all.
+    `update_many(context, tasks)`, where the stage has one, computes a group of tasks at once (the batched
+    executor's path; per task the same results as `update`)."""
     runtime: "Runtime"
     sent: "Runtime"
     build: Callable[..., Any]
@@ -31,6 +35,7 @@ class Job:
     update: Callable[..., Any]
     local_context: Any
     nodes: int
+    update_many: Callable[..., list[Any]] | None = None
 
 
 class Pool(Protocol):
@@ -48,8 +53,12 @@ class Pool(Protocol):
 class Executor(Protocol):
     """An executor as the catalog holds it: its `--engine` name, one line about it, a check of the runtime options it
     reads and the pool it opens."""
-    name: str
-    about: str
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
 
     def check(self, runtime: "Runtime") -> None:
         """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
@@ -67,6 +76,7 @@ class Local:
     def check(self, runtime: "Runtime") -> None:
         if runtime.gpus_per_client > 0:
             raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+        _no_client_batch(runtime, self.name)
 
     def open(self, job: Job) -> Pool:
         from .workers import ClientPool, on_runtime
@@ -87,6 +97,7 @@ class Flower:
             raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
         if runtime.on_gpu and runtime.gpus_per_client == 0:
             raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")
+        _no_client_batch(runtime, self.name)
 
     def open(self, job: Job) -> Pool:
         from .flower import FlowerPool
@@ -98,19 +109,25 @@ class Flower:
                           rt.gpus_per_client, rt.timeout())
 
 
-BUILTIN = (Local(), Flower())
+def _no_client_batch(runtime: "Runtime", name: str) -> None:
+    if runtime.client_batch != "auto":
+        raise FedL2PError(f"--client-batch is for --engine batched (this run's engine: {name})")
+
+
+BUILTIN: tuple[Executor, ...] = (Local(), Flower(), Batched())
 
 
 def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update: Callable[..., Any],
-              local_context: Any, nodes: int) -> Pool:
+              local_context: Any, nodes: int, update_many: Callable[..., list[Any]] | None = None) -> Pool:
     """The pool of a stage run's client updates, from the executor `runtime.engine` names. Every process computes on
     the runtime's device; each builds its context as `build(*args, runtime)`. A client that fails or gives no reply
-    within the round timeout comes back as `rounds.Failed`."""
+    within the round timeout comes back as `rounds.Failed`. `update_many`: the stage's group update, for executors
+    that batch clients (`engine.batched`)."""
     from .. import plugins
     catalog = plugins.current()
     sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
                            allow_import=tuple(catalog.allowed))
-    return get(runtime.engine).open(Job(runtime, sent, build, args, update, local_context, nodes))
+    return get(runtime.engine).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
 
 
 def get(name: str) -> Executor:

@@ -53,6 +53,10 @@ class OnDevice:
     def __call__(self, update: Callable[[Any, Any], Any], task: Any) -> Any:
         return to_host(update(self.context, self.move(task)))
 
+    def many(self, update_many: Callable[[Any, list[Any]], list[Any]], tasks: list[Any]) -> list[Any]:
+        """`update_many(context, tasks)` with every task on `dev`, the results back on the host."""
+        return to_host(update_many(self.context, [self.move(t) for t in tasks]))
+
     def move(self, task: Any) -> Any:
         if self.dev.type == "cpu":
             return task

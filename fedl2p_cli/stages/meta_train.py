@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, hyper_fn
+from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..artifacts import Artifact, Draft, Store
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
@@ -42,7 +42,7 @@ NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+
 def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
     if cfg.local and runtime.engine != "local":
-        raise FedL2PError("--engine flower runs federated rounds; --local (L2P) has none, use --engine local")
+        raise FedL2PError(f"--engine {runtime.engine} runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
 
 
@@ -65,6 +65,13 @@ class Context:
         xi, x = self.inputs(c)
         return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
                              self.cfg.meta, gen, timer)
+
+    def update_many(self, cs: list[int], lams: list[Lambda], gens: list[torch.Generator], timer: Timer
+                    ) -> list[ClientResult | Diverged]:
+        """Several clients' updates as one batched computation (`client_update_many`): per client as `update`."""
+        return client_update_many(self.model, self.theta_g, lams, [self.inputs(c) for c in cs],
+                                  [self.stats.client_bn(c) for c in cs], [self.part.client(c) for c in cs],
+                                  self.cfg.meta, gens, timer)
 
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
@@ -146,6 +153,17 @@ def client_task(ctx: Context, task: MetaTask) -> MetaReply:
     """One client's update in its round, with its own generator (seed, round, client): the same wherever it runs."""
     c = task.client
     return guarded(c, lambda timer: ctx.update(c, task.lam, generator(ctx.cfg.seed, task.round, c), timer))
+
+
+def client_tasks(ctx: Context, tasks: list[MetaTask]) -> list[MetaReply]:
+    """`client_task` for a group of clients at once (the batched executor): each with its own generator, each reply
+    with an equal share of the group's time."""
+    timer = Timer()
+    gens = [generator(ctx.cfg.seed, t.round, t.client) for t in tasks]
+    outs = ctx.update_many([t.client for t in tasks], [t.lam for t in tasks], gens, timer)
+    share = {k: v / len(tasks) for k, v in timer.t.items()}
+    return [MetaReply(None, share, f"client {t.client}: {o}") if isinstance(o, Diverged) else MetaReply(o, share)
+            for t, o in zip(tasks, outs)]
 
 
 def guarded(c: int, update) -> MetaReply:
@@ -338,7 +356,8 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if cfg.local:
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress(), runtime.torch_device)
         else:
-            with open_pool(runtime, make_context, (*ids, cfg), client_task, ctx, len(part.pool(False))) as pool:
+            with open_pool(runtime, make_context, (*ids, cfg), client_task, ctx, len(part.pool(False)),
+                           client_tasks) as pool:
                 lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool, runtime.policy())
             # the loop's last state, so that a run with more rounds continues from here (`extend`)
             shutil.copyfile(ckpt.folder / Checkpoint.NAME, draft.path(STATE))

@@ -1,0 +1,361 @@
+"""Many clients' fine-tuning and FOMAML+ meta-gradients as one computation: `torch.func.vmap` over stacked
+per-client tensors (weights, beta, eta, BN statistics, batches), as the torch.func model-ensembling example does.
+
+Ragged clients are padded and masked. A client's data is padded to the group's largest client and each step's batch
+to the group's largest batch; a mask zeroes the padding's share of the loss and of the BN batch moments, so a
+padded batch's moments and mean loss are those of the client's own samples. A client with fewer steps than the
+group's longest does nothing at the extra steps (its weights and running statistics are kept, `torch.where`).
+Every client draws its batches from its own generator exactly as `finetune` does, so the group computes, per client,
+the same function as one at a time; only the kernels differ (BN here is the composite mixing of Eq. 2 at every
+beta, where the one-client path takes fused kernels at beta 0/1), so results agree to float tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import grad, vmap
+
+from . import kernels
+from .bn import BNPolicy, MixBN, _dims, _expand
+from .finetune import ClientBN, FinetuneResult, Strategy, inference_policy
+from .functional import Params, epochs_of_batches, forward, random_batch
+
+
+@dataclass
+class MaskedPolicy(BNPolicy):
+    """BN with batch statistics over the masked samples (mask [N] of 0/1), mixed with the pretrained ones by beta
+    (`train`: Eq. 2 in training; otherwise evaluation with batch statistics, `--val-stats test-batch`). The moments
+    each layer saw are kept in `moments` (by BN index) for the caller to return: under vmap nothing may leak out
+    by side effect. With client statistics (evaluation, `client_mean` given) it is `BNPolicy`'s own path."""
+
+    mask: Tensor | None = None
+    moments: dict[int, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)  # mean, var, count
+
+    def normalize(self, m: MixBN, x: Tensor) -> Tensor:
+        if not self.train and self.client_mean is not None:
+            return super().normalize(m, x)
+        assert self.mask is not None
+        w = _expand_to(self.mask, x)
+        count = self.mask.sum() * (x.numel() // (x.shape[0] * x.shape[1]))
+        dims = _dims(x)
+        mean_b = (x * w).sum(dims) / count.clamp_min(1)
+        var_b = ((x - _expand(mean_b, x)).square() * w).sum(dims) / count.clamp_min(1)
+        b = x.new_ones(()) if self.beta is None else self.beta[m.bn_index]
+        mean, var = torch.lerp(m.running_mean, mean_b, b), torch.lerp(m.running_var, var_b, b)
+        scale = torch.rsqrt(var + m.eps) * m.weight
+        self.moments[m.bn_index] = (mean_b, var_b, count)
+        return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
+
+
+def _plain(fn: Callable) -> Callable:
+    """`fn` run with torch's own kernels (core.kernels: custom autograd nodes have no vmap rule)."""
+    def run(*args: object) -> object:
+        with kernels.plain():
+            return fn(*args)
+    return run
+
+
+def masked_ce(model: nn.Module, params: Params, x: Tensor, y: Tensor, mask: Tensor, pol: BNPolicy) -> Tensor:
+    """Mean cross-entropy over the masked samples."""
+    per = F.cross_entropy(forward(model, params, x, pol), y, reduction="none")
+    return (per * mask).sum() / mask.sum().clamp_min(1)
+
+
+def stack(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    return {k: torch.stack([d[k] for d in dicts]) for k in dicts[0]}
+
+
+def unstack(d: dict[str, Tensor], n: int) -> list[dict[str, Tensor]]:
+    return [{k: v[i] for k, v in d.items()} for i in range(n)]
+
+
+def pad_data(xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Clients' samples padded to the largest client: [N, n_max, ...] (padding repeats sample 0: finite, masked)."""
+    n = max(len(y) for y in ys)
+    px = torch.stack([torch.cat([x, x[:1].expand(n - len(x), *x.shape[1:])]) for x in xs])
+    py = torch.stack([torch.cat([y, y[:1].expand(n - len(y))]) for y in ys])
+    return px, py
+
+
+@dataclass
+class Schedule:
+    """Each client's batches as one padded index tensor: idx [N, T, B], mask [N, T, B] (1: a real sample) and
+    active [N, T] (the client takes step t)."""
+
+    idx: Tensor
+    mask: Tensor
+    active: Tensor
+    last: list[Tensor]  # each client's last batch (its indices)
+
+    @classmethod
+    def of(cls, batches: list[list[Tensor]], device: torch.device) -> "Schedule":
+        steps = max(len(b) for b in batches)
+        width = max((len(i) for b in batches for i in b), default=1)
+        idx = torch.zeros(len(batches), steps, width, dtype=torch.long)
+        mask = torch.zeros(len(batches), steps, width)
+        for c, bs in enumerate(batches):
+            for t, i in enumerate(bs):
+                idx[c, t, :len(i)], mask[c, t, :len(i)] = i.cpu(), 1.0
+        active = mask[:, :, 0] > 0
+        last = [bs[-1] if bs else torch.arange(0) for bs in batches]
+        return cls(idx.to(device), mask.to(device), active.to(device), last)
+
+
+def _gather(data: Tensor, idx: Tensor) -> Tensor:
+    """data [N, n, ...], idx [N, B] -> [N, B, ...]."""
+    return data[torch.arange(len(idx), device=idx.device)[:, None], idx]
+
+
+def _step_fn(model: nn.Module) -> Callable:
+    """One client's step under (beta, eta): the new weights and running statistics (kept when not `active`), the
+    loss and the gradient; vmapped over clients by `finetune_many`."""
+    def loss_fn(p: Params, x: Tensor, y: Tensor, mask: Tensor, beta: Tensor) -> tuple[Tensor, tuple]:
+        pol = MaskedPolicy(beta, train=True, mask=mask)
+        loss = masked_ce(model, p, x, y, mask, pol)
+        order = sorted(pol.moments)
+        return loss, (loss.detach(), [pol.moments[i] for i in order])
+
+    def step(p: Params, mean: list[Tensor], var: list[Tensor], x: Tensor, y: Tensor, mask: Tensor, beta: Tensor,
+             lr: Tensor, active: Tensor, momentum: float = 0.1):
+        g, (loss, moments) = grad(loss_fn, has_aux=True)(p, x, y, mask, beta)
+        new = {k: torch.where(active, v - e * g[k], v) for (k, v), e in zip(p.items(), lr)}
+        new_mean = [torch.where(active, (1 - momentum) * m + momentum * mb, m) for m, (mb, _, _) in zip(mean, moments)]
+        new_var = [torch.where(active, (1 - momentum) * v + momentum * vb * (n / (n - 1).clamp_min(1)), v)
+                   for v, (_, vb, n) in zip(var, moments)]  # the unbiased variance, as `update_running`
+        return new, new_mean, new_var, loss, [g[k] for k in p]
+    return step
+
+
+def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: list[Tensor], strategies: list[Strategy],
+                  bns: list[ClientBN], epochs: int, batch_size: int, gens: list[torch.Generator],
+                  client_bn: str = "precise") -> list[FinetuneResult]:
+    """`finetune` for N clients as one vmapped computation per step; per client the same as `finetune` (to float
+    tolerance). Strategies with beta None (BN I) and with a beta cannot share a group."""
+    n = len(params)
+    dev = ys[0].device
+    none = [s.beta is None for s in strategies]
+    if any(none) and not all(none):
+        raise ValueError("finetune_many: strategies with and without beta cannot share a group")
+    n_bn = len(bns[0].mean)
+    beta = torch.stack([torch.ones(n_bn, device=dev) if s.beta is None else s.beta.detach() for s in strategies])
+    lr = torch.stack([s.lr.detach() for s in strategies])
+    sched = Schedule.of([epochs_of_batches(len(y), batch_size, g, epochs) for y, g in zip(ys, gens)], dev)
+    px, py = pad_data(xs, ys)
+    p = stack(params)
+    mean = [torch.stack([b.mean[i] for b in bns]) for i in range(n_bn)]
+    var = [torch.stack([b.var[i] for b in bns]) for i in range(n_bn)]
+    step = _plain(vmap(_step_fn(model)))
+    prev, grads, losses = p, [torch.zeros_like(v) for v in p.values()], []
+    for t in range(sched.idx.shape[1]):
+        act = sched.active[:, t]
+        new, mean, var, loss, g = step(p, mean, var, _gather(px, sched.idx[:, t]), _gather(py, sched.idx[:, t]),
+                                       sched.mask[:, t], beta, lr, act)
+        prev = {k: _where(act, p[k], prev[k]) for k in p}
+        grads = [_where(act, a, b) for a, b in zip(g, grads)]
+        p = new
+        losses.append(torch.where(act, loss, 0.0).double())
+    steps = sched.active.sum(1).clamp_min(1)
+    train_loss = (torch.stack(losses, 1).sum(1) / steps).tolist() if losses else [0.0] * n
+    out_bn = [ClientBN([m[c] for m in mean], [v[c] for v in var]) for c in range(n)]
+    if client_bn == "precise" and not any(none):
+        out_bn = precise_bn_many(model, unstack(p, n), xs, list(beta))
+    return [FinetuneResult(pc, bc, prc, last, loss, [g_[c] for g_ in grads])
+            for c, (pc, bc, prc, last, loss) in enumerate(zip(unstack(p, n), out_bn, unstack(prev, n), sched.last,
+                                                             train_loss))]
+
+
+def _where(active: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    return torch.where(_expand_to(active, a), a, b)
+
+
+def _expand_to(v: Tensor, x: Tensor) -> Tensor:
+    return v.view(-1, *([1] * (x.dim() - 1)))
+
+
+@torch.no_grad()
+def precise_bn_many(model: nn.Module, params: list[Params], xs: list[Tensor], betas: list[Tensor],
+                    chunk: int = 1024) -> list[ClientBN]:
+    """`precise_bn` for N clients: one vmapped full-batch training-mode forward over each client's own (masked)
+    samples. Clients above `chunk` samples take `precise_bn`'s chunked passes one at a time (same function)."""
+    from .finetune import precise_bn
+    if max(len(x) for x in xs) > chunk:
+        return [precise_bn(model, p, x, b) for p, x, b in zip(params, xs, betas)]
+    px, _ = pad_data(xs, [torch.zeros(len(x), dtype=torch.long, device=x.device) for x in xs])
+    mask = torch.stack([torch.arange(px.shape[1], device=px.device) < len(x) for x in xs]).to(px.dtype)
+
+    def one(p: Params, x: Tensor, m: Tensor, beta: Tensor) -> list[tuple[Tensor, Tensor]]:
+        pol = MaskedPolicy(beta, train=True, mask=m)
+        forward(model, p, x, pol)
+        return [pol.moments[i][:2] for i in sorted(pol.moments)]
+
+    moments = _plain(vmap(one))(stack(params), px, mask, torch.stack(betas))
+    return [ClientBN([mb[c] for mb, _ in moments], [vb[c] for _, vb in moments]) for c in range(len(xs))]
+
+
+@dataclass
+class FomamlOut:
+    """N clients' meta-gradients (w.r.t. lambda), validation and training losses, and the IFT's Neumann step."""
+    grads: list[dict[str, Tensor]]
+    val_loss: list[float]
+    train_loss: list[float]
+    psi: list[float] | None = None
+
+
+def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
+                lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], prev: list[Params],
+                last: list[tuple[Tensor, Tensor]], val: list[tuple[Tensor, Tensor]], bns: list[ClientBN],
+                val_stats: str = "running") -> FomamlOut:
+    """`hypergrad.fomaml_gradient` for N clients in one vmapped second-order computation. `hyper(lam, xi, x)` ->
+    (beta, eta) is the meta-nets' map (the same for every client; xi, x are each client's inputs)."""
+    n = len(lams)
+    (lx, ly), lmask = _padded_batches(last)
+    (vx, vy), vmask = _padded_batches(val)
+    mean = [torch.stack([b.mean[i] for b in bns]) for i in range(len(bns[0].mean))]
+    var = [torch.stack([b.var[i] for b in bns]) for i in range(len(bns[0].var))]
+
+    def meta_loss(lam: dict, xi: Tensor, xin: Tensor, theta: Params, x: Tensor, y: Tensor, m: Tensor, xv: Tensor,
+                  yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor]) -> tuple[Tensor, tuple]:
+        beta, eta = hyper(lam, xi, xin)
+        inner_fn = lambda th: masked_ce(model, th, x, y, m, MaskedPolicy(beta, train=True, mask=m))  # noqa: E731
+        inner, g = inner_fn(theta), grad(inner_fn)(theta)
+        stepped = {k: v - e * g[k] for (k, v), e in zip(theta.items(), eta)}
+        lv = masked_ce(model, stepped, xv, yv, mv, _val_policy(beta, mv, cm, cv, val_stats))
+        return lv, (lv.detach(), inner.detach())
+
+    with torch.no_grad():  # builds the meta-nets' module templates (initialised, i.e. drawn) outside vmap
+        hyper(lams[0], *inputs[0])
+    xi = torch.stack([i[0] for i in inputs])
+    xin = torch.stack([i[1] for i in inputs])
+    g, (lv, lt) = _plain(vmap(grad(meta_loss, has_aux=True)))(stack(lams), xi, xin, stack(prev), lx, ly, lmask, vx, vy, vmask,
+                                                      mean, var)
+    return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist())
+
+
+def _padded_batches(batches: list[tuple[Tensor, Tensor]]) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    x, y = pad_data([b[0] for b in batches], [b[1] for b in batches])
+    mask = torch.stack([torch.arange(x.shape[1], device=x.device) < len(b[1]) for b in batches]).to(x.dtype)
+    return (x, y), mask
+
+
+def val_batches(ys: list[Tensor], batch_size: int, gens: list[torch.Generator]) -> list[Tensor]:
+    """Each client's validation batch, drawn as `meta_gradient` draws it."""
+    return [random_batch(len(y), batch_size, g) for y, g in zip(ys, gens)]
+
+
+def _val_policy(beta: Tensor, mask: Tensor, mean: list[Tensor], var: list[Tensor], val_stats: str) -> BNPolicy:
+    """The validation loss's BN: the client's statistics mixed by beta, or (test-batch) the batch's own."""
+    if val_stats == "test-batch":
+        return MaskedPolicy(beta, train=False, mask=mask)
+    return inference_policy(beta, ClientBN(mean, var), val_stats)
+
+
+@dataclass
+class IftSettings:
+    """`hypergrad.ift_hypergradient`'s options, as `algorithms.fedl2p.meta_gradient` passes them."""
+    q: int = 3
+    psi: float = 0.1
+    scale_by_psi: bool = False
+    hessian: str = "exact"
+    psi_power: int = 0
+    last_step: bool = False  # L_T at theta_train (the weights before the last step), with its batch and gradient
+    eta_step: bool = False   # --eta-grad last-step: the LRs' gradient through the last step
+    val_stats: str = "running"
+
+
+def _krylov(hvp: Callable[[list[Tensor]], list[Tensor]], v: list[Tensor], m: int) -> tuple[list[list[Tensor]], Tensor, Tensor]:
+    """`hypergrad.krylov` without in-place writes (vmap cannot write a batched value into an unbatched tensor): the
+    same basis and Hessenberg matrix, its coefficients summed in float64 as `krylov`'s float64 h sums them."""
+    from .hypergrad import BREAKDOWN, _dot, _inverse
+    eps = torch.finfo(v[0].dtype).eps
+    norm = torch.sqrt(_dot(v, v))
+    basis = [[t * _inverse(norm, norm > 0) for t in v]]
+    cols = []
+    for j in range(m):
+        w = hvp(basis[j])
+        scale = torch.sqrt(_dot(w, w))
+        coef = [norm.new_zeros((), dtype=torch.float64) for _ in basis]
+        for _ in range(2):
+            for i, q in enumerate(basis):
+                c = _dot(q, w)
+                coef[i] = coef[i] + c.double()
+                w = [a - c * b for a, b in zip(w, q)]
+        beta = torch.sqrt(_dot(w, w))
+        new = beta > BREAKDOWN * eps * scale
+        below = [torch.where(new, beta, 0.0).double()] + [norm.new_zeros((), dtype=torch.float64)] * (m - j - 1)
+        cols.append(torch.stack(coef + below))
+        basis.append([a * _inverse(beta, new) for a in w])
+    h = torch.stack(cols, 1) if cols else norm.new_zeros(1, 0, dtype=torch.float64)
+    return basis, h, norm
+
+
+def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
+             lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], theta_star: list[Params],
+             theta_train: list[Params], inner_grads: list[list[Tensor]], train: list[tuple[Tensor, Tensor]],
+             val: list[tuple[Tensor, Tensor]], bns: list[ClientBN], s: IftSettings) -> FomamlOut:
+    """`hypergrad.ift_hypergradient` for N clients in one vmapped computation: the Hessian-vector products are
+    `torch.func.vjp`s of the training loss's gradient, the Krylov basis and Neumann series are per client. With
+    `s.last_step` theta_train and inner_grads are the weights before the last step and that step's gradient (else
+    theta_train is theta_star); `inner_grads` is also the last step's gradient that `s.eta_step` reads."""
+    from torch.func import vjp
+
+    from .hypergrad import PSI_MARGIN, neumann_coefficients, spectral_radius_estimate
+    n = len(lams)
+    (tx, ty), tmask = _padded_batches(train)
+    (vx, vy), vmask = _padded_batches(val)
+    mean = [torch.stack([b.mean[i] for b in bns]) for i in range(len(bns[0].mean))]
+    var = [torch.stack([b.var[i] for b in bns]) for i in range(len(bns[0].var))]
+    exact, m = s.hessian == "exact", max(s.q, s.psi_power)
+
+    def one(lam: dict, xi: Tensor, xin: Tensor, th_v: Params, th_t: Params, ig: list[Tensor], x: Tensor, y: Tensor,
+            mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor]):
+        def lv_fn(th: Params, lm: dict) -> Tensor:
+            beta, _ = hyper(lm, xi, xin)
+            return masked_ce(model, th, xv, yv, mv, _val_policy(beta, mv, cm, cv, s.val_stats))
+
+        (v, direct), lv = grad(lv_fn, argnums=(0, 1))(th_v, lam), lv_fn(th_v, lam)
+
+        def lt_fn(th: Params, lm: dict) -> Tensor:
+            beta, eta = hyper(lm, xi, xin)
+            eta = eta.detach() if s.eta_step else eta
+            if exact or not s.last_step:
+                b_in = beta if exact else beta.detach()
+                inner = lambda t: masked_ce(model, t, x, y, mk, MaskedPolicy(b_in, train=True, mask=mk))  # noqa: E731
+                at = th if exact else {k: t.detach() for k, t in th.items()}
+                g = grad(inner)(at)
+                g = g if exact else {k: t.detach() for k, t in g.items()}
+            else:
+                g = {k: t.detach() for k, t in zip(th, ig)}
+            stepped = {k: t - e * g[k] for (k, t), e in zip(th.items(), eta)}
+            return masked_ce(model, stepped, x, y, mk, MaskedPolicy(beta, train=True, mask=mk))
+
+        lt = lt_fn(th_t, lam)
+        products = vjp(lambda th, lm: grad(lt_fn)(th, lm), th_t, lam)[1]
+        keys = list(th_t)
+        v0 = [v[k].detach() for k in keys]
+        hvp = lambda u: [products(dict(zip(keys, u)))[0][k] for k in keys]  # noqa: E731
+        basis, h, norm = _krylov(hvp, v0, m)
+        psi_t = h.new_tensor(s.psi)
+        if s.psi_power > 0:
+            psi_t = (PSI_MARGIN / spectral_radius_estimate(h).clamp_min(1e-12)).clamp_max(s.psi)
+        c = (norm * neumann_coefficients(h, psi_t, s.q) * (psi_t if s.scale_by_psi else 1.0)).to(v0[0].dtype)
+        p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(keys))]
+        if s.eta_step:  # the LRs' path into L_V through the last step (hypergrad.ift_hypergradient's eta_step)
+            d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, ig)])
+            eta_vjp = vjp(lambda lm: hyper(lm, xi, xin)[1], lam)[1]
+            direct = {k: direct[k] + d for k, d in eta_vjp(d_eta)[0].items()}
+        mixed = products(dict(zip(keys, p)))[1]
+        return {k: direct[k] - mixed[k] for k in lam}, lv.detach(), lt.detach(), psi_t
+
+    with torch.no_grad():  # builds the meta-nets' module templates outside vmap
+        hyper(lams[0], *inputs[0])
+    xi = torch.stack([i[0] for i in inputs])
+    xin = torch.stack([i[1] for i in inputs])
+    igs = [torch.stack([g[k] for g in inner_grads]) for k in range(len(inner_grads[0]))]
+    g, lv, lt, psi = _plain(vmap(one))(stack(lams), xi, xin, stack(theta_star), stack(theta_train), igs, tx, ty, tmask,
+                                       vx, vy, vmask, mean, var)
+    return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist(), psi.tolist())

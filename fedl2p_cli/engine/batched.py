@@ -1,0 +1,119 @@
+"""The batched executor (`--engine batched`): a round's clients run in groups of `--client-batch` N in this process,
+each group as one vmapped computation (`core.batched`), through the job's `update_many(context, tasks)`. A job
+without one runs its tasks one at a time here (the same results, no gain).
+
+N = auto: on a GPU, N is read from the memory one client's update takes (measured on the round's first client) and
+the device's free memory; on the CPU it is 1, since there batching measured slower than one client at a time
+(docs/results/bench.md). A group that runs out of device memory is retried at half its size, down to one client, so
+a round never fails for it. The group size is where the work ran, not what it computed: artifact ids do not see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import FedL2PError
+
+if TYPE_CHECKING:  # torch is imported when a pool opens: the catalog lists this executor without it
+    import torch
+
+    from ..runtime import Runtime
+    from .executors import Job, Pool
+
+MAX_GROUP = 128
+HEADROOM = 0.8  # the share of free device memory `auto` plans to fill
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """A device allocation failure (torch.OutOfMemoryError, or the CPU allocator's message)."""
+    import torch
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def auto_size(dev: "torch.device", footprint: int, tasks: int) -> int:
+    """`--client-batch auto`: as many clients as `HEADROOM` of the free device memory holds at `footprint` bytes each
+    (at most MAX_GROUP and the round's clients); 1 on the CPU."""
+    import torch
+    if dev.type != "cuda" or footprint <= 0:
+        return 1
+    free, _ = torch.cuda.mem_get_info(dev)
+    return max(1, min(MAX_GROUP, tasks, int(HEADROOM * free // footprint)))
+
+
+class BatchedPool:
+    """`map(tasks)` -> results in task order, groups of `size` tasks through `update_many` (halved on running out of
+    memory). `size` None: `auto`, fixed after the first round's measurement."""
+
+    def __init__(self, job: "Job", size: int | None):
+        from .placement import placed
+        self.job, self.size = job, size
+        self.local = placed(job.local_context, job.runtime.torch_device)
+        self.update_many: Callable[..., list[Any]] | None = job.update_many
+
+    def map(self, tasks: list[Any]) -> list[Any]:
+        if self.update_many is None:
+            return [self.local(self.job.update, t) for t in tasks]
+        out: list[Any] = []
+        if self.size is None and tasks:
+            out += self._measured(tasks[0])
+            tasks = tasks[1:]
+        i = 0
+        while i < len(tasks):
+            group = tasks[i:i + max(1, self.size or 1)]
+            try:
+                out += self.local.many(self.update_many, group)
+            except Exception as e:  # noqa: BLE001 - only an allocation failure is retried; anything else propagates
+                if not out_of_memory(e) or len(group) == 1:
+                    raise
+                self.size = max(1, len(group) // 2)
+                _release(self.local.dev)
+                continue
+            i += len(group)
+        return out
+
+    def _measured(self, task: Any) -> list[Any]:
+        """The first client alone, its peak device memory read to fix `auto`'s group size."""
+        import torch
+        dev, many = self.local.dev, self.update_many
+        assert many is not None
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+        res = self.local.many(many, [task])
+        peak = torch.cuda.max_memory_allocated(dev) - base if dev.type == "cuda" else 0
+        self.size = auto_size(dev, peak, self.job.nodes)
+        return res
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "BatchedPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _release(dev: "torch.device") -> None:
+    import torch
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Batched:
+    """This process, a round's clients in vmapped groups of --client-batch N."""
+    name: str = "batched"
+    about: str = "this process, clients in vmapped groups of --client-batch (for a GPU)"
+
+    def check(self, runtime: "Runtime") -> None:
+        if runtime.gpus_per_client > 0:
+            raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+        if runtime.workers != 1:
+            raise FedL2PError("--engine batched runs in this process: leave --workers at 1")
+
+    def open(self, job: "Job") -> "Pool":
+        size = job.runtime.client_batch
+        return BatchedPool(job, None if size == "auto" else int(size))

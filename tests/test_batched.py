@@ -1,0 +1,230 @@
+"""The batched executor computes, per client, what one client at a time computes (core.batched, engine.batched):
+the step and fine-tuning with ragged clients, PreciseBN, FOMAML+'s meta-gradient, whole meta-train rounds, and the
+retry at half the group when the device runs out of memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+from fedl2p_cli.algorithms.fedl2p import client_update, client_update_many
+from fedl2p_cli.artifacts import Store
+from fedl2p_cli.core.batched import finetune_many, fomaml_many, precise_bn_many
+from fedl2p_cli.core.bn import bn_layers, index_bn_layers
+from fedl2p_cli.core.client import ClientData
+from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, precise_bn
+from fedl2p_cli.core.hypergrad import fomaml_gradient
+from fedl2p_cli.core.metanets import hyperparameters, init_lambda
+from fedl2p_cli.engine.batched import BatchedPool, auto_size
+from fedl2p_cli.engine.executors import Job
+from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.models import zoo
+from fedl2p_cli.runtime import Runtime
+from fedl2p_cli.stages import meta_train
+
+from .conftest import TINY_META
+
+SIZES = (37, 64, 20)  # ragged: different numbers of batches, a short last batch, a client smaller than a batch
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    model = index_bn_layers(zoo.small_cnn(1, 10, width=4))
+    for _, b in bn_layers(model):  # pretrained statistics that differ from any batch's
+        b.running_mean.normal_(0, 0.1)
+        b.running_var.uniform_(0.5, 1.5)
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    n_bn = len(bn_layers(model))
+    xs = [torch.randn(n, 1, 12, 12) for n in SIZES]
+    ys = [torch.randint(0, 10, (n,)) for n in SIZES]
+    bns = [ClientBN([b.running_mean + 0.02 * i for _, b in bn_layers(model)],
+                    [b.running_var * (1 + 0.1 * i) for _, b in bn_layers(model)]) for i in range(len(SIZES))]
+    betas = [torch.tensor([0.0, 1.0, 0.3]), torch.rand(n_bn), torch.ones(n_bn)]  # BN G / BN C layers and mixed
+    strategies = [Strategy(b, torch.full((len(theta),), 0.05 * (i + 1))) for i, b in enumerate(betas)]
+    return model, theta, xs, ys, bns, strategies
+
+
+def gens() -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(10 + i) for i in range(len(SIZES))]
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    return bool((a - b).abs().max() <= tol * (1 + b.abs().max()))
+
+
+@pytest.mark.parametrize("client_bn", ["precise", "running"])
+def test_batched_fine_tuning_equals_one_client_at_a_time(setup, client_bn):
+    """Ragged clients (3, 4 and 2 steps an epoch, 2 epochs): weights, the weights before the last step, the last
+    batch and gradient, the BN statistics and the mean training loss, per client."""
+    model, theta, xs, ys, bns, strategies = setup
+    one = [finetune(model, theta, x, y, s, b, 2, 16, g, client_bn) for x, y, s, b, g in zip(xs, ys, strategies, bns, gens())]
+    many = finetune_many(model, [theta] * 3, xs, ys, strategies, bns, 2, 16, gens(), client_bn)
+    for a, b in zip(one, many):
+        assert all(close(a.params[k], b.params[k]) for k in theta)
+        assert all(close(a.prev_params[k], b.prev_params[k]) for k in theta)
+        assert all(close(u, v) for u, v in zip(a.last_grad, b.last_grad))
+        assert all(close(u, v) for u, v in zip(a.bn.mean + a.bn.var, b.bn.mean + b.bn.var))
+        assert torch.equal(a.last_batch, b.last_batch)
+        assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5)
+
+
+def test_batched_bn_i_fine_tuning_equals_one_client_at_a_time(setup):
+    """beta None (BN I: batch statistics everywhere) in a group of its own."""
+    model, theta, xs, ys, bns, strategies = setup
+    bn_i = [Strategy(None, s.lr) for s in strategies]
+    one = [finetune(model, theta, x, y, s, b, 1, 16, g) for x, y, s, b, g in zip(xs, ys, bn_i, bns, gens())]
+    many = finetune_many(model, [theta] * 3, xs, ys, bn_i, bns, 1, 16, gens())
+    for a, b in zip(one, many):
+        assert all(close(a.params[k], b.params[k]) for k in theta)
+    with pytest.raises(ValueError, match="cannot share a group"):
+        finetune_many(model, [theta] * 2, xs[:2], ys[:2], [bn_i[0], strategies[1]], bns[:2], 1, 16, gens()[:2])
+
+
+def test_batched_precise_bn_equals_one_client_at_a_time(setup):
+    model, theta, xs, _, _, strategies = setup
+    betas = [s.beta for s in strategies]
+    many = precise_bn_many(model, [theta] * 3, xs, betas)
+    for x, beta, b in zip(xs, betas, many):
+        a = precise_bn(model, theta, x, beta)
+        assert all(close(u, v) for u, v in zip(a.mean + a.var, b.mean + b.var))
+
+
+@pytest.mark.parametrize("val_stats", ["running", "test-batch"])
+def test_batched_fomaml_gradient_equals_one_client_at_a_time(setup, val_stats):
+    """FOMAML+'s meta-gradient (a second-order graph through the last step) w.r.t. every meta-net tensor, with a
+    short last batch and a short validation batch."""
+    model, theta, xs, ys, bns, _ = setup
+    n_bn, n_p = len(bns[0].mean), len(theta)
+    lams = [init_lambda(n_bn, 5, n_p, 0.01, "both", s, gain=1.0) for s in range(3)]
+    inputs = [(torch.rand(n_bn), torch.rand(5)) for _ in range(3)]
+    hyper = lambda lam, xi, x: hyperparameters(lam, xi, x, n_p, 0.01, 0.5)  # noqa: E731
+    prev = [{k: v + 0.01 * torch.randn_like(v) for k, v in theta.items()} for _ in range(3)]
+    last = [(x[:n], y[:n]) for x, y, n in zip(xs, ys, (16, 9, 16))]
+    val = [(x[-n:], y[-n:]) for x, y, n in zip(xs, ys, (16, 16, 5))]
+    many = fomaml_many(model, hyper, lams, inputs, prev, last, val, bns, val_stats)
+    for c in range(3):
+        one = fomaml_gradient(model, prev[c], lams[c], lambda lam, c=c: hyper(lam, *inputs[c]), last[c], val[c],
+                              bns[c], val_stats)
+        assert all(close(one.grads[k], many.grads[c][k], 1e-4) for k in lams[c])
+        assert one.val_loss == pytest.approx(many.val_loss[c], rel=1e-5)
+        assert one.train_loss == pytest.approx(many.train_loss[c], rel=1e-5)
+
+
+def both_ways(setup, **settings):
+    """FedL2P's client update for the ragged clients, one at a time and as one group: (lambda, results, results)."""
+    model, theta, xs, ys, bns, _ = setup
+    n_bn, n_p = len(bns[0].mean), len(theta)
+    cfg = dataclasses.replace(TINY_META, batch_size=16, **settings)
+    datas = [ClientData((x, y), (x[:12], y[:12]), (x[:4], y[:4])) for x, y in zip(xs, ys)]
+    inputs = [(torch.rand(n_bn), torch.rand(5)) for _ in range(3)]
+    lam = init_lambda(n_bn, 5, n_p, cfg.base_lr, "both", 0, gain=1.0)
+    one = [client_update(model, theta, lam, xi, x, b, d, cfg, g) for (xi, x), b, d, g in zip(inputs, bns, datas, gens())]
+    return lam, one, client_update_many(model, theta, [lam] * 3, inputs, bns, datas, cfg, gens())
+
+
+IFT_SETTINGS = [  # the defaults; the paper's literal Alg. 2 (exact Hessian, no psi bound, unscaled); the last-step reading
+    {}, {"hessian": "exact", "psi_power": 0, "scale_by_psi": False, "eta_grad": "ift"},
+    {"ift_at": "last-step", "val_stats": "test-batch"}, {"hessian": "exact", "ift_at": "last-step", "q": 2, "psi_power": 4}]
+
+
+@pytest.mark.parametrize("settings", IFT_SETTINGS)
+def test_batched_ift_meta_gradient_equals_one_client_at_a_time(setup, settings):
+    """The IFT's meta-gradient (Hessian-vector products, Krylov basis, Neumann series, the psi bound, the LRs' last-step
+    path) for a ragged group, one client update of K = 1 each: lambda after the step, the psi each client used."""
+    lam, one, many = both_ways(setup, meta_grad="ift", iterations=1, **settings)
+    for a, b in zip(one, many):
+        assert all(close(a.lam[k], b.lam[k], 1e-4) for k in lam)
+        assert a.report.get("psi") == pytest.approx(b.report.get("psi"), rel=1e-4)
+        assert a.report["gnorm_bnnet"] == pytest.approx(b.report["gnorm_bnnet"], rel=1e-3)
+
+
+@pytest.mark.parametrize("meta_grad", ["fomaml", "ift"])
+def test_a_group_of_client_updates_equals_one_at_a_time(setup, meta_grad):
+    """FedL2P's client update, K = 2 iterations, for a ragged group: lambda, the first validation loss, beta, eta."""
+    lam, one, many = both_ways(setup, meta_grad=meta_grad, iterations=2)
+    for a, b in zip(one, many):
+        assert all(close(a.lam[k], b.lam[k], 1e-4) for k in lam)
+        assert a.val_loss == pytest.approx(b.val_loss, rel=1e-5) and a.n == b.n
+        assert close(a.beta, b.beta) and close(a.eta, b.eta)
+
+
+def test_batched_meta_train_rounds_write_the_same_artifact(tiny_store, tmp_path):
+    """--engine batched --client-batch 2 (a round's 3 clients: a group of 2 and one of 1) writes the artifact one at a
+    time writes: the same id, lambda equal to float tolerance, the same history apart from times."""
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=21, meta=TINY_META)
+    arts = []
+    for name, rt in (("one", Runtime()), ("many", Runtime(engine="batched", client_batch=2))):
+        root = tmp_path / name
+        shutil.copytree(tiny_store["store"].root, root)
+        arts.append(meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id, runtime=rt)[0])
+    from fedl2p_cli.io import weights
+    one, many = (weights.load(a.file("lambda.safetensors")) for a in arts)
+    assert arts[0].id == arts[1].id
+    assert all(close(one[k], many[k], 1e-4) for k in one)
+    rows = [meta_train_history(a) for a in arts]
+    assert [r["sampled"] for r in rows[0]] == [r["sampled"] for r in rows[1]]
+    for a, b in zip(*rows):
+        assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), rel=1e-4)
+
+
+def meta_train_history(art) -> list[dict]:
+    import csv
+    with open(art.file("history.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+class _Ctx:
+    def __init__(self, limit: int):
+        self.limit, self.groups = limit, []
+
+
+def _one(ctx: _Ctx, task: int) -> int:
+    return task * task
+
+
+def _many(ctx: _Ctx, tasks: list[int]) -> list[int]:
+    ctx.groups.append(len(tasks))
+    if len(tasks) > ctx.limit:  # what a GPU says when a group does not fit
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    return [t * t for t in tasks]
+
+
+def _job(ctx: _Ctx, size: int | str) -> Job:
+    rt = Runtime(engine="batched", client_batch=size)
+    return Job(rt, rt, lambda *a: ctx, (), _one, ctx, 10, _many)
+
+
+def test_a_group_that_runs_out_of_memory_is_retried_at_half_its_size():
+    """An injected out-of-memory error: the group of 8 is retried as 4, then 2; the round's results are complete,
+    in task order, and the pool keeps the size that fitted."""
+    ctx = _Ctx(limit=2)
+    pool = BatchedPool(_job(ctx, 8), 8)
+    assert pool.map(list(range(10))) == [t * t for t in range(10)]
+    assert ctx.groups[:3] == [8, 4, 2] and set(ctx.groups[3:]) == {2} and pool.size == 2
+
+
+def test_an_error_that_is_not_memory_propagates():
+    ctx = _Ctx(limit=100)
+    pool = BatchedPool(_job(ctx, 4), 4)
+    pool.update_many = lambda c, ts: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        pool.map([1, 2])
+
+
+def test_auto_group_size_is_one_on_the_cpu_and_memory_bound_elsewhere():
+    ctx = _Ctx(limit=100)
+    pool = BatchedPool(_job(ctx, "auto"), None)
+    assert pool.map([1, 2, 3]) == [1, 4, 9] and pool.size == 1  # the CPU: one at a time measured faster
+    assert auto_size(torch.device("cpu"), 10**9, 50) == 1
+
+
+def test_client_batch_is_refused_by_the_engines_that_do_not_batch():
+    from fedl2p_cli.engine.executors import get
+    with pytest.raises(FedL2PError, match="--client-batch is for --engine batched"):
+        get("local").check(Runtime(client_batch=4))
+    with pytest.raises(FedL2PError, match="leave --workers at 1"):
+        get("batched").check(Runtime(engine="batched", workers=2))
