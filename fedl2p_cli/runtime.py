@@ -35,8 +35,8 @@ class Runtime:
                                             "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
     engine: str = opt("local", "Where client updates run: local (--workers processes) | flower (pip install "
                                   "'fedl2p[flower]') | batched (vmapped groups of --client-batch clients) | a plugin's.", scope=ROUNDS)
-    client_batch: int | Literal["auto"] = opt("auto", "With --engine batched: clients computed as one vmapped group; "
-                                                      "auto: from a client's GPU memory (1 on the CPU). Same artifact.",
+    client_batch: int | Literal["auto"] = opt("auto", "Clients computed as one vmapped group (--engine batched; "
+                                                      "personalize); auto: from a client's GPU memory (1 on the CPU).",
                                               AT_LEAST_1,
                                               scope=ROUNDS)
     gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "

@@ -14,7 +14,7 @@ from .generate import config_command
 stage = options.Lazy("fedl2p_cli.stages.personalize")
 
 
-@config_command(PersonalizeConfig)
+@config_command(PersonalizeConfig, runtime=("client_batch",))
 def personalize(
     cfg: PersonalizeConfig,
     rt: Runtime,

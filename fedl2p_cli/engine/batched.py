@@ -41,50 +41,66 @@ def auto_size(dev: "torch.device", footprint: int, tasks: int) -> int:
     return max(1, min(MAX_GROUP, tasks, int(HEADROOM * free // footprint)))
 
 
-class BatchedPool:
-    """`map(tasks)` -> results in task order, groups of `size` tasks through `update_many` (halved on running out of
-    memory). `size` None: `auto`, fixed after the first round's measurement."""
+class Groups:
+    """Runs a list of items through `many(group) -> results` in consecutive groups of `size` (None: `auto`, from
+    the first item run alone with its peak device memory read), halving the group on running out of memory. The
+    size that fitted is kept for the next call (a stage's later rounds)."""
 
-    def __init__(self, job: "Job", size: int | None):
-        from .placement import placed
-        self.job, self.size = job, size
-        self.local = placed(job.local_context, job.runtime.torch_device)
-        self.update_many: Callable[..., list[Any]] | None = job.update_many
+    def __init__(self, dev: "torch.device", size: int | None, most: int = MAX_GROUP):
+        self.dev, self.size, self.most = dev, size, most
 
-    def map(self, tasks: list[Any]) -> list[Any]:
-        if self.update_many is None:
-            return [self.local(self.job.update, t) for t in tasks]
+    def run(self, items: list[Any], many: Callable[[list[Any]], list[Any]]) -> list[Any]:
         out: list[Any] = []
-        if self.size is None and tasks:
-            out += self._measured(tasks[0])
-            tasks = tasks[1:]
+        if self.size is None and items:
+            out += self._measured(items[0], many)
+            items = items[1:]
         i = 0
-        while i < len(tasks):
-            group = tasks[i:i + max(1, self.size or 1)]
+        while i < len(items):
+            group = items[i:i + max(1, self.size or 1)]
             try:
-                out += self.local.many(self.update_many, group)
+                out += many(group)
             except Exception as e:  # noqa: BLE001 - only an allocation failure is retried; anything else propagates
                 if not out_of_memory(e) or len(group) == 1:
                     raise
                 self.size = max(1, len(group) // 2)
-                _release(self.local.dev)
+                _release(self.dev)
                 continue
             i += len(group)
         return out
 
-    def _measured(self, task: Any) -> list[Any]:
-        """The first client alone, its peak device memory read to fix `auto`'s group size."""
+    def _measured(self, item: Any, many: Callable[[list[Any]], list[Any]]) -> list[Any]:
         import torch
-        dev, many = self.local.dev, self.update_many
-        assert many is not None
+        dev = self.dev
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
-        res = self.local.many(many, [task])
+        res = many([item])
         peak = torch.cuda.max_memory_allocated(dev) - base if dev.type == "cuda" else 0
-        self.size = auto_size(dev, peak, self.job.nodes)
+        self.size = auto_size(dev, peak, self.most)
         return res
+
+
+class BatchedPool:
+    """`map(tasks)` -> results in task order, groups of `size` tasks through the job's `update_many` (`Groups`:
+    halved on running out of memory; `size` None: `auto`). A job without one runs its tasks one at a time."""
+
+    def __init__(self, job: "Job", size: int | None):
+        from .placement import placed
+        self.job = job
+        self.local = placed(job.local_context, job.runtime.torch_device)
+        self.groups = Groups(self.local.dev, size, min(MAX_GROUP, job.nodes))
+        self.update_many: Callable[..., list[Any]] | None = job.update_many
+
+    @property
+    def size(self) -> int | None:
+        return self.groups.size
+
+    def map(self, tasks: list[Any]) -> list[Any]:
+        many = self.update_many
+        if many is None:
+            return [self.local(self.job.update, t) for t in tasks]
+        return self.groups.run(tasks, lambda group: self.local.many(many, group))
 
     def close(self) -> None:
         pass

@@ -68,6 +68,10 @@ class ClientContext(Protocol):
         """Fine-tuning under a hand-made method's strategy at `factor` x its LR (computed once, shared)."""
         ...
 
+    def handmade_strategy(self, method: HandMade, factor: float) -> Strategy:
+        """The Strategy `handmade(method, factor)` fine-tunes under (for `Method.wants`)."""
+        ...
+
     def unadapted(self, split: str) -> tuple[float, float]:
         """(loss, accuracy) of the pretrained parameters on `split`, without fine-tuning."""
         ...

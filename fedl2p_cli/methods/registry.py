@@ -52,6 +52,11 @@ class Method:
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         raise NotImplementedError
 
+    def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
+        """The fine-tunings `personalize` will ask `run` for, so that a batched personalisation (--client-batch)
+        computes them ahead with other clients'; a method that names none still works, one client at a time."""
+        return []
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -89,6 +94,9 @@ class HandMade(Method):
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         return Outcome(run.handmade(self, 1.0).evaluate("test")[1])
 
+    def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
+        return [run.handmade_strategy(self, 1.0)]
+
 
 @dataclass(frozen=True)
 class Tuned(Method):
@@ -108,6 +116,10 @@ class Tuned(Method):
                 trial = run.handmade(get(name), f)
                 out[i] = *trial.evaluate("val"), trial.evaluate("test")[1]
         return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2], out)
+
+    def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
+        from ..core.selection import NO_FT
+        return [run.handmade_strategy(get(name), f) for name, f in self.candidates() if name != NO_FT]
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,10 @@ class Learned(Method):
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         trial = run.learned(row)  # None: no strategy for this client (L2P and a client it never trained)
         return Outcome(float("nan") if trial is None else trial.evaluate("test", run.setup.cfg.eval_stats)[1])
+
+    def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
+        s = run.strategies.get(row.name)
+        return [] if s is None else [s]
 
 
 @dataclass(frozen=True)
@@ -163,6 +179,11 @@ class Checked(Learned):
         vl, va = run.unadapted("val")
         out[-1] = vl, va, run.unadapted("test")[1]
         return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2])
+
+    def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
+        from ..core.finetune import Strategy
+        s = run.strategies.get(row.name)
+        return [] if s is None else [Strategy(s.beta, s.lr * f) for f in self.lr_factors]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.batched import finetune_many
 from ..core.client import ClientData
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import evaluate
@@ -64,6 +65,7 @@ class Harness:
     client_bn: str = "precise"
     theta: dict = field(init=False)
     place: Callable[[Any], Any] = field(default=_unplaced, init=False, repr=False)  # a call's own inputs -> the device
+    ready: dict = field(default_factory=dict, init=False, repr=False)  # fine-tunings computed ahead (`prefetch`)
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -102,9 +104,37 @@ class Harness:
         """`epochs` of fine-tuning of the pretrained parameters under `strategy` (placed on the device), batches from
         the client's stream for `seed`."""
         s = self.place(strategy)
-        ft = finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
-                      batches(seed, client.id), self.client_bn)
+        ft = self.ready.pop((client.id, seed, strategy_key(s)), None)
+        if ft is None:
+            ft = finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
+                          batches(seed, client.id), self.client_bn)
         return Trial(self, client, s, ft)
+
+    def prefetch(self, wanted: list[tuple[Client, Strategy, int]], groups: Any) -> None:
+        """Compute the fine-tunings `wanted` (client, strategy, seed) ahead, in vmapped groups (`groups`, an
+        engine.batched.Groups); `finetune` then takes each from here once, the same fine-tuning to float rounding."""
+        todo: dict[tuple, tuple[Client, Strategy, int]] = {}
+        for client, strategy, seed in wanted:
+            s = self.place(strategy)
+            todo.setdefault((client.id, seed, strategy_key(s)), (client, s, seed))
+        for bn_i in (False, True):  # BN I (no beta) and mixed strategies cannot share a vmapped group
+            keys = [k for k, (_, s, _) in todo.items() if (s.beta is None) == bn_i]
+            for k, ft in zip(keys, groups.run([todo[k] for k in keys], self._group)):
+                self.ready[k] = ft
+
+    def _group(self, items: list[tuple[Client, Strategy, int]]) -> list[FinetuneResult]:
+        if len(items) == 1:
+            (client, s, seed), = items
+            return [finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
+                             batches(seed, client.id), self.client_bn)]
+        return finetune_many(self.model, [self.theta] * len(items), [c.data.train[0] for c, _, _ in items],
+                             [c.data.train[1] for c, _, _ in items], [s for _, s, _ in items], [c.bn0 for c, _, _ in items],
+                             self.epochs, self.batch_size, [batches(seed, c.id) for c, _, seed in items], self.client_bn)
+
+
+def strategy_key(s: Strategy) -> tuple:
+    """A strategy's identity (its values): two requests for the same fine-tuning of a client and seed share it."""
+    return (None if s.beta is None else tuple(s.beta.tolist()), tuple(s.lr.tolist()))
 
 
 @dataclass
@@ -123,9 +153,12 @@ class ClientRun:
         """Fine-tuning under a hand-made method's strategy at `factor` x its LR."""
         key = (method.name, factor)
         if key not in self.trials:
-            s = method.fixed(factor, self.setup.cfg.base_lr, self.harness.n_bn, self.harness.n_params, self.harness.model)
-            self.trials[key] = self.harness.finetune(self.client, s, self.seed)
+            self.trials[key] = self.harness.finetune(self.client, self.handmade_strategy(method, factor), self.seed)
         return self.trials[key]
+
+    def handmade_strategy(self, method: Any, factor: float) -> Strategy:
+        """A hand-made method's strategy at `factor` x its LR, for this harness's model."""
+        return method.fixed(factor, self.setup.cfg.base_lr, self.harness.n_bn, self.harness.n_params, self.harness.model)
 
     def unadapted(self, split: str) -> tuple[float, float]:
         """(loss, accuracy) of the pretrained parameters on the client's `split`, without fine-tuning."""

@@ -230,9 +230,12 @@ def stands_for(art: Artifact, name: str) -> bool:
     return name == own or method_of(art) is kind or checked
 
 
-def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress) -> results_h5.Results:
+def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress,
+                  groups: Any = None) -> results_h5.Results:
     """Every row personalises every client with every seed on the harness; each row's kind says how and what it
-    records (its strategy's beta and per-tensor LR, a tuned method's candidates)."""
+    records (its strategy's beta and per-tensor LR, a tuned method's candidates). `groups` (an engine.batched.Groups,
+    --client-batch > 1): the fine-tunings of `groups.size` clients at a time, every seed and row, computed ahead as
+    vmapped groups; the same results to float rounding."""
     cfg, names = setup.cfg, [r.name for r in rows]
     acc = np.full((len(rows), len(cfg.seeds), len(clients)), np.nan)
     beta = {m: np.full((len(clients), setup.n_bn), np.nan, dtype=np.float32) for m in names}
@@ -242,23 +245,32 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
     before = np.zeros(len(clients))
     sizes = torch.tensor([v.numel() for v in h.theta.values()], dtype=torch.float64)
     progress.start(f"personalize ({setup.pool} clients)", len(clients) * len(cfg.seeds))
-    for j, c in enumerate(clients):
-        client = h.client(c)
-        before[j] = h.global_accuracy(client)
-        strategies = {r.name: r.method.strategy(r, setup, c) for r in rows}  # on the CPU, where they are recorded
-        for m, s in strategies.items():
-            if s is not None:
-                beta[m][j] = np.nan if s.beta is None else s.beta.numpy()
-                eta[m][j] = s.lr.numpy()
-                sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
-        for k, seed in enumerate(cfg.seeds):
-            run = ClientRun(setup, h, client, seed, strategies)
+    first = 0
+    while first < len(clients):
+        group = list(enumerate(clients))[first:first + (1 if groups is None else groups.size or 1)]
+        first += len(group)
+        runs = {}
+        for j, c in group:
+            client = h.client(c)
+            before[j] = h.global_accuracy(client)
+            strategies = {r.name: r.method.strategy(r, setup, c) for r in rows}  # on the CPU, where they are recorded
+            for m, s in strategies.items():
+                if s is not None:
+                    beta[m][j] = np.nan if s.beta is None else s.beta.numpy()
+                    eta[m][j] = s.lr.numpy()
+                    sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
+            runs |= {(j, k): ClientRun(setup, h, client, seed, strategies) for k, seed in enumerate(cfg.seeds)}
+        if groups is not None:  # the group's fine-tunings, every row's, computed ahead in vmapped groups
+            h.prefetch([(run.client, s, run.seed) for run in runs.values() for r in rows
+                        for s in r.method.wants(r, run)], groups)
+        for (j, k), run in runs.items():
             for i, r in enumerate(rows):
                 out = r.method.personalize(r, run)
                 acc[i, k, j] = out.acc
                 if out.candidates is not None:
                     cand[k, j] = out.candidates
             progress.advance(1)
+        h.ready.clear()  # a method that asked for less than it named leaves nothing behind
     progress.stop()
     return results_h5.Results(names, list(cfg.seeds), setup.pool, np.array(clients), h.part.domain[clients], before, acc,
                               beta, eta, sparsity, {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
@@ -405,7 +417,8 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         _, model, state = pretrain_stage.load(store, pre_art.id)
         h = Harness.on(setup.dev, model, state, part, table, cfg.epochs, cfg.batch_size, cfg.client_bn)
         methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
-        r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress())
+        r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress(),
+                          client_groups(runtime, len(clients)))
         results_h5.write(draft.path("results.h5"), r)
         s = summarize(r, part.domain_names)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
@@ -417,6 +430,15 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     # ft-bnc,fedl2p-fomaml` stage by stage and a pipeline's methods plus its [[meta-train]] are one personalisation)
     ident = config_dict(cfg) | {"methods": [r.name for r in rows if r.artifact is None]}
     return build_or_reuse(store, "personalize", ident, parents, build, force, runtime)
+
+
+def client_groups(runtime: Runtime, clients: int) -> Any:
+    """--client-batch's groups for the batched personalisation (None: one client at a time, the CPU's `auto`)."""
+    from ..engine.batched import Groups
+    n = runtime.client_batch
+    if n == "auto" and not runtime.on_gpu or n == 1:
+        return None
+    return Groups(runtime.torch_device, None if n == "auto" else int(n), clients)
 
 
 def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:

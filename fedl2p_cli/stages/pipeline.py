@@ -87,10 +87,11 @@ def _make(cls: type, section: str, values: dict, name: str) -> Any:
     return cfg
 
 
-def _runtime(values: dict, section: str, name: str) -> tuple[dict, dict]:
-    """A section of a stage with rounds: its settings, and its runtime keys (workers, engine, the failure policy:
-    never part of an artifact's id), checked here and applied over the command's runtime when the step runs."""
-    own = {k: values[k] for k in round_options() if k in values}
+def _runtime(values: dict, section: str, name: str, keys: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+    """A section of a stage with rounds: its settings, and its runtime keys (`keys`, default: workers, engine, the
+    failure policy; never part of an artifact's id), checked here and applied over the command's runtime when the
+    step runs."""
+    own = {k: values[k] for k in (round_options() if keys is None else keys) if k in values}
     try:
         validate(Runtime().replace(**own), key_name)
     except (TypeError, ConfigError) as e:
@@ -210,7 +211,7 @@ def _meta_train(cfg: Any, own: dict) -> Callable[[Run, bool], tuple[Artifact, bo
 
 def _personalize(s: dict[str, Any], name: str) -> list[Step]:
     """A personalize step per pool, and the analysis after the pool it names."""
-    pers = _table(s["personalize"], "personalize", name)
+    pers, own = _runtime(_table(s["personalize"], "personalize", name), "personalize", name, PERSONALIZE_RUNTIME)
     pools = pers.pop("pools", ["seen"])
     if not isinstance(pools, list) or not pools or any(x not in ("seen", "unseen") for x in pools):
         raise FedL2PError(f"pipeline {name}: [personalize] pools must be a list of \"seen\" and/or \"unseen\", got {pools!r}")
@@ -227,7 +228,7 @@ def _personalize(s: dict[str, Any], name: str) -> list[Step]:
         cfg = _make(personalize.PersonalizeConfig, "personalize", pers | {"unseen": pool == "unseen", "methods": list(handmade)},
                     name)
         steps.append(Step(f"personalize:{pool}", "personalize", pool, "personalize", personalize.PersonalizeConfig,
-                          _personalize_pool(cfg, pool)))
+                          _personalize_pool(cfg, pool, own)))
         if acfg is not None and analysis is not None and pool == analysis.get("pool", pools[-1]):
             steps.append(Step(f"analyze:{pool}", "analyze", f"clusters ({pool})", "analyze", analyze.ClustersConfig,
                               lambda r, f, pool=pool: analyze.run(copy.deepcopy(acfg), r.store,
@@ -242,12 +243,15 @@ def _analysis(s: dict[str, Any], name: str) -> Any:
     return _make(analyze.ClustersConfig, "analyze", values, name)
 
 
-def _personalize_pool(cfg: Any, pool: str) -> Callable[[Run, bool], tuple[Artifact, bool]]:
+PERSONALIZE_RUNTIME = ("client_batch",)  # [personalize]'s runtime keys: how many clients' fine-tunings at once
+
+
+def _personalize_pool(cfg: Any, pool: str, own: dict) -> Callable[[Run, bool], tuple[Artifact, bool]]:
     def make(r: Run, force: bool) -> tuple[Artifact, bool]:
         metas = [i for i in r.ids("meta-train:")
                  if meta_train.method_of(r.store.load("meta-train", i, verify=False)).supports(pool)]
         return personalize.run(copy.deepcopy(cfg), r.store, r.done["pretrain"].id, r.done["stats"].id, metas, force,
-                               r.progress(), r.ids("pfl:"), runtime=r.runtime)
+                               r.progress(), r.ids("pfl:"), runtime=r.runtime.replace(**own))
     return make
 
 
