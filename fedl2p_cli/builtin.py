@@ -23,9 +23,10 @@ def register(registry) -> None:
         registry.add_method(method)
     for system in SYSTEMS_BUILTIN:
         registry.add_system(system)
-    registry.add_pretrain_algo("fedavg", local.sgd_client, "FedAvg: local SGD, sample-weighted mean")
+    registry.add_pretrain_algo("fedavg", local.sgd_client, "FedAvg: local SGD, sample-weighted mean",
+                               client_many=local.sgd_clients)
     registry.add_pretrain_algo("fedbabu", local.sgd_client, "FedBABU: the classifier frozen while training",
-                               freeze_head=True)
+                               freeze_head=True, client_many=local.sgd_clients)
     registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps")
     for executor in EXECUTORS:
         registry.add_executor(executor)

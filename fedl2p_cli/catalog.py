@@ -69,11 +69,14 @@ class ModelSpec:
 class PretrainAlgo:
     """A pretraining algorithm (`fedl2p pretrain --algo NAME`): `client(model, state, x, y, lr, local_config,
     generator) -> (new state, mean loss)`, one client's local update; the server averages the clients' states by
-    sample count. `freeze_head`: the classifier is not trained (FedBABU)."""
+    sample count. `freeze_head`: the classifier is not trained (FedBABU). `client_many(model, states, xs, ys, lrs,
+    local_config, generators) -> [(state, loss)]`: several clients' updates as one computation (the batched executor;
+    None: one at a time there)."""
     client: Callable[..., Any]
     about: str = ""
     freeze_head: bool = False
     plugin: Plugin | None = None
+    client_many: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)

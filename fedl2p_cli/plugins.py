@@ -72,10 +72,12 @@ class Registry:
             raise PluginError(f"{self.plugin.describe()}: add_system takes an api.System")
         self._add("system", system.name, system)
 
-    def add_pretrain_algo(self, name: str, client: Callable[..., Any], about: str = "", freeze_head: bool = False) -> None:
+    def add_pretrain_algo(self, name: str, client: Callable[..., Any], about: str = "", freeze_head: bool = False,
+                          client_many: Callable[..., Any] | None = None) -> None:
         """A pretraining algorithm (`fedl2p pretrain --algo NAME`): `client(model, state, x, y, lr, local_config,
-        generator) -> (new state, mean loss)`, one client's local update; the server averages by samples."""
-        self._add("pretrain-algo", name, PretrainAlgo(client, about, freeze_head, self.plugin))
+        generator) -> (new state, mean loss)`, one client's local update; the server averages by samples.
+        `client_many` (optional): the same for a list of clients at once, for `--engine batched`."""
+        self._add("pretrain-algo", name, PretrainAlgo(client, about, freeze_head, self.plugin, client_many))
 
     def add_executor(self, executor: Any) -> None:
         """Where a round's client updates run (`--engine NAME`): an `api.Executor` (its `name`, `about`,

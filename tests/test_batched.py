@@ -256,3 +256,23 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
     assert np.allclose(one.acc_after, many.acc_after, atol=1e-6, equal_nan=True)
     assert all(np.allclose(one.beta[m], many.beta[m], equal_nan=True) for m in one.methods)
     assert np.allclose(one.candidates, many.candidates, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "fedbabu"])
+def test_batched_pretraining_writes_the_same_model(tiny_store, tmp_path, algo):
+    """pretrain --engine batched --client-batch 2: FedAvg's and FedBABU's local SGD for a round's clients as one
+    vmapped group; the same id and, to float rounding, the same weights and running statistics as one at a time."""
+    from fedl2p_cli.io import weights
+    from fedl2p_cli.stages import pretrain
+
+    from .conftest import TINY_PRETRAIN
+    states = []
+    for name, rt in (("one", Runtime()), ("many", Runtime(engine="batched", client_batch=2))):
+        store = Store(tmp_path / name)
+        shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
+        cfg = pretrain.PretrainConfig(**(TINY_PRETRAIN | {"algo": algo}))
+        art, _ = pretrain.run(cfg, store, tiny_store["partition"].id, plot=False, runtime=rt)
+        states.append((art.id, weights.load(art.file("model.safetensors"))))
+    (id1, one), (id2, many) = states
+    assert id1 == id2 and one.keys() == many.keys()
+    assert all(close(one[k].float(), many[k].float(), 1e-4) for k in one)

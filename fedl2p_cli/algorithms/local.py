@@ -45,6 +45,30 @@ def sgd_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, 
     return get_state(model), mean_loss(losses)
 
 
+def sgd_clients(model: nn.Module, states: list[State], xs: list[Tensor], ys: list[Tensor], lrs: list[float],
+                cfg: LocalConfig, gens: list[torch.Generator]) -> list[tuple[State, float]]:
+    """`sgd_client` for several clients as one vmapped computation (core.batched.finetune_many): plain SGD is
+    fine-tuning with every BN layer on its batch's statistics (beta 1) and its running statistics moving, one LR for
+    every tensor (0 for FedBABU's head). Per client the same update to float rounding."""
+    from ..core.batched import finetune_many
+    from ..core.bn import bn_layers
+    from ..core.finetune import ClientBN, Strategy
+    names = [n for n, _ in model.named_parameters()]
+    bns = [n for n, _ in bn_layers(model)]
+    train = torch.tensor([not (cfg.freeze_head and n.startswith(cfg.head)) for n in names])
+    dev = ys[0].device
+    strategies = [Strategy(torch.ones(len(bns), device=dev), (lr * train).to(dev)) for lr in lrs]
+    stats = [ClientBN([st[f"{b}.running_mean"] for b in bns], [st[f"{b}.running_var"] for b in bns]) for st in states]
+    fts = finetune_many(model, [{n: st[n] for n in names} for st in states], xs, ys, strategies, stats, cfg.epochs,
+                        cfg.batch_size, gens, "running")
+    out = []
+    for st, ft in zip(states, fts):
+        running = {f"{b}.running_{k}": v for b, m, var in zip(bns, ft.bn.mean, ft.bn.var)
+                   for k, v in (("mean", m), ("var", var))}
+        out.append(({k: v.detach() for k, v in (st | ft.params | running).items()}, ft.train_loss))
+    return out
+
+
 def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: float, beta: float) -> tuple[State, Tensor]:
     """One Per-FedAvg (HF) step on three independent batches D, D', D'':
     w_tmp = w - alpha grad f(w; D);  w <- w - beta (I - alpha H(w; D'')) grad f(w_tmp; D')."""

@@ -181,13 +181,23 @@ def client_task(ctx: PretrainClient, task: LocalTask) -> LocalResult:
     return LocalResult(new, len(y), loss)
 
 
+def client_tasks(ctx: PretrainClient, tasks: list[LocalTask]) -> list[LocalResult]:
+    """Several clients' local updates as one computation (the batched executor; the algorithm's `client_many`)."""
+    data = [ctx.part.client(t.client).train for t in tasks]
+    out = algorithm(ctx.algo).client_many(ctx.model, [t.state for t in tasks], [x for x, _ in data], [y for _, y in data],
+                                          [t.lr for t in tasks], ctx.local,
+                                          [generator(ctx.seed, t.round, t.client) for t in tasks])
+    return [LocalResult(new, len(y), loss) for (new, loss), (_, y) in zip(out, data)]
+
+
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress,
           where: tuple[str, str] | None = None, runtime: Runtime = Runtime()) -> tuple[dict, list[dict]]:
     """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
     strategy = make_strategy(cfg, part, runtime)
     executor = runtime if where else runtime.replace(workers=1, engine="local")
+    many = client_tasks if algorithm(cfg.algo).client_many is not None else None
     with open_pool(executor, worker_client, (*(where or ("", "")), cfg), client_task, strategy.client,
-                   len(strategy.seen)) as pool:
+                   len(strategy.seen), many) as pool:
         st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, runtime.policy())
     return st.tensors, st.history
 
