@@ -12,7 +12,9 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
   `PFLSystem`, whose rounds run through the same executors as fedl2p's own (`--workers`, `--engine flower`);
 - a pretraining algorithm: `registry.add_pretrain_algo(name, client)`, `client` a `PretrainClient`;
 - an executor (where a round's clients run, `--engine NAME`): `registry.add_executor(executor)`, an `Executor` whose
-  `open(job: Job)` returns a `Pool`.
+  `open(job: Job)` returns a `Pool`;
+- a meta-gradient (`meta-train --meta-grad NAME`, its name the variant's tag): `registry.add_meta_grad(meta_grad)`,
+  a `MetaGradient` with `one(...)` for a client and `many(...)` for a group.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .algorithms.meta_grads import MetaGradient
 from .algorithms.systems.base import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
@@ -184,7 +187,7 @@ __all__ = [
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient",
-    "SystemTrainer", "Executor", "Job", "Pool",
+    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient",
     # what a method is handed in `personalize`
     "Setup", "Row", "ClientContext", "Client", "Trial",
     # what a pFL system or a pretraining algorithm is handed and uses

@@ -1,11 +1,13 @@
-"""fedl2p's own models, datasets, methods, pFL systems, pretraining algorithms and executors, registered through the same plugin
-registry (fedl2p_cli/plugins.py) as a user's: this module is the first plugin every process loads."""
+"""fedl2p's own models, datasets, methods, pFL systems, pretraining algorithms, executors and meta-gradients,
+registered through the same plugin registry (fedl2p_cli/plugins.py) as a user's: this module is the first plugin
+every process loads."""
 
 from __future__ import annotations
 
 
 def register(registry) -> None:
     from .algorithms import local
+    from .algorithms.meta_grads import BUILTIN as META_GRADS
     from .engine.executors import BUILTIN as EXECUTORS
     from .data.builtin_sources import SOURCES
     from .methods.builtin import METHODS, SYSTEMS_BUILTIN
@@ -30,3 +32,5 @@ def register(registry) -> None:
     registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps")
     for executor in EXECUTORS:
         registry.add_executor(executor)
+    for meta_grad in META_GRADS:
+        registry.add_meta_grad(meta_grad)

@@ -1,4 +1,5 @@
-"""The catalog: every piece a process knows (models, datasets, methods, pFL systems, pretraining algorithms), by kind
+"""The catalog: every piece a process knows (models, datasets, methods, pFL systems, pretraining algorithms,
+executors, meta-gradients), by kind
 and name, with the plugin that registered it. One object, filled by the plugin loader (fedl2p_cli/plugins.py): the
 built-ins and a user's plugins register the same way, and every lookup of every kind behaves the same (`get` raises
 `UnknownName` naming the choices, `find` answers None). Torch-free, and it imports nothing of the package but its
@@ -13,10 +14,11 @@ from .errors import FedL2PError
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
 BUILTIN = "fedl2p_cli.builtin"
-KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor")
+KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad")
 # what a kind is called where a lookup fails, and the option that names it
 WHAT = {"model": ("model", "--model"), "dataset": ("dataset", "--dataset"), "method": ("method", "--methods"),
-        "system": ("pFL system", "--algo"), "pretrain-algo": ("algorithm", "--algo"), "executor": ("executor", "--engine")}
+        "system": ("pFL system", "--algo"), "pretrain-algo": ("algorithm", "--algo"), "executor": ("executor", "--engine"),
+        "meta-grad": ("meta-gradient", "--meta-grad")}
 
 
 class PluginError(FedL2PError):

@@ -86,6 +86,13 @@ class Registry:
             raise PluginError(f"{self.plugin.describe()}: add_executor takes an api.Executor (name, about, check, open)")
         self._add("executor", executor.name, executor)
 
+    def add_meta_grad(self, meta_grad: Any) -> None:
+        """A FedL2P meta-gradient (`--meta-grad NAME`, and its tag in variant names): an `api.MetaGradient` (its
+        `name`, `about`, `one(...)` for one client and `many(...)` for a group)."""
+        if not all(hasattr(meta_grad, a) for a in ("name", "about", "one", "many")):
+            raise PluginError(f"{self.plugin.describe()}: add_meta_grad takes an api.MetaGradient (name, about, one, many)")
+        self._add("meta-grad", meta_grad.name, meta_grad)
+
     def _add(self, kind: str, name: str, value: Any) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise PluginError(f"{self.plugin.describe()} registers a {kind} named {name!r}: use letters, digits, '.', '_' or '-'")

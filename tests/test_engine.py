@@ -266,3 +266,57 @@ def test_an_executor_is_one_registration_and_gives_the_same_artifact(tiny_store,
     assert other.file("model.safetensors").read_bytes() == local.file("model.safetensors").read_bytes()
     with pytest.raises(FedL2PError, match="unknown executor 'nope' \\(--engine\\); choose one of: local, flower"):
         pretrain.run(cfg, store, part, force=True, plot=False, runtime=Runtime(engine="nope"))
+
+
+def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, tmp_path):
+    """A plugin's meta-gradient (here: FOMAML+ at half its size) is chosen by --meta-grad through the catalog, like the
+    built-ins: its runs go through both client-update paths (one at a time and the batched executor's `many`), its
+    variant name carries its own name, its lambda differs from FOMAML+'s, and an unknown name is one line naming the
+    choices."""
+    import dataclasses
+    import shutil
+
+    from fedl2p_cli import plugins
+    from fedl2p_cli.algorithms.meta_grads import Fomaml
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.errors import FedL2PError
+    from fedl2p_cli.io import weights
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import meta_train
+
+    from .conftest import TINY_META
+
+    calls = []
+
+    def halved(mg):
+        return dataclasses.replace(mg, grads={k: g / 2 for k, g in mg.grads.items()})
+
+    @dataclasses.dataclass(frozen=True)
+    class Half:
+        name: str = "half-fomaml"
+        about: str = "a test's meta-gradient: FOMAML+ halved"
+
+        def one(self, *args):
+            calls.append("one")
+            return halved(Fomaml().one(*args))
+
+        def many(self, *args):
+            calls.append("many")
+            return [halved(mg) for mg in Fomaml().many(*args)]
+
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store = Store(tmp_path / "s")
+    ids = tiny_store["pretrain"].id, tiny_store["stats"].id
+    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last",
+                                     meta=dataclasses.replace(TINY_META, meta_grad="fomaml"))
+    fomaml, _ = meta_train.run(cfg, store, *ids)
+    mine = dataclasses.replace(cfg, meta=dataclasses.replace(cfg.meta, meta_grad="half-fomaml"))
+    assert mine.variant().startswith("fedl2p-half-fomaml")
+    with plugins.using(plugins.build(lambda registry: registry.add_meta_grad(Half()))):
+        one, _ = meta_train.run(mine, store, *ids)
+        many, _ = meta_train.run(mine, store, *ids, force=True, runtime=Runtime(engine="batched", client_batch=4))
+    assert {"one", "many"} <= set(calls) and one.id == many.id != fomaml.id
+    lam_f, lam_h = weights.load(fomaml.file("lambda.safetensors")), weights.load(one.file("lambda.safetensors"))
+    assert any(not torch.equal(lam_f[k], lam_h[k]) for k in lam_f)
+    with pytest.raises(FedL2PError, match="unknown meta-gradient 'half-fomaml' \\(--meta-grad\\); choose one of: fomaml, ift"):
+        meta_train.run(mine, store, *ids, force=True)

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..core.batched import IftSettings, finetune_many, fomaml_many, ift_many, val_batches
+from ..core.batched import finetune_many
+from . import meta_grads
 from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
-from ..core.functional import Params, random_batch
-from ..core.hypergrad import MetaGrad, fomaml_gradient, ift_hypergradient
+from ..core.functional import Params
+from ..core.hypergrad import MetaGrad
 from ..core.settings import MetaConfig
 from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
 
@@ -47,19 +48,9 @@ def _finite(lam: Lambda) -> bool:
 
 def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data: ClientData, cfg: MetaConfig,
                   gen: torch.Generator) -> MetaGrad:
-    """The meta-gradient of one iteration (Alg. 1 line 10) after fine-tuning `ft`, on one validation batch."""
-    (xt, yt), (xv, yv) = data.train, data.val
-    vi = random_batch(len(yv), cfg.batch_size, gen)
-    if cfg.meta_grad == "fomaml":
-        return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                               (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
-    last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
-    ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
-    return ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
-                             cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
-                             theta_train=ft.prev_params if last else None,
-                             inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
-                             eta_step=ft.last_grad if cfg.eta_grad == "last-step" else None)
+    """The meta-gradient of one iteration (Alg. 1 line 10) after fine-tuning `ft`: the catalog's `--meta-grad`
+    entry (algorithms/meta_grads.py)."""
+    return meta_grads.get(cfg.meta_grad).one(model, ft, lam, hyper, data, cfg, gen)
 
 
 def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:
@@ -127,7 +118,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
                                                             cfg.batch_size, cfg.val_stats)
                     first[c] = (strat[c].beta, strat[c].lr, fts[c].train_loss)
         with timer.section("hypergrad"):
-            mgs = _meta_gradients(model, fts, lams, hypers, inputs, datas, cfg, gens, live, n_p)
+            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p)
         for c in live:
             mg, ft = mgs[c], fts[c]
             if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
@@ -148,27 +139,12 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
     return results
 
 
-def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], hypers: list, inputs: list, datas: list[ClientData],
+def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: list, datas: list[ClientData],
                     cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int) -> dict[int, MetaGrad]:
-    """Each live client's meta-gradient, as one vmapped computation (FOMAML+ or the IFT), every client drawing its
-    batches as `meta_gradient` draws them."""
-    vis = val_batches([datas[c].val[1] for c in live], cfg.batch_size, [gens[c] for c in live])
-    val = [(datas[c].val[0][vi], datas[c].val[1][vi]) for c, vi in zip(live, vis)]
+    """Each live client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
     hyper = lambda lam, xi, x: hyperparameters(lam, xi, x, n_p, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg,  # noqa: E731
                                                cfg.beta_output)
-    group = ([lams[c] for c in live], [inputs[c] for c in live])
-    if cfg.meta_grad == "fomaml":
-        last = [(datas[c].train[0][fts[c].last_batch], datas[c].train[1][fts[c].last_batch]) for c in live]
-        out = fomaml_many(model, hyper, *group, [fts[c].prev_params for c in live], last, val,
-                          [fts[c].bn for c in live], cfg.val_stats)
-    else:
-        at_last = cfg.ift_at == "last-step"
-        tis = [fts[c].last_batch if at_last else random_batch(len(datas[c].train[1]), cfg.batch_size, gens[c]) for c in live]
-        train = [(datas[c].train[0][ti], datas[c].train[1][ti]) for c, ti in zip(live, tis)]
-        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, at_last,
-                        cfg.eta_grad == "last-step", cfg.val_stats)
-        out = ift_many(model, hyper, *group, [fts[c].params for c in live],
-                       [fts[c].prev_params if at_last else fts[c].params for c in live],
-                       [fts[c].last_grad for c in live], train, val, [fts[c].bn for c in live], s)
-    psis = out.psi or [0.0] * len(live)
-    return {c: MetaGrad(g, lv, lt, p) for c, g, lv, lt, p in zip(live, out.grads, out.val_loss, out.train_loss, psis)}
+    out = meta_grads.get(cfg.meta_grad).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
+                                             [inputs[c] for c in live], [datas[c] for c in live], cfg,
+                                             [gens[c] for c in live])
+    return dict(zip(live, out))

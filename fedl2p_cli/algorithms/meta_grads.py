@@ -1,0 +1,123 @@
+"""The meta-gradients a FedL2P client update can take (`--meta-grad NAME`): catalog entries of kind "meta-grad",
+registered like a model or an executor (`registry.add_meta_grad`). Each has one interface: `one` computes a
+client's meta-gradient after its fine-tuning, `many` a group's (the batched executor; per client the same to float
+rounding). Its name is also its tag in variant names (`fedl2p-NAME-...`), so a new one names itself. The built-ins:
+FOMAML+ (App. F) and the IFT (Alg. 2). Adding one is one module with a class like these and one registration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from ..core.client import ClientData
+    from ..core.finetune import FinetuneResult
+    from ..core.hypergrad import MetaGrad
+    from ..core.metanets import Lambda
+    from ..core.settings import MetaConfig
+
+HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]]  # (lambda, xi, x) -> (beta, eta)
+
+
+class MetaGradient(Protocol):
+    """A meta-gradient as the catalog holds it: its `--meta-grad` name (and variant tag) and one line about it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def one(self, model: "nn.Module", ft: "FinetuneResult", lam: "Lambda", hyper: Callable[["Lambda"], Any],
+            data: "ClientData", cfg: "MetaConfig", gen: "torch.Generator") -> "MetaGrad":
+        """The meta-gradient w.r.t. lambda after fine-tuning `ft` (Alg. 1 line 10), its batches drawn from `gen`
+        after the fine-tuning's."""
+        ...
+
+    def many(self, model: "nn.Module", fts: list["FinetuneResult"], lams: list["Lambda"], hyper: HyperMany,
+             inputs: list[tuple["Tensor", "Tensor"]], datas: list["ClientData"], cfg: "MetaConfig",
+             gens: list["torch.Generator"]) -> list["MetaGrad"]:
+        """`one` for a group of clients as one computation; each client draws its batches as `one` does."""
+        ...
+
+
+def _val(datas: list["ClientData"], cfg: "MetaConfig", gens: list["torch.Generator"]) -> list[tuple["Tensor", "Tensor"]]:
+    from ..core.batched import val_batches
+    vis = val_batches([d.val[1] for d in datas], cfg.batch_size, gens)
+    return [(d.val[0][vi], d.val[1][vi]) for d, vi in zip(datas, vis)]
+
+
+def _results(out: Any) -> list["MetaGrad"]:
+    from ..core.hypergrad import MetaGrad
+    psis = out.psi or [0.0] * len(out.grads)
+    return [MetaGrad(g, lv, lt, p) for g, lv, lt, p in zip(out.grads, out.val_loss, out.train_loss, psis)]
+
+
+@dataclass(frozen=True)
+class Fomaml:
+    """FOMAML+ (App. F): only the last fine-tuning step is differentiated, on its batch and one validation batch."""
+    name: str = "fomaml"
+    about: str = "FOMAML+ (App. F): the last fine-tuning step differentiated"
+
+    def one(self, model, ft, lam, hyper, data, cfg, gen):  # type: ignore[no-untyped-def]
+        from ..core.functional import random_batch
+        from ..core.hypergrad import fomaml_gradient
+        (xt, yt), (xv, yv) = data.train, data.val
+        vi = random_batch(len(yv), cfg.batch_size, gen)
+        return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
+                               (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
+
+    def many(self, model, fts, lams, hyper, inputs, datas, cfg, gens):  # type: ignore[no-untyped-def]
+        from ..core.batched import fomaml_many
+        val = _val(datas, cfg, gens)
+        last = [(d.train[0][ft.last_batch], d.train[1][ft.last_batch]) for d, ft in zip(datas, fts)]
+        return _results(fomaml_many(model, hyper, lams, inputs, [ft.prev_params for ft in fts], last, val,
+                                    [ft.bn for ft in fts], cfg.val_stats))
+
+
+@dataclass(frozen=True)
+class Ift:
+    """The implicit function theorem with a Neumann series (Alg. 2; its options --q, --psi, --psi-power, --hessian,
+    --ift-at, --eta-grad, --eta-bound, --scale-by-psi)."""
+    name: str = "ift"
+    about: str = "the implicit function theorem (Alg. 2, the paper's)"
+
+    def one(self, model, ft, lam, hyper, data, cfg, gen):  # type: ignore[no-untyped-def]
+        from ..core.functional import random_batch
+        from ..core.hypergrad import ift_hypergradient
+        (xt, yt), (xv, yv) = data.train, data.val
+        vi = random_batch(len(yv), cfg.batch_size, gen)
+        last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
+        ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
+        return ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
+                                 cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
+                                 theta_train=ft.prev_params if last else None,
+                                 inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
+                                 eta_step=ft.last_grad if cfg.eta_grad == "last-step" else None)
+
+    def many(self, model, fts, lams, hyper, inputs, datas, cfg, gens):  # type: ignore[no-untyped-def]
+        from ..core.batched import IftSettings, ift_many
+        from ..core.functional import random_batch
+        val = _val(datas, cfg, gens)
+        last = cfg.ift_at == "last-step"
+        tis = [ft.last_batch if last else random_batch(len(d.train[1]), cfg.batch_size, g)
+               for d, ft, g in zip(datas, fts, gens)]
+        train = [(d.train[0][ti], d.train[1][ti]) for d, ti in zip(datas, tis)]
+        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last, cfg.eta_grad == "last-step",
+                        cfg.val_stats)
+        return _results(ift_many(model, hyper, lams, inputs, [ft.params for ft in fts],
+                                 [ft.prev_params if last else ft.params for ft in fts], [ft.last_grad for ft in fts],
+                                 train, val, [ft.bn for ft in fts], s))
+
+
+BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())
+
+
+def get(name: str) -> MetaGradient:
+    """The meta-gradient registered as `name` (UnknownName naming the choices, for --meta-grad)."""
+    from .. import plugins
+    return plugins.current().get("meta-grad", name)  # type: ignore[no-any-return]
