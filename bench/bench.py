@@ -390,18 +390,17 @@ def bench_server_memory(n: int) -> dict:
 
 
 def bench_batched() -> dict:
-    """The batched executor on the CPU, one thread (bench/batching.py): per-client seconds of one step and of a whole
-    client round (e = 5, K = 1, FOMAML+ and IFT) at N clients per vmapped group; N = 1 is one client at a time."""
+    """The batched executor on the CPU, one thread (bench/batching.py): per-client seconds of one step (small CNN,
+    ResNet-18-cifar) and of a whole small-CNN client round (e = 5, K = 1, FOMAML+ and IFT) at N clients per vmapped
+    group; N = 1 is one client at a time."""
     import batching
     torch.set_num_threads(1)
     dev = torch.device("cpu")
     out = {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability()}
-    for name in ("small-cnn", "resnet18-cifar"):
-        ns = (1, 2, 4, 8) if name == "small-cnn" else (1, 4)
-        out[name] = {"step": batching.step_per_client(name, dev, ns, reps=5 if name == "small-cnn" else 2)}
-        for mg in ("fomaml", "ift"):
-            out[name][f"{mg}_round"] = batching.round_per_client(name, dev, mg, ns if name == "small-cnn" else (1, 4),
-                                                                 5, 1, reps=3 if name == "small-cnn" else 1)
+    out["small-cnn"] = {"step": batching.step_per_client("small-cnn", dev, (1, 2, 4, 8))}
+    for mg in ("fomaml", "ift"):
+        out["small-cnn"][f"{mg}_round"] = batching.round_per_client("small-cnn", dev, mg, (1, 4), 5, 1)
+    out["resnet18-cifar"] = {"step": batching.step_per_client("resnet18-cifar", dev, (1, 4), reps=2)}  # rounds: minutes
     return out
 
 
@@ -489,6 +488,8 @@ def show(r: dict) -> None:
             f"{g(key, 'pfedla_peak_rss_mb'):.0f} / {g(key, 'fedl2p_peak_rss_mb'):.0f}", "", "{}")
     for name, rec in ((k, v) for k, v in (r.get("batched") or {}).items() if isinstance(v, dict)):
         for part, label in (("step", "one SGD step"), ("fomaml_round", "client round, FOMAML+"), ("ift_round", "client round, IFT")):
+            if part not in rec:
+                continue
             per = {int(n): v["per_client_s"] for n, v in rec[part].items()}
             add(f"batched {label}, {name}: per client at N = {'/'.join(map(str, per))} (ms)",
                 " / ".join(f"{1e3 * t:.1f}" for t in per.values()), "", "{}")

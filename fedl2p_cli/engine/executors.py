@@ -110,7 +110,7 @@ class Flower:
 
 
 def _no_client_batch(runtime: "Runtime", name: str) -> None:
-    if runtime.client_batch != "auto":
+    if runtime.client_batch not in ("auto", 1):
         raise FedL2PError(f"--client-batch is for --engine batched (this run's engine: {name})")
 
 
