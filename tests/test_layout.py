@@ -210,7 +210,11 @@ PROCESS_STATE = {
     "fedl2p_cli.plugins._USING": "the catalog a `using` block chose: a context",
     "fedl2p_cli.engine.workers._CONTEXT": "a worker process's client context, set by its pool initializer",
     "fedl2p_cli.engine.workers._UPDATE": "a worker process's update function, set by its pool initializer",
+    # cached module-level functions: what they return lives as long as the process (a singleton)
+    "fedl2p_cli.plugins._process()": "the process's catalog, filled once by `current` (to move into the Runtime)",
+    "fedl2p_cli.core.mlp.template()": "shape-only module templates on the meta device: immutable, no memory",
 }
+CACHES = ("cache", "lru_cache", "functools.cache", "functools.lru_cache")
 
 
 def process_state(path: Path) -> list[str]:
@@ -228,6 +232,9 @@ def process_state(path: Path) -> list[str]:
             func = ast.unparse(value.func)
             if func in mutable or func.split(".")[-1] == "ContextVar":
                 found |= {f"{mod}.{t.id}" for t in targets if isinstance(t, ast.Name)}
+    for node in tree.body:  # a cached module-level function: a singleton however it is spelt
+        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).split("(")[0] in CACHES for d in node.decorator_list):
+            found.add(f"{mod}.{node.name}()")
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
             found |= {f"{mod}.{n}" for n in node.names}
@@ -247,8 +254,10 @@ def test_the_process_state_scan_finds_each_kind(tmp_path):
     f = scratch_module(tmp_path, "import os\nfrom contextvars import ContextVar\nfrom dataclasses import dataclass\n"
                  "@dataclass\nclass S:\n    x: int = 0\n@dataclass(frozen=True)\nclass F:\n    x: int = 0\n"
                  "SETTINGS = S()\nFIXED = F()\n_V = ContextVar('v')\n_C = None\n"
-                 "def f():\n    global _C\n    _C = 1\n    os.environ['X'] = '1'\n")
-    assert process_state(f) == ["fedl2p_cli.m.SETTINGS", "fedl2p_cli.m._C", "fedl2p_cli.m._V", "fedl2p_cli.m.os.environ"]
+                 "def f():\n    global _C\n    _C = 1\n    os.environ['X'] = '1'\n"
+                 "import functools\n@functools.cache\ndef one():\n    return S()\n@lru_cache(maxsize=None)\ndef two():\n    pass\n")
+    assert process_state(f) == ["fedl2p_cli.m.SETTINGS", "fedl2p_cli.m._C", "fedl2p_cli.m._V", "fedl2p_cli.m.one()",
+                                "fedl2p_cli.m.os.environ", "fedl2p_cli.m.two()"]
 
 
 DEVICE_WORK = {"move", "to_host", "RoundCache", "client_on", "resolve"}  # fedl2p_cli.device's movers, and the decision
