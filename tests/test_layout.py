@@ -214,7 +214,7 @@ PROCESS_STATE = {
     "fedl2p_cli.plugins._process()": "the process's catalog, filled once by `current` (to move into the Runtime)",
     "fedl2p_cli.core.mlp.template()": "shape-only module templates on the meta device: immutable, no memory",
 }
-CACHES = ("cache", "lru_cache", "functools.cache", "functools.lru_cache")
+CACHE_DECORATORS = ("cache", "lru_cache", "functools.cache", "functools.lru_cache")
 
 
 def process_state(path: Path) -> list[str]:
@@ -233,7 +233,7 @@ def process_state(path: Path) -> list[str]:
             if func in mutable or func.split(".")[-1] == "ContextVar":
                 found |= {f"{mod}.{t.id}" for t in targets if isinstance(t, ast.Name)}
     for node in tree.body:  # a cached module-level function: a singleton however it is spelt
-        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).split("(")[0] in CACHES for d in node.decorator_list):
+        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).split("(")[0] in CACHE_DECORATORS for d in node.decorator_list):
             found.add(f"{mod}.{node.name}()")
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
