@@ -10,7 +10,7 @@ import typer
 
 from ..errors import FedL2PError
 from ..configs import MetaTrainConfig
-from ..deploy.config import GatewayConfig
+from ..deploy.config import CredentialsConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
 from . import options, render
 from ..runtime import Runtime
 from .generate import config_command
@@ -117,20 +117,19 @@ def import_run(
 
 
 @app.command("credentials")
-def credentials(
-    out: Path = typer.Option(..., help="Folder for ca.crt, server.pem, server.key and site<i>.key / site<i>.pub."),
-    sites: int = typer.Option(..., min=1, help="SuperNodes to make authentication key pairs for."),
-    host: Optional[str] = typer.Option("127.0.0.1,localhost", help="Comma-separated names and addresses the "
-                                       "SuperLink's certificate is valid for (what SuperNodes and flwr connect to)."),
-) -> None:
+@config_command(CredentialsConfig)
+def credentials(cfg: CredentialsConfig) -> None:
     """Test credentials for a secured local trial: a CA, the SuperLink's TLS certificate and one key pair per
     SuperNode for Flower's SuperNode authentication (valid 30 days). For a trial only: a real federation takes its
     certificate from an authority its sites trust, and each site makes its own key pair."""
+    from ..core.config import validate
     from ..stages import flower_certs
-    hosts = options.csv_list(host, "--host") or []
+    validate(cfg)
+    hosts = options.csv_list(cfg.host, "--host") or []
     if not hosts:
         raise FedL2PError("--host needs at least one name or address")
-    written = flower_certs.make(out, sites, hosts)
+    out = Path(str(cfg.out))
+    written = flower_certs.make(out, cfg.sites, hosts)
     render.console.print(f"wrote {len(written)} files to {out}: give the SuperLink ca.crt, server.pem and server.key; "
                          "each site its site<i>.key and ca.crt; register each site<i>.pub with `flwr supernode register`")
     _warn_work_tree(out)
@@ -143,14 +142,13 @@ def _warn_work_tree(out: Path) -> None:
 
 
 @app.command("keygen")
-def keygen(
-    out: Path = typer.Option(..., help="Folder for NAME.key (private: stays at the site) and NAME.pub."),
-    name: str = typer.Option("site", help="The files' name (e.g. the site's name)."),
-) -> None:
+@config_command(KeygenConfig)
+def keygen(cfg: KeygenConfig) -> None:
     """A site's own key pair for SuperNode authentication: the site keeps NAME.key (owner-only) and hands only
     NAME.pub to the server operator, who registers it with `flwr supernode register`."""
     from ..stages import flower_certs
-    key, pub = flower_certs.keygen(out, name)
+    out = Path(str(cfg.out))
+    key, pub = flower_certs.keygen(out, cfg.name)
     render.console.print(f"private key {key} (keep it here; start the SuperNode with --auth-supernode-private-key "
                          f"{key}); public key {pub} (hand this one to the server operator)")
     _warn_work_tree(out)
@@ -170,19 +168,17 @@ def gateway(cfg: GatewayConfig) -> None:
 
 
 @app.command("run")
+@config_command(FlowerRunConfig)
 def run(
+    cfg: FlowerRunConfig,
     out: Path = typer.Argument(..., help="The run config's folder (`run-config --out`): run.toml, and the results."),
-    connection: Optional[str] = typer.Option(None, help="The SuperLink connection in $FLWR_HOME/config.toml "
-                                             "(default: its default one)."),
-    app_dir: Optional[Path] = typer.Option(None, "--app", help="The Flower app folder (default: the one installed "
-                                           "with fedl2p)."),
 ) -> None:
     """`flwr run` of the app with OUT/run.toml, streaming the ServerApp's log (a line per round), then exit by the
     run's outcome: 0 when it completed, 1 with the reason when it failed (a round without --min-answers' sites)."""
     import shutil
     import subprocess
     import sys
-    app_dir = app_dir or APP
+    app_dir, connection = Path(cfg.app) if cfg.app else APP, cfg.connection
     if not (app_dir / "pyproject.toml").is_file():
         raise FedL2PError(f"--app {app_dir} is not a Flower app folder (no pyproject.toml)")
     if not (out / "run.toml").is_file():

@@ -22,7 +22,7 @@ def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
     """What the command line takes: lists and per-domain tables as one comma-separated string, choices as a string
     (checked with the config, so a bad value is one line naming the option), a `path` field as a Path."""
     if f.metadata.get("path"):
-        return Optional[Path]
+        return Path if f.metadata.get("required") else Optional[Path]
     inner = _unwrap(tp)
     if typing.get_origin(inner) in (list, dict):
         return Optional[str]
@@ -51,7 +51,8 @@ def _option(f: dataclasses.Field) -> typer.models.OptionInfo:
     decls = [option_name(f)] if "option" in md or md.get("flag") or "short" in md else []
     decls += [md["short"]] if "short" in md else []
     kw = {"envvar": md["envvar"]} if "envvar" in md else {}
-    return typer.Option(_cli_default(f), *decls, help=md.get("help") or None, **kw)
+    default = ... if md.get("required") else _cli_default(f)  # required: the command line must give it
+    return typer.Option(default, *decls, help=md.get("help") or None, **kw)
 
 
 def parameters(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:

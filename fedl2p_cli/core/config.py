@@ -91,7 +91,8 @@ def variant_words(cfg: Any) -> list[str]:
 def opt(default: Any, help: str = "", *meta: dict, **extra: Any) -> Any:
     """A config field: its default (a list or dict is copied for each instance), help text and metadata dicts (a
     range such as `POSITIVE`). Keywords: `option` (the flag's spelling when it is not --field-name), `short` (e.g.
-    "-k"), `flag` (a bool without its --no- form), `envvar`, `path` (a str the CLI takes as a path), `cli=False`
+    "-k"), `flag` (a bool without its --no- form), `envvar`, `path` (a str the CLI takes as a path), `required` (the
+    command line must give it; the default is only the dataclass's), `cli=False`
     (not a command-line option), `identity_default` (left out of the artifact id at its default: an option added
     after artifacts existed), `tag` (a `Tag`: the word this option adds to a variant's name), `reference` (the value
     ids and names are measured against when the default is not it: see `reference_of`)."""

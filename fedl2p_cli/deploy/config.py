@@ -1,5 +1,6 @@
-"""`fedl2p flower gateway`'s options, declared once: the command line, its --help and the CLI reference are
-generated from these fields (cli/generate.py), and `limits()` is what the gateway enforces."""
+"""The deployment commands' options, declared once (`fedl2p flower gateway`, `credentials`, `keygen`, `run`): the
+command line, its --help and the CLI reference are generated from these fields (cli/generate.py), and the values
+are validated with them; `GatewayConfig.limits()` is what the gateway enforces."""
 
 from __future__ import annotations
 
@@ -45,3 +46,25 @@ class GatewayConfig:
                       unauth_per_minute=self.unauth_per_minute, body_timeout=self.body_timeout,
                       body_budget=self.body_budget * MiB)
 
+
+
+@dataclass(kw_only=True)
+class CredentialsConfig:
+    out: str | None = opt(None, "Folder for ca.crt, server.pem, server.key and site<i>.key / site<i>.pub.", path=True,
+                          required=True)
+    sites: int = opt(1, "SuperNodes to make authentication key pairs for.", AT_LEAST_1, required=True)
+    host: str = opt("127.0.0.1,localhost", "Comma-separated names and addresses the SuperLink's certificate is valid "
+                                           "for (what SuperNodes and flwr connect to).")
+
+
+@dataclass(kw_only=True)
+class KeygenConfig:
+    out: str | None = opt(None, "Folder for NAME.key (private: stays at the site) and NAME.pub.", path=True,
+                          required=True)
+    name: str = opt("site", "The files' name (e.g. the site's name).")
+
+
+@dataclass(kw_only=True)
+class FlowerRunConfig:
+    connection: str | None = opt(None, "The SuperLink connection in $FLWR_HOME/config.toml (default: its default one).")
+    app: str | None = opt(None, "The Flower app folder (default: the one installed with fedl2p).", path=True)
