@@ -49,7 +49,12 @@ class Groups:
     def __init__(self, dev: "torch.device", size: int | None, most: int = MAX_GROUP):
         self.dev, self.size, self.most = dev, size, most
 
-    def run(self, items: list[Any], many: Callable[[list[Any]], list[Any]]) -> list[Any]:
+    def run(self, items: list[Any], many: Callable[[list[Any]], list[Any]],
+            one: Callable[[Any], Any] | None = None) -> list[Any]:
+        """`many` over the groups; a group of one item through `one` where given (one client at a time is faster than a
+        vmapped group of one)."""
+        if one is not None:
+            many = _single(many, one)
         out: list[Any] = []
         if self.size is None and items:
             out += self._measured(items[0], many)
@@ -81,6 +86,10 @@ class Groups:
         return res
 
 
+def _single(many: Callable[[list[Any]], list[Any]], one: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
+    return lambda group: [one(group[0])] if len(group) == 1 else many(group)
+
+
 class BatchedPool:
     """`map(tasks)` -> results in task order, groups of `size` tasks through the job's `update_many` (`Groups`:
     halved on running out of memory; `size` None: `auto`). A job without one runs its tasks one at a time."""
@@ -100,7 +109,8 @@ class BatchedPool:
         many = self.update_many
         if many is None:
             return [self.local(self.job.update, t) for t in tasks]
-        return self.groups.run(tasks, lambda group: self.local.many(many, group))
+        return self.groups.run(tasks, lambda group: self.local.many(many, group),
+                               lambda task: self.local(self.job.update, task))
 
     def close(self) -> None:
         pass
