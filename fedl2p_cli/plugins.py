@@ -22,11 +22,12 @@ import importlib.metadata as md
 import inspect
 import os
 import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from . import imports
 from .catalog import API_VERSION, BUILTIN, KINDS, Catalog, ModelSpec, Plugin, PluginError, PretrainAlgo

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import imports
 from .errors import FedL2PError

@@ -13,13 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from ..core.batched import finetune_many
-from . import meta_grads
 from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params
 from ..core.hypergrad import MetaGrad
-from ..core.settings import MetaConfig
 from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
+from ..core.settings import MetaConfig
+from . import meta_grads
 
 
 class Diverged(Exception):

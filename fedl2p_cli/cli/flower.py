@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ..errors import FedL2PError
 from ..configs import MetaTrainConfig
 from ..deploy.config import GatewayConfig
-from . import options, render
+from ..errors import FedL2PError
 from ..runtime import Runtime
+from . import options, render
 from .generate import config_command
 
 app = typer.Typer(help="Deploy FedL2P meta-training with Flower: `fedl2p flower run-config` writes a run, "
@@ -39,7 +38,7 @@ APP = Path(__file__).resolve().parent.parent / "flower_app"  # package data: the
 
 @app.command("app")
 def write_app(
-    out: Optional[Path] = typer.Argument(None, help="Folder to write the Flower app to (its pyproject.toml); without "
+    out: Path | None = typer.Argument(None, help="Folder to write the Flower app to (its pyproject.toml); without "
                                          "it, print the installed app's folder.", show_default=False),
 ) -> None:
     """The Flower app that `flwr run` takes (a pyproject.toml naming fedl2p's ServerApp and ClientApp): written to
@@ -62,8 +61,8 @@ def write_app(
 def export_site(
     client: int = typer.Option(..., help="Client id in the partition."),
     out: Path = typer.Option(..., help="The site's folder (its SuperNode starts with --node-config \"site-dir='OUT'\")."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
-    store: Optional[Path] = options.STORE,
+    partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
+    store: Path | None = options.STORE,
 ) -> None:
     """Write one client's normalised train/validation data as a site folder (site.safetensors): how to try a
     deployment with a partition's clients. A real site writes the same file from its own data."""
@@ -88,10 +87,10 @@ def run_config(
     rt: Runtime,
     out: Path = typer.Option(..., help="Folder for run.toml, the model copy the ServerApp sends, and the run's results."),
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
-    site_names: Optional[str] = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
+    site_names: str | None = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
                                              "SuperNodes' node-config site-name): any other node is not sampled."),
-    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
-    store: Optional[Path] = options.STORE,
+    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
+    store: Path | None = options.STORE,
 ) -> None:
     """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes
     OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
@@ -108,7 +107,7 @@ def import_run(
     ctx: typer.Context,
     out: Path = typer.Argument(..., help="The folder `flwr run` wrote lambda.safetensors and history.csv to (the run "
                                "config's --out, with its run.toml)."),
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Bring a deployment's result into the store as a meta-train artifact of its pretrained model:
     `fedl2p personalize --meta ID` then compares it with the hand-made strategies."""
@@ -120,7 +119,7 @@ def import_run(
 def credentials(
     out: Path = typer.Option(..., help="Folder for ca.crt, server.pem, server.key and site<i>.key / site<i>.pub."),
     sites: int = typer.Option(..., min=1, help="SuperNodes to make authentication key pairs for."),
-    host: Optional[str] = typer.Option("127.0.0.1,localhost", help="Comma-separated names and addresses the "
+    host: str | None = typer.Option("127.0.0.1,localhost", help="Comma-separated names and addresses the "
                                        "SuperLink's certificate is valid for (what SuperNodes and flwr connect to)."),
 ) -> None:
     """Test credentials for a secured local trial: a CA, the SuperLink's TLS certificate and one key pair per
@@ -172,9 +171,9 @@ def gateway(cfg: GatewayConfig) -> None:
 @app.command("run")
 def run(
     out: Path = typer.Argument(..., help="The run config's folder (`run-config --out`): run.toml, and the results."),
-    connection: Optional[str] = typer.Option(None, help="The SuperLink connection in $FLWR_HOME/config.toml "
+    connection: str | None = typer.Option(None, help="The SuperLink connection in $FLWR_HOME/config.toml "
                                              "(default: its default one)."),
-    app_dir: Optional[Path] = typer.Option(None, "--app", help="The Flower app folder (default: the one installed "
+    app_dir: Path | None = typer.Option(None, "--app", help="The Flower app folder (default: the one installed "
                                            "with fedl2p)."),
 ) -> None:
     """`flwr run` of the app with OUT/run.toml, streaming the ServerApp's log (a line per round), then exit by the

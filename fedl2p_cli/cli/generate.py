@@ -7,8 +7,9 @@ import dataclasses
 import inspect
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -22,13 +23,13 @@ def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
     """What the command line takes: lists and per-domain tables as one comma-separated string, choices as a string
     (checked with the config, so a bad value is one line naming the option), a `path` field as a Path."""
     if f.metadata.get("path"):
-        return Optional[Path]
+        return Optional[Path]  # noqa: UP045 -- a value built for typer at run time, not an annotation; kept as it was
     inner = _unwrap(tp)
     if typing.get_origin(inner) in (list, dict):
-        return Optional[str]
+        return Optional[str]  # noqa: UP045 -- as above
     if choices(inner) is not None or typing.get_origin(inner) in (typing.Union, types.UnionType):
         return str  # choices, or a number or a word (`--workers auto`): checked with the config
-    return Optional[inner] if inner is not tp else tp
+    return Optional[inner] if inner is not tp else tp  # noqa: UP045 -- as above (inner: any type the config declares)
 
 
 def _default(f: dataclasses.Field) -> Any:

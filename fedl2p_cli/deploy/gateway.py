@@ -21,14 +21,16 @@ A SuperNode still authenticates to the SuperLink itself: its signed headers pass
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import ipaddress
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from ..errors import FedL2PError
 from . import fleet_routes as fr
@@ -313,10 +315,8 @@ class Gateway:
 
     async def _reject(self, conn, writer, peer: str, req, r: Reject, n_in: int = 0, note: str = "") -> None:
         text = f"{r.reason}\n".encode()
-        try:
+        with contextlib.suppress(Exception):  # h11 refuses to answer in some states (e.g. a head never completed)
             await _send(conn, writer, r.status, [(b"content-type", b"text/plain"), (b"connection", b"close")], text)
-        except Exception:  # noqa: BLE001 - h11 refuses to answer in some states (e.g. a head never completed)
-            pass
         method, target = (req.method, req.target) if req is not None else (b"-", b"-")
         self.log.request(peer, method, target, r.status, n_in, len(text), None, note)
 
@@ -337,7 +337,7 @@ async def _send(conn, writer, status: int, headers: list, body: bytes) -> None:
     await writer.drain()
 
 
-def framing(req) -> "fr.Verdict":
+def framing(req) -> fr.Verdict:
     """A Fleet call's body is protobuf with a Content-Length; a Transfer-Encoding (with or without a length beside
     it: the classic request-smuggling pair) is refused rather than interpreted."""
     if _header(req, b"transfer-encoding") is not None:

@@ -9,10 +9,11 @@ never touches the checkpoint file or the terminal.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.client import Timer
 from ..core.settings import RoundPolicy
@@ -109,7 +110,7 @@ class RoundStrategy(Protocol):
         """What the progress bar shows after a round."""
 
 
-def in_process(fn: Callable[..., Any], placed: "OnDevice | None" = None) -> Executor:
+def in_process(fn: Callable[..., Any], placed: OnDevice | None = None) -> Executor:
     """Run every task in this process, in order: `fn(task)`, or with `placed` (an `engine.placement.OnDevice`)
     `fn(context, task)` with the task on the context's device and the result back on the host."""
     if placed is None:

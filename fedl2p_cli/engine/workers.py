@@ -12,9 +12,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .rounds import Failed
 
@@ -37,7 +38,7 @@ def _init(build: Callable[..., Any], args: tuple, update: Callable, dev: str) ->
     _CONTEXT, _UPDATE = placed(build(*args), torch.device(dev)), update
 
 
-def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> "OnDevice":
+def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> OnDevice:
     """`build(*args, runtime)` after applying the parent's runtime (received whole, as a dict), placed on the
     runtime's device: how a worker process or ClientApp makes the same choices (device, determinism, one torch
     thread)."""
@@ -69,7 +70,7 @@ class ClientPool:
     worker's task and wait for it forever.)"""
 
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-                 dev: "torch.device", timeout: float | None = None):
+                 dev: torch.device, timeout: float | None = None):
         from .placement import placed
         self.update, self.timeout = update, timeout
         self.local = placed(local_context, dev) if workers == 1 else None
@@ -129,7 +130,7 @@ class ClientPool:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
-    def __enter__(self) -> "ClientPool":
+    def __enter__(self) -> ClientPool:
         return self
 
     def __exit__(self, *exc) -> None:

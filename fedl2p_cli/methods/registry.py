@@ -6,8 +6,9 @@ builds such an object plus one `registry.add_method` call in a plugin's `registe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import plugins
 from .context import ClientContext, Row, Setup
@@ -79,6 +80,7 @@ class HandMade(Method):
     def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int, model: nn.Module | None = None) -> Strategy:
         """Its Strategy at `factor` x its LR; LR 0 for the parameter tensors of `model` its `tensors` leaves out."""
         import torch
+
         from ..core.finetune import Strategy
         from . import check
         check.rate(self)
@@ -105,6 +107,7 @@ class Tuned(Method):
 
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         import numpy as np
+
         from ..core.selection import NO_FT, select_by_validation
         grid = self.candidates()
         out = np.zeros((len(grid), 3))
@@ -166,6 +169,7 @@ class Checked(Learned):
 
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         import numpy as np
+
         from ..core.finetune import Strategy
         from ..core.selection import select_by_validation
         s = run.strategies.get(row.name)

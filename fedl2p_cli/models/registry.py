@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

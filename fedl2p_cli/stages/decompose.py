@@ -13,20 +13,20 @@ import numpy as np
 import torch
 
 from .. import methods
+from ..analysis.text import signed
 from ..artifacts import Artifact, Draft, Store
 from ..configs import DecomposeConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
 from ..errors import FedL2PError
 from ..runtime import Runtime
-from . import partition as partition_stage
 from . import meta_train as meta_stage
+from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import Harness
-from ..analysis.text import signed
 
 
 def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],

@@ -52,7 +52,7 @@ def export_site(data: ClientData, client: int, folder: Path) -> Path:
     return path
 
 
-def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites: int, out: Path,
+def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: int, out: Path,
                runtime: Runtime = Runtime(), site_names: list[str] | None = None) -> dict:
     """The app's run config for `flwr run --run-config`: the meta-train settings, the runtime (its failure policy; each
     site receives it whole and computes on its own device), the model's shape, and a copy of the pretrained weights
@@ -199,6 +199,7 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
     the settings, the pretrained model and the lambda's sha256 (a federation's result is not reproducible from its
     settings alone: it depends on the sites)."""
     import tomllib
+
     from ..artifacts import sha256_file
     from .common import build_or_reuse
     files = {n: out / n for n in ("run.toml", "lambda.safetensors", "history.csv")}
@@ -370,7 +371,7 @@ def _server_app():
     return app
 
 
-def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDict) -> None:
+def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict) -> None:
     """The federation's rounds: wait for the sites, learn who they are, run the round loop, write lambda. The
     failure policy is the run config's runtime (each site receives it whole and computes on its own device)."""
     runtime = run_config_runtime(rc)

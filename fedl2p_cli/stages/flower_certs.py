@@ -93,7 +93,7 @@ def keygen(out: Path, name: str) -> list[Path]:
 
 def _cert(subject: str, key, issuer_name, issuer_key, ca: bool, hosts: list[str] = ()):
     x509, hashes, _, _, NameOID = _crypto()
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     b = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name or name).public_key(key.public_key())
          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))

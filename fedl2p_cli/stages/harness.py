@@ -7,8 +7,9 @@ the same batches and their accuracies are paired."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from ..engine.placement import OnDevice
 from ..io.stats_h5 import StatsTable
 from .pretrain import global_accuracy
 
+
 @dataclass
 class Client:
     """One client on the harness's device: its data and its stored BN statistics (where fine-tuning starts)."""
@@ -32,7 +34,7 @@ class Client:
 @dataclass
 class Trial:
     """One fine-tuning of a client under a strategy with a seed; its accuracies are computed when asked."""
-    harness: "Harness"
+    harness: Harness
     client: Client
     strategy: Strategy
     ft: FinetuneResult
@@ -72,7 +74,7 @@ class Harness:
         self.theta = {n: self.state[n] for n, _ in self.model.named_parameters()}
 
     @classmethod
-    def on(cls, dev: torch.device, *args: Any, **kw: Any) -> "Harness":
+    def on(cls, dev: torch.device, *args: Any, **kw: Any) -> Harness:
         """The harness the executor's placement puts on `dev` (engine/placement.py)."""
         on = OnDevice(cls(*args, **kw), dev)
         on.context.place = on.move

@@ -10,26 +10,24 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import methods
 from ..algorithms import meta_grads
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..artifacts import Artifact, Draft, Store
+from ..configs import MetaTrainConfig
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
-from ..core.settings import RoundPolicy
-from .. import methods
-from ..runtime import Runtime
-from ..configs import MetaTrainConfig
 from ..core.config import stored, validate
-from ..core.settings import LEGACY_IFT
-from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
-                             normalize_inputs)
+from ..core.metanets import Lambda, ServerAdam, init_lambda, input_normalizer, normalize_inputs
+from ..core.settings import LEGACY_IFT, RoundPolicy
+from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.executors import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.stats_h5 import StatsTable
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
@@ -299,7 +297,7 @@ def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, dev:
         for s in range(steps):
             timer, t0 = Timer(), time.perf_counter()
             try:
-                r = on(lambda cx, lm: cx.update(c, lm, generator(cfg.seed, s, c), timer), lam)
+                r = on(lambda cx, lm: cx.update(c, lm, generator(cfg.seed, s, c), timer), lam)  # noqa: B023 -- called at once, in this step
             except Diverged as e:
                 diverged.append(f"client {c} step {s + 1}: {e}")
                 break
@@ -425,7 +423,7 @@ def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> 
                        cfg.meta.init_gain, cfg.meta.beta_output)
 
 
-def method_of(art: Artifact) -> "methods.Learned":
+def method_of(art: Artifact) -> methods.Learned:
     """The learned method a meta-train artifact belongs to (its options' family: --local is L2P)."""
     return methods.learned(config_from_dict(art.config).family())
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from ..errors import DataError, FedL2PError
 from ..io import partition_h5
 from ..runtime import Runtime
 from .common import build_or_reuse, config_dict
+
 
 def default_domains(dataset: str) -> list[str]:
     return list(sources.get(dataset).domains or corr.DEFAULT_DOMAINS)

@@ -15,6 +15,8 @@ import torch
 
 from .. import methods
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
+from ..analysis import spread
+from ..analysis.text import signed
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PersonalizeConfig
 from ..core import metanets
@@ -32,11 +34,9 @@ from . import partition as partition_stage
 from . import pfl as pfl_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
+from . import table
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
-from . import table
-from ..analysis import spread
-from ..analysis.text import signed
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
 STAGES = (None, *(s.name for s in table.STAGES if s.method))

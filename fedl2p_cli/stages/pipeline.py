@@ -7,9 +7,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import methods
 from ..artifacts import Artifact, Store, StoreIndex, canonical_json

@@ -10,22 +10,22 @@ import torch
 
 from .. import plugins
 from ..algorithms.local import LocalConfig
-from ..catalog import PretrainAlgo
-from ..runtime import Runtime
 from ..artifacts import Artifact, Draft, Store, sha256_file
+from ..catalog import PretrainAlgo
+from ..configs import PretrainConfig
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
-from ..configs import PretrainConfig
 from ..core.config import validate
 from ..core.functional import get_state, set_state
+from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.executors import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
+from ..runtime import Runtime
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
 

@@ -19,11 +19,11 @@ import numpy as np
 
 from .. import methods
 from ..analysis import report_html as H
+from ..analysis import spread
 from ..artifacts import STAGES, Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 from .common import Missing, build_or_reuse, config_dict
-from ..analysis import spread
 from .personalize import beta_table, fixed, row_cells, spread_lines
 from .table import stage as stage_of
 

@@ -8,17 +8,17 @@ import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store
-from ..core.bn import bn_layers
 from ..configs import StatsConfig
+from ..core.bn import bn_layers
 from ..core.config import validate
 from ..core.stats import many_client_stats, stat_layers
+from ..engine.placement import OnDevice
 from ..errors import ArtifactError
 from ..io import stats_h5
 from ..models.registry import param_names
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
-from ..engine.placement import OnDevice
-from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
