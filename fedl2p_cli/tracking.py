@@ -119,7 +119,8 @@ class RoundLogger:
 
 
 def open_run(stage: str, aid: str, backend: str, uri: str | None) -> TensorBoardRun | MLflowRun:
-    cls = {"tensorboard": TensorBoardRun, "mlflow": MLflowRun}[backend]
+    runs: dict[str, type[TensorBoardRun] | type[MLflowRun]] = {"tensorboard": TensorBoardRun, "mlflow": MLflowRun}
+    cls = runs[backend]
     return cls(uri or DEFAULT_URI[backend], stage, aid)
 
 

@@ -33,7 +33,7 @@ def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
 
 
 def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]  # then it has a factory
 
 
 def _cli_default(f: dataclasses.Field) -> Any:
@@ -123,7 +123,7 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
             return body(cfg, options.store_runtime(ctx) if store_only else options.runtime(ctx, **run_kw), **kw)
 
         ctx = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)  # Typer fills it in
-        command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # what Typer reads
+        command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # type: ignore[attr-defined]  # what Typer reads
         command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
         return command
     return wrap

@@ -181,7 +181,8 @@ class Gateway:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header)
         first = True
         while True:
-            req, raw, reserved = None, [], 0
+            raw: list[bytes] = []
+            req, reserved = None, 0
             try:
                 req = await self._head(conn, reader, first, raw)
                 if req is None:
@@ -207,8 +208,8 @@ class Gateway:
                 return await self._reject(conn, writer, peer, req or first_line(raw), r)
             except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError) as e:
                 self.buffered -= reserved
-                if req is not None or b"".join(raw).strip():  # a request begun, then the peer went away: its line
-                    line = req or first_line(raw)
+                line = req or first_line(raw)
+                if line is not None:  # a request begun, then the peer went away: its line
                     self.log.request(peer, line.method, line.target, "-", 0, 0, None, f"client gone: {type(e).__name__}")
                 raise
             try:
@@ -458,7 +459,7 @@ def serve(listen: str, superlink: str, certfile: Path | None, keyfile: Path | No
               f"{scheme}://{up_host}:{up_port}; max body {limits.max_body} bytes, {limits.max_connections} "
               "connections" + ("; self-registration forwarded" if self_registration else ""))
     try:
-        asyncio.run(run(host, port, gw, server_tls(certfile, keyfile) if certfile else None,
+        asyncio.run(run(host, port, gw, server_tls(certfile, keyfile) if certfile and keyfile else None,  # all three or none (above)
                         lambda: print(banner, flush=True)))
     except KeyboardInterrupt:
         pass

@@ -82,7 +82,8 @@ class ClientPool:
     def _start(self) -> ProcessPoolExecutor:
         """A pool whose workers have all started and built their context, so that a round's timeout counts the
         clients' updates and not the workers' start-up (importing torch, reading the store: seconds)."""
-        pool, seen, t0 = self._executor(), set(), time.monotonic()
+        pool, t0 = self._executor(), time.monotonic()
+        seen: set[int] = set()
         try:
             while len(seen) < self.workers and time.monotonic() - t0 < 600:
                 seen |= {f.result() for f in [pool.submit(_ready) for _ in range(self.workers)]}
@@ -92,7 +93,7 @@ class ClientPool:
 
     def map(self, tasks: list[Any]) -> list[Any]:
         if self.pool is None:
-            return [self.local(self.update, t) for t in tasks]
+            return [self.local(self.update, t) for t in tasks]  # type: ignore[misc]  # one worker: local is set
         out = self._batch(tasks)
         # a dying worker breaks the whole executor: every unfinished client re-runs alone in a fresh pool, so the one
         # whose update kills its worker fails by itself and the others still answer
@@ -105,7 +106,7 @@ class ClientPool:
     def _batch(self, tasks: list[Any]) -> list[Any]:
         """Results in task order; `_BROKEN` where the executor broke first, `Failed` for an error or no reply in
         time. A broken or hung pool is replaced before returning."""
-        futures = [self.pool.submit(_run, t) for t in tasks]
+        futures = [self.pool.submit(_run, t) for t in tasks]  # type: ignore[union-attr]  # map calls this with a pool
         _, late = wait(futures, timeout=self.timeout)
         out: list[Any] = []
         for f in futures:

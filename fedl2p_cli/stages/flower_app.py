@@ -18,6 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -102,7 +103,7 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     if bad:
         raise FedL2PError(f"{path} is not a site file: {', '.join(bad)} (see docs/deployment.md, 'A site's data')")
     empty = (t["x_train"][:0], t["y_train"][:0])
-    return int(client), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
+    return int(str(client)), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
 
 
 def site_name(node_config) -> str:
@@ -379,11 +380,12 @@ def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict
     theta = weights.load(Path(str(rc["model-file"])))
     out = Path(str(rc["out"]))
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
-    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
+    # the server's context: no model or statistics (the sites have them), and the sites in place of a partition
+    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)  # type: ignore[arg-type]
     lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
     cfg_dict = dataclasses.asdict(cfg)
 
-    def execute(tasks: list[mt.MetaTask]) -> list:
+    def execute(tasks: list[Any]) -> list:  # the strategy's MetaTasks
         return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
                         [node_of[t.client] for t in tasks], runtime.timeout())
 

@@ -19,6 +19,7 @@ from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, person
 from ..core.functional import evaluate
 from ..engine.loop import batch_stream as batches
 from ..engine.placement import OnDevice
+from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
 from .pretrain import global_accuracy
 
@@ -45,8 +46,9 @@ class Trial:
         computed once per split and statistics."""
         if (split, stats) not in self.scores:
             h = self.harness
-            self.scores[split, stats] = personalized_accuracy(h.model, self.ft.params, *getattr(self.client.data, split),
-                                                              self.strategy, self.ft.bn, h.batch_size, stats)
+            x, y = getattr(self.client.data, split)
+            self.scores[split, stats] = personalized_accuracy(h.model, self.ft.params, x, y, self.strategy, self.ft.bn,
+                                                              h.batch_size, stats)
         return self.scores[split, stats]
 
 
@@ -60,7 +62,7 @@ class Harness:
     (`table`), and the fine-tuning budget every strategy shares; built by `on`, on a device."""
     model: torch.nn.Module
     state: dict
-    part: object
+    part: Partition
     table: StatsTable
     epochs: int
     batch_size: int

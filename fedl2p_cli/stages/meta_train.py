@@ -26,6 +26,7 @@ from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
+from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
 from ..runtime import Runtime
 from . import partition as partition_stage
@@ -52,7 +53,7 @@ class Context:
 
     model: torch.nn.Module
     theta_g: dict
-    part: object
+    part: Partition
     stats: StatsTable
     cfg: MetaTrainConfig
     norm: dict | None = None  # input standardisation, from the seen clients (None: raw inputs, as the paper)
@@ -85,7 +86,7 @@ class Context:
         beta = torch.stack([o[0] for o in outs])
         eta = torch.stack([o[1] for o in outs]).mean(0)
         dom = torch.as_tensor(self.part.domain[seen])
-        rec = {}
+        rec: dict[str, float] = {}
         for d, name in enumerate(self.part.domain_names):
             if (dom == d).any():
                 rec |= {f"beta_{name}_{i}": float(b) for i, b in enumerate(beta[dom == d].mean(0))}
@@ -316,7 +317,7 @@ def summarize_rounds(history: list[dict], local_mode: bool) -> list[dict]:
     """Per-step mean over clients for L2P, so both modes plot the same way."""
     if not local_mode:
         return history
-    by = {}
+    by: dict[int, list[dict]] = {}
     for h in history:
         by.setdefault(h["round"], []).append(h)
     return [{"round": r, "val_loss": float(np.mean([h["val_loss"] for h in hs])),
@@ -425,7 +426,7 @@ def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> 
 
 def method_of(art: Artifact) -> methods.Learned:
     """The learned method a meta-train artifact belongs to (its options' family: --local is L2P)."""
-    return methods.learned(config_from_dict(art.config).family())
+    return methods.learned(config_from_dict(art.config).family())  # type: ignore[return-value]  # every family is registered
 
 
 def config_from_dict(d: dict) -> MetaTrainConfig:

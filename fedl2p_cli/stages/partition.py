@@ -50,7 +50,7 @@ def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | 
 def speaker_splits(cfg: PartitionConfig, ds: datasets.Dataset) -> list[ClientSplit]:
     """One client per speaker (`ds.groups`), its clips split test / validation / train as for every client."""
     rng = np.random.default_rng(cfg.seed)
-    groups, pools = ds.groups.numpy(), ds.domains.numpy()
+    groups, pools = ds.groups.numpy(), ds.domains.numpy()  # type: ignore[union-attr]  # a speakers source sets groups
     out = []
     for g, name in enumerate(ds.group_names or []):
         idx = np.nonzero(groups == g)[0]
@@ -214,7 +214,7 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
         cfg.exclude, excluded = ex_art.id, ex.source_index.numpy()
     # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
     # built before the option existed, keep their ids with --normalize partition)
-    quiet = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
+    quiet: tuple[str, ...] = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
     # --image-size came later: the size a source resized to before it (image-folder: 64) keeps those artifacts' ids,
     # and any other choice (keeping the images' size included) is a new one
     if cfg.image_size == sources.get(cfg.dataset).resized_before:

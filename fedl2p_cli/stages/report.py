@@ -281,7 +281,7 @@ def config_diff(a: Artifact) -> list[list[str]]:
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict) and v and all(isinstance(x, str) for x in v) and k in ("meta",):
             out |= _flat(v, f"{prefix}{k}.")

@@ -15,6 +15,7 @@ from ..core.stats import many_client_stats, stat_layers
 from ..engine.placement import OnDevice
 from ..errors import ArtifactError
 from ..io import stats_h5
+from ..io.partition_h5 import Partition
 from ..models.registry import param_names
 from ..runtime import Runtime
 from . import partition as partition_stage
@@ -26,7 +27,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 class Forward:
     """What the statistics read: the pretrained model and the clients (placed on the device by the executor)."""
     model: torch.nn.Module
-    part: object
+    part: Partition
 
 
 def chunk_stats(ctx: Forward, task: tuple[list[int], int]) -> list:
