@@ -26,7 +26,7 @@ quickstart: $(STAMP) data  # feature shift over 7 domains, then the small plante
 	$(BIN)/fedl2p run quickstart-planted
 	$(BIN)/fedl2p report quickstart quickstart-planted  # both parts on one HTML page
 
-lint: $(STAMP)  # ruff over the repository, mypy over the typed core (pyproject.toml: [tool.ruff], [tool.mypy])
+lint: $(STAMP)  # ruff over the repository, mypy over the package (pyproject.toml: [tool.ruff], [tool.mypy])
 	$(BIN)/ruff check --quiet .
 	$(BIN)/mypy
 

@@ -39,8 +39,8 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
     import torch
     torch.set_num_threads(1)
     from fedl2p_cli.cli.render import RichProgress
-    from fedl2p_cli.stages import pipeline
     from fedl2p_cli.stages import personalize as pers_stage
+    from fedl2p_cli.stages import pipeline
     secs = accuracy.sections(cell)
     secs["meta-train"] = [accuracy.sections(cell)["meta-train"][0] | variant]  # the paper-default variant's settings
     secs["personalize"] = dict(secs["personalize"], pools=[pool], methods=["ft-bnc", "ft-bng", "ft-bni"])

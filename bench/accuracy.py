@@ -117,6 +117,7 @@ def central_accuracy(part_id: str, pretrain_cfg: dict, epochs: int = 10) -> floa
     LR with x0.1 at 50% and 75% of the epochs), tested on the seen clients' pooled test images."""
     import torch
     import torch.nn.functional as F
+
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.functional import get_state
     from fedl2p_cli.engine.loop import generator, step_lr
@@ -221,9 +222,9 @@ def cluster_rows(cell: str, row: dict) -> dict:
     """ARI of xi and of each learned variant's beta vs the true domains (seen pool), over every personalisation of
     these clients (the extras' too). A beta that is the same for every client (spread < 1e-3 in every layer) has no
     clusters: spectral clustering of rounding noise gave ARIs from 0.36 to 0.69 here, so it is reported as constant."""
+    from fedl2p_cli import methods as registry
     from fedl2p_cli.analysis.clusters import spectral_ari
     from fedl2p_cli.artifacts import Store
-    from fedl2p_cli import methods as registry
     from fedl2p_cli.stages import personalize as pers_stage
     from fedl2p_cli.stages import stats as stats_stage
     store = Store(STORE)
@@ -252,6 +253,7 @@ SWEEP_LRS = (BASE_LR, BASE_LR / 10)  # at the base LR, beta = 0 (no batch statis
 def cell_harness(ids: dict[str, str]):
     """The personalisation harness (stages/harness.py, on the CPU) of a cell's artifacts, by stage: e epochs, batch 32."""
     import torch
+
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import partition as partition_stage
     from fedl2p_cli.stages import pretrain as pretrain_stage
@@ -268,6 +270,7 @@ def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[f
     """What beta the data asks for: per domain and learning rate, the mean test accuracy of fine-tuning every seen
     client with one fixed beta for all BN layers (PreciseBN statistics, the personalisation's batches)."""
     import torch
+
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.finetune import Strategy
     torch.set_num_threads(1)
@@ -290,8 +293,8 @@ def beta_sweep(personalize_id: str, seed: int = 0) -> dict[str, dict[str, list[f
 def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     """The same cell personalised with the paper's running client statistics (`client_bn = "running"`) next to the
     default recomputed ones: FT baselines and the meta-net variants, same clients, seeds and batches."""
-    from fedl2p_cli.artifacts import Store
     from fedl2p_cli import methods as registry
+    from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     main = store.load("personalize", row["personalize"], verify=False)
@@ -334,7 +337,7 @@ def seed_groups(store) -> dict[str, str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _store_seed_groups(store: str) -> dict[str, str]:  # one scan per report, not one per row
     from fedl2p_cli.artifacts import Store
     return seed_groups(Store(Path(store)))
@@ -456,6 +459,7 @@ def meta_runs(personalize_id: str) -> list[dict]:
     """Each learned row's meta-train run, from its history.csv: eta~ after the last round and at most (x its start),
     the round whose lambda was kept, divergence, and the sampled clients' validation loss in the first and last round."""
     import csv
+
     from fedl2p_cli.artifacts import Store
     store = Store(STORE)
     out = []
@@ -463,7 +467,8 @@ def meta_runs(personalize_id: str) -> list[dict]:
         if not k.startswith("meta-train:"):
             continue
         art = store.load("meta-train", i, verify=False)
-        h = list(csv.DictReader(open(art.file("history.csv"))))
+        with open(art.file("history.csv")) as f:
+            h = list(csv.DictReader(f))
         eta = [float(x["etatilde_x"]) for x in h if x.get("etatilde_x")]  # none when the LRs are fixed (nets=bnnet)
         out.append({"variant": art.metrics["variant"], "id": i, "eta_last": eta[-1] if eta else float("nan"),
                     "eta_max": max(eta, default=float("nan")), "eta_min": min(eta, default=float("nan")),

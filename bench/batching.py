@@ -67,12 +67,12 @@ def step_per_client(model_name: str, dev: torch.device, ns: tuple[int, ...], rep
     ys = [d.train[1][:SHAPE["batch"]] for d, _, _ in cl]
     out: dict = {}
     for n in ns:
-        gens = lambda: [torch.Generator().manual_seed(c) for c in range(n)]  # noqa: E731
+        gens = lambda n=n: [torch.Generator().manual_seed(c) for c in range(n)]  # noqa: E731
         if n == 1:
-            fn = lambda: finetune(m, theta, xs[0], ys[0], s, cl[0][2], 1, SHAPE["batch"], gens()[0], "running")  # noqa: E731
+            fn = lambda gens=gens: finetune(m, theta, xs[0], ys[0], s, cl[0][2], 1, SHAPE["batch"], gens()[0], "running")  # noqa: E731
         else:
-            fn = lambda n=n: finetune_many(m, [theta] * n, xs[:n], ys[:n], [s] * n, [c[2] for c in cl[:n]], 1,  # noqa: E731
-                                           SHAPE["batch"], gens(), "running")
+            fn = lambda n=n, gens=gens: finetune_many(m, [theta] * n, xs[:n], ys[:n], [s] * n, [c[2] for c in cl[:n]], 1,  # noqa: E731
+                                                     SHAPE["batch"], gens(), "running")
         out[n] = _measured(fn, dev, reps, n)
     return out
 
@@ -86,13 +86,13 @@ def round_per_client(model_name: str, dev: torch.device, meta_grad: str, ns: tup
     cfg = MetaConfig(iterations=iterations, epochs=epochs, batch_size=SHAPE["batch"], meta_grad=meta_grad)
     out: dict = {}
     for n in ns:
-        gens = lambda: [torch.Generator().manual_seed(c) for c in range(n)]  # noqa: E731
+        gens = lambda n=n: [torch.Generator().manual_seed(c) for c in range(n)]  # noqa: E731
         if n == 1:
             d, st, bn = cl[0]
-            fn = lambda: client_update(m, theta, lam, st.xi, st.x, bn, d, cfg, gens()[0])  # noqa: E731
+            fn = lambda d=d, st=st, bn=bn, gens=gens: client_update(m, theta, lam, st.xi, st.x, bn, d, cfg, gens()[0])  # noqa: E731
         else:
-            fn = lambda n=n: client_update_many(m, theta, [lam] * n, [(c[1].xi, c[1].x) for c in cl[:n]],  # noqa: E731
-                                                [c[2] for c in cl[:n]], [c[0] for c in cl[:n]], cfg, gens())
+            fn = lambda n=n, gens=gens: client_update_many(m, theta, [lam] * n, [(c[1].xi, c[1].x) for c in cl[:n]],  # noqa: E731
+                                                          [c[2] for c in cl[:n]], [c[0] for c in cl[:n]], cfg, gens())
         out[n] = _measured(fn, dev, reps, n)
     return out
 

@@ -41,6 +41,7 @@ def plain_model(m: torch.nn.Module) -> torch.nn.Module:
     core.pool's MaxPool2d; MixBN with no policy active runs F.batch_norm exactly as nn.BatchNorm2d does): the
     plain-PyTorch reference, in training mode."""
     import copy
+
     from fedl2p_cli.core.conv import Conv2d
     from fedl2p_cli.core.pool import MaxPool2d
     plain = copy.deepcopy(m).train()
@@ -197,6 +198,7 @@ def bench_steps(name: str, threads: int) -> dict:
     under BN C (beta 1), BN G (beta 0), BN I and a mixed beta 0.5; the hypergradient (fo, exact; fo with --ift-at
     last-step, which reuses the last fine-tuning step's gradient) and FOMAML+."""
     import torch.nn.functional as F
+
     from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step, step_with_grad
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     torch.set_num_threads(threads)
@@ -242,6 +244,7 @@ def bench_client_round() -> dict:
     statistics, one meta-gradient), timed in turns against plain PyTorch fine-tuning alone (an `nn.Module`,
     `torch.optim.SGD`, the same batches): the floor that any implementation's round sits above."""
     import torch.nn.functional as F
+
     from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.finetune import ClientBN
@@ -294,7 +297,8 @@ def bench_meta_round() -> dict:
         cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
         art, _ = meta_train.run(cfg, store, pre.id, st.id)
         import csv
-        rows = list(csv.DictReader(open(art.file("history.csv"))))[1:]
+        with open(art.file("history.csv")) as f:
+            rows = list(csv.DictReader(f))[1:]
     keys = ("finetune_s", "hypergrad_s", "aggregate_s", "io_s")
     tot = sum(float(r["round_s"]) for r in rows)
     split = {k[:-2]: sum(float(r.get(k) or 0) for r in rows) / tot for k in keys}
@@ -309,6 +313,7 @@ def bench_workers() -> dict:
     wall clock (history round_s), so the workers' one-off start-up is reported apart."""
     import csv
     import importlib.util
+
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train, pretrain, stats
@@ -328,7 +333,8 @@ def bench_workers() -> dict:
             t = time.perf_counter()
             art, _ = meta_train.run(cfg, store, pre.id, st.id, runtime=Runtime(workers=workers, engine=engine))
             total = time.perf_counter() - t
-            rows = list(csv.DictReader(open(art.file("history.csv"))))
+            with open(art.file("history.csv")) as f:
+                rows = list(csv.DictReader(f))
             rounds_s = sum(float(r["round_s"]) for r in rows)
             updates = sum(int(r["clients"]) for r in rows)
             # the engine's cost beyond the clients' own work, rounds 2.. (round 1 holds the workers' start-up):

@@ -42,6 +42,7 @@ EVAL_SEED = objective.EVAL_SEED
 
 def per_client(ctx, lam, c: int, fd: bool = True) -> dict:
     import torch
+
     from fedl2p_cli.algorithms.fedl2p import hyper_fn, meta_gradient
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
     from fedl2p_cli.engine.loop import generator
@@ -79,6 +80,7 @@ def per_client(ctx, lam, c: int, fd: bool = True) -> dict:
 def unrolled(ctx, lam, c: int) -> list[float]:
     """dL_V/dbeta per layer through every fine-tuning step (see the module docstring)."""
     import torch
+
     from fedl2p_cli.algorithms.fedl2p import hyper_fn
     from fedl2p_cli.core.bn import BNPolicy
     from fedl2p_cli.core.finetune import Strategy, finetune
@@ -131,7 +133,7 @@ def variant(ctx, lam0, settings: str, base: dict) -> dict:
 def summary(m: dict) -> list[list]:
     rows = []
     for layer in range(len(m["clients"][0]["beta"])):
-        get = lambda k: np.array([r[k][layer] for r in m["clients"]])  # noqa: E731
+        get = lambda k, layer=layer: np.array([r[k][layer] for r in m["clients"]])  # noqa: E731
         ift, fdp, fdr = get("ift"), get("fd_precise"), get("fd_running")
         agree = np.mean(np.sign(ift) == np.sign(fdp))
         diff = ift - fdp
@@ -149,7 +151,7 @@ def unrolled_rows(m: dict) -> list[list]:
     """Per layer: the unrolled derivative beside the IFT and the finite difference, and the two gaps it separates."""
     rows = []
     for layer in range(len(m["clients"][0]["beta"])):
-        get = lambda k: np.array([r[k][layer] for r in m["clients"]])  # noqa: E731
+        get = lambda k, layer=layer: np.array([r[k][layer] for r in m["clients"]])  # noqa: E731
         ift, unr, fdp = get("ift"), get("unrolled"), get("fd_precise")
         rows.append([m["lambda"], f"bn{layer}", f"{ift.mean():+.4f}", f"{unr.mean():+.4f}", f"{fdp.mean():+.4f}",
                      _paired(ift - unr), _paired(unr - fdp), f"{100 * np.mean(np.sign(ift) == np.sign(unr)):.0f}%"])

@@ -98,7 +98,8 @@ def val_curves(cell: str, rounds: int, column: str = "val_loss") -> dict[str, li
     for art in store.iter("meta-train"):
         if art.id not in ours or art.config.get("rounds") != rounds or art.config.get("keep") != "best":
             continue
-        h = list(csv.DictReader(open(art.file("history.csv"))))
+        with open(art.file("history.csv")) as f:
+            h = list(csv.DictReader(f))
         variant, _ = label(art.metrics["variant"].split("-seed")[0])
         curves.setdefault(variant, []).append([float(x[column]) for x in h])
     return {v: np.mean([c[:min(map(len, cs))] for c in cs], axis=0).tolist() for v, cs in curves.items()}
@@ -119,7 +120,8 @@ def bn_layers(cell: str, rounds: int) -> int:
     from fedl2p_cli.artifacts import Store
     pid = _done(cell)[str(rounds)][0]
     art = Store(accuracy.STORE).load("meta-train", accuracy.meta_runs(pid)[0]["id"], verify=False)
-    header = next(csv.reader(open(art.file("history.csv"))))
+    with open(art.file("history.csv")) as f:
+        header = next(csv.reader(f))
     return sum(1 for h in header if h.startswith("beta_") and h[5:].isdigit())
 
 

@@ -9,9 +9,9 @@ grad`, as the authors' client does) is named in `modules` so that its calls are 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 

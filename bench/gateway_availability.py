@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import os
 import socket
@@ -87,10 +88,8 @@ class Gateway:
         def main():
             asyncio.set_event_loop(self.loop)
             self.task = self.loop.create_task(gw.run("127.0.0.1", self.port, g, None, ready.set))
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 self.loop.run_until_complete(self.task)
-            except asyncio.CancelledError:
-                pass
 
         threading.Thread(target=main, daemon=True).start()
         ready.wait(10)
@@ -125,10 +124,8 @@ def strangers(port: int, n: int, peers: int, stop: threading.Event) -> list[sock
     def keep():
         while not stop.wait(20):
             for s in socks:
-                try:
+                with contextlib.suppress(OSError):
                     s.sendall(req())
-                except OSError:
-                    pass
     threading.Thread(target=keep, daemon=True).start()
     return socks
 
@@ -205,10 +202,8 @@ def rss_at_cap() -> str:
             pass
     for _ in range(4):  # each sends 3 MiB of its 4 MiB body, then waits
         for s in socks:
-            try:
+            with contextlib.suppress(OSError):
                 s.sendall(chunk[: 3 << 18])
-            except OSError:
-                pass
     time.sleep(2.0)
     grew = rss_mib() - before
     for s in socks:

@@ -74,10 +74,11 @@ def client(model_name: str, dev: torch.device, seed: int = 0):
 
 def steps(model_name: str, dev: torch.device) -> dict:
     import torch.nn.functional as F
+
+    from bench import plain_model  # bench/bench.py, beside this file (sys.path[0])
     from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
     from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
     from fedl2p_cli.core.metanets import hyperparameters
-    from bench import plain_model  # bench/bench.py, beside this file (sys.path[0])
     m, theta, lam, st, bn, data = client(model_name, dev)
     x, y = data.train[0][:32], data.train[1][:32]
     hyper = lambda l: hyperparameters(l, st.xi, st.x, len(theta), 1e-3, 1.0)  # noqa: E731
@@ -158,6 +159,7 @@ def profile_round(model_name: str, meta_grad: str, dev: torch.device, top: int =
     """`--profile`: one client round's host syncs (by source line) and its heaviest operators, printed."""
     import collections
     import warnings
+
     from torch.profiler import ProfilerActivity, profile
     round_one_once(model_name, dev, meta_grad)  # warm: cuDNN plans, caches
     torch.cuda.synchronize()

@@ -39,6 +39,7 @@ def score(ctx, lam, beta: list[float] | None = None) -> dict[str, np.ndarray]:
     """Per seen client: validation loss (the meta-objective), validation and test accuracy under lambda (`beta`: one
     fixed beta per BN layer instead of BNNet's)."""
     import torch
+
     from fedl2p_cli.algorithms.fedl2p import hyper_fn
     from fedl2p_cli.core.finetune import Strategy, finetune, personalized_accuracy
     from fedl2p_cli.engine.loop import generator
@@ -61,7 +62,8 @@ def score(ctx, lam, beta: list[float] | None = None) -> dict[str, np.ndarray]:
 def domain_trend(art, domains: np.ndarray) -> tuple[float, float]:
     """Slope (per 10 rounds) of the recorded validation loss with one intercept per domain share of the sample,
     and its standard error (ordinary least squares)."""
-    h = list(csv.DictReader(open(art.file("history.csv"))))
+    with open(art.file("history.csv")) as f:
+        h = list(csv.DictReader(f))
     n_dom = int(domains.max()) + 1
     rows, y = [], []
     for rec in h:
@@ -146,6 +148,7 @@ def context(art):
     """A meta-train run's client context (its partition, pretrained model and statistics, one torch thread) and its
     initial lambda."""
     import torch
+
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train
     torch.set_num_threads(1)

@@ -27,7 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from refclient import Shared, client_kwargs, fail, import_reference, logit_gap, reference_config, their_model  # noqa: E402
+
 from fedl2p_cli.analysis import tables  # noqa: E402
+
 STORE = Path(os.environ.get("FEDL2P_STORE", HERE.parent / "artifacts"))
 PSEEDS = [0, 1, 2]  # personalisation seeds, as in the bench
 
@@ -43,6 +45,7 @@ def params_mean(replies):
 def run_reference(client_mod, config, kwargs: dict, seen: list[int], cfg: dict, seed: int, log) -> dict:
     import numpy as np
     import torch
+
     from fedl2p_cli.engine.loop import sample_clients
     rounds, n_eta = config.app.run.num_rounds, None
     make = lambda c: client_mod.FedL2PClassificationClient(str(c), type("Ckp", (), {"config": config})(), **kwargs)
@@ -93,8 +96,9 @@ def evaluate_reference(client_mod, config, kwargs: dict, params, clients: list[i
 
 def ours(cell: str) -> dict:
     """Build or reuse the cell's stable-IFT meta-train runs and their personalisation; read what the table shows."""
-    import numpy as np
     import accuracy
+    import numpy as np
+
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import personalize as pers_stage
     from fedl2p_cli.stages import pipeline
@@ -146,9 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[ours] {a.cell}: stable-IFT meta-train (3 seeds) and personalisation, built or reused in {STORE}", flush=True)
     our = ours(a.cell)
     cfg = accuracy.sections(a.cell, stable_ift=True)["meta-train"][0]
+    from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import partition as partition_stage
     from fedl2p_cli.stages import pretrain as pretrain_stage
-    from fedl2p_cli.artifacts import Store
     store = Store(STORE)
     _, part = partition_stage.load(store, our["partition"])
     _, model, state = pretrain_stage.load(store, our["pretrain"])
@@ -208,10 +212,12 @@ def render(a, cfg: dict, our: dict, theirs: list, names: list[str], part, gap: f
     lines += ["", "β: mean over the seen clients of each domain and the meta-train seeds. η̃ and kept round: per "
               "meta-train seed. Accuracy: mean ± SD over meta-train seeds of the mean over personalisation seeds "
               "(hand-made rows: over personalisation seeds).", f"Run time: {secs / 60:.0f} min.", ""]
-    json.dump({"cell": a.cell, "gap": gap, "theirs": [{"history": r["history"], "kept_round": r["kept_round"],
-               "acc": {p: ev[p]["acc"].tolist() for p in pools}, "beta": {p: {str(c): v for c, v in ev[p]["beta"].items()} for p in pools}}
-               for r, ev in theirs], "ours": {"meta": om, "acc": {p: our["pools"][p]["acc"] for p in pools}}},
-              open(HERE / "reference.json", "w"), indent=1)
+    with open(HERE / "reference.json", "w") as f:
+        json.dump({"cell": a.cell, "gap": gap, "theirs": [{"history": r["history"], "kept_round": r["kept_round"],
+                   "acc": {p: ev[p]["acc"].tolist() for p in pools},
+                   "beta": {p: {str(c): v for c, v in ev[p]["beta"].items()} for p in pools}}
+                   for r, ev in theirs], "ours": {"meta": om, "acc": {p: our["pools"][p]["acc"] for p in pools}}},
+                  f, indent=1)
     return "\n".join(lines)
 
 

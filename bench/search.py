@@ -129,7 +129,7 @@ def report(paths: list[Path]) -> str:
                 rs = [r for k, r in rows.items() if k[0] == cell and k[1] == variant and k[3] == pool]
                 if not rs:
                     continue
-                f = lambda key: ms([r[key] for r in rs if key in r])  # noqa: E731
+                f = lambda key, rs=rs: ms([r[key] for r in rs if key in r])  # noqa: E731
                 kinds = sorted(rs[0]["beta_per_kind"])
                 beta = " · ".join("/".join(f"{np.mean([r['beta_per_kind'][k][i] for r in rs]):.2f}"
                                            for i in range(len(rs[0]["beta_per_kind"][k]))) for k in kinds)

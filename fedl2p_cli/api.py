@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import imports
 from .algorithms.meta_grads import MetaGradient
 from .algorithms.systems.base import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
 from .engine.executors import Executor, Job, Pool
-from . import imports
 from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, Outcome, System, Tuned

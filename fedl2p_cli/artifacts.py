@@ -19,10 +19,11 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from . import __version__
 from .errors import ArtifactError
@@ -106,7 +107,7 @@ class Artifact:
 class Draft:
     """An artifact being written: files go into `tmp`, `publish` moves it into place atomically."""
 
-    store: "Store"
+    store: Store
     stage: str
     id: str
     config: dict
@@ -129,7 +130,7 @@ class Draft:
             "stage": self.stage,
             "schema": SCHEMA_VERSION,
             "package_version": __version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "created_ns": time.time_ns(),  # orders "the newest": two artifacts made in the same second do not tie
             "config": self.config,
             "parents": self.parents,
@@ -213,10 +214,8 @@ class Store:
                 lock.unlink(missing_ok=True)
                 os.close(fd)
             for p in reversed(made):
-                try:
+                with suppress(OSError):
                     p.rmdir()  # only if empty
-                except OSError:
-                    pass
 
     def _acquire(self, lock: Path, what: str, timeout: float | None) -> int:
         """The build lock's descriptor, once no other process holds it (as huggingface_hub's cache lock: waiting up to

@@ -8,8 +8,8 @@ from __future__ import annotations
 def register(registry) -> None:
     from .algorithms import local
     from .algorithms.meta_grads import BUILTIN as META_GRADS
-    from .engine.executors import BUILTIN as EXECUTORS
     from .data.builtin_sources import SOURCES
+    from .engine.executors import BUILTIN as EXECUTORS
     from .methods.builtin import METHODS, SYSTEMS_BUILTIN
     from .models import zoo
 

@@ -7,8 +7,9 @@ errors, so any layer may ask it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import FedL2PError
 

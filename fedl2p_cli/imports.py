@@ -20,7 +20,8 @@ from __future__ import annotations
 import enum
 import importlib
 import re
-from typing import Any, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 from .errors import FedL2PError
 

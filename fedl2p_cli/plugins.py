@@ -22,11 +22,12 @@ import importlib.metadata as md
 import inspect
 import os
 import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, cast
 
 from . import imports
 from .catalog import API_VERSION, BUILTIN, KINDS, Catalog, ModelSpec, Plugin, PluginError, PretrainAlgo
@@ -349,7 +350,7 @@ def check_available(records: list[dict], what: str) -> None:
         module, dist = r.get("module"), r.get("dist")
         if module in loaded or (dist and any(p.dist == dist for p in loaded.values())):
             continue
-        if r.get("model") and importable(module):  # a `package.module:factory` model: importable is enough
+        if r.get("model") and importable(cast(str, module)):  # a `package.module:factory` model: importable is enough
             continue
         pin = f"=={r['version']}" if r.get("version") else ""
         fix = f"pip install {dist}{pin} (or --plugin {module})" if dist else f"load it with --plugin {module}"

@@ -68,12 +68,12 @@ class Runtime:
             object.__setattr__(self, "workers", free_cores())
 
     @classmethod
-    def create(cls, device: str = "auto", **fields: Any) -> "Runtime":
+    def create(cls, device: str = "auto", **fields: Any) -> Runtime:
         """A runtime on the device `device` names (auto: the first CUDA GPU when one is present, else the CPU);
         a device that does not exist here is refused with one line."""
         return cls(device=device, **fields).resolved()
 
-    def resolved(self) -> "Runtime":
+    def resolved(self) -> Runtime:
         """This runtime on the device its `device` names here (auto: the first CUDA GPU when one is present, else the
         CPU): the one place a device is decided, by the command line, a worker process and a Flower site alike."""
         from .device import resolve
@@ -94,7 +94,7 @@ class Runtime:
     def timeout(self) -> float | None:
         return self.round_timeout or None
 
-    def replace(self, **changes: Any) -> "Runtime":
+    def replace(self, **changes: Any) -> Runtime:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -102,7 +102,7 @@ class Runtime:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Runtime":
+    def from_dict(cls, d: dict) -> Runtime:
         """The inverse of `to_dict`; keys it does not know are ignored (a run config written by another version)."""
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
@@ -111,7 +111,7 @@ class Runtime:
                 kw[key] = tuple(kw[key])
         return cls(**kw)
 
-    def apply(self, threads: int | None = None) -> "Runtime":
+    def apply(self, threads: int | None = None) -> Runtime:
         """Make this process compute as the runtime says: torch's threads, determinism, the current CUDA device.
         Called once per process: by the command line, and by each worker process or ClientApp (`threads=1`)."""
         import torch

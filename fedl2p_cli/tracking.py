@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import imports
 from .errors import FedL2PError
@@ -118,7 +119,8 @@ class RoundLogger:
 
 
 def open_run(stage: str, aid: str, backend: str, uri: str | None) -> TensorBoardRun | MLflowRun:
-    cls = {"tensorboard": TensorBoardRun, "mlflow": MLflowRun}[backend]
+    runs: dict[str, type[TensorBoardRun] | type[MLflowRun]] = {"tensorboard": TensorBoardRun, "mlflow": MLflowRun}
+    cls = runs[backend]
     return cls(uri or DEFAULT_URI[backend], stage, aid)
 
 

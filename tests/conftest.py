@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
-
-import os
 
 # the suite computes on the CPU even where a GPU is present (the CLI's default `auto` would pick it and keep it for
 # the rest of the worker's tests); tests/test_cuda.py asks for CUDA itself

@@ -6,6 +6,7 @@ outlives a plain kill of its parent), on free loopback ports, with a temporary F
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -77,10 +78,9 @@ class Loopback:
         return self.tmp / f"{name}.log"
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.log(name), "a")
-        p = subprocess.Popen([str(self.bin / args[0]), *args[1:]], env=self.env, stdout=log, stderr=log,
-                             start_new_session=True)
-        log.close()
+        with open(self.log(name), "a") as log:  # the child keeps its own copy of the descriptor
+            p = subprocess.Popen([str(self.bin / args[0]), *args[1:]], env=self.env, stdout=log, stderr=log,
+                                 start_new_session=True)
         self.procs[name] = p
         self.all.append(p)
         return p
@@ -143,10 +143,8 @@ class Loopback:
     def close(self) -> None:
         """End every process started (SIGTERM to each group, then SIGKILL), and check that none is left."""
         for p in self.all:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for p in self.all:
             try:
                 p.wait(timeout=20)

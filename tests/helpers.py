@@ -37,7 +37,7 @@ def smooth_setup(n: int = 24, classes: int = 3, seed: int = 0, noisy: bool = Fal
         return hyperparameters(l, xi, xs, n_p, 0.05, 0.5)
 
     beta, eta = hyper(lam)
-    assert 0.05 < beta.min() and beta.max() < 0.95 and eta.min() > 0  # inside the clamps: STE = true derivative
+    assert beta.min() > 0.05 and beta.max() < 0.95 and eta.min() > 0  # inside the clamps: STE = true derivative
     return model, theta, lam, hyper, (x, y), bn
 
 

@@ -166,6 +166,7 @@ def _slow(_ctx, c):
 
 def test_a_worker_process_that_dies_is_a_failed_client_and_the_pool_starts_afresh():
     import time
+
     from fedl2p_cli.engine.rounds import Failed
     from fedl2p_cli.engine.workers import ClientPool
     t0 = time.time()
@@ -180,6 +181,7 @@ def test_a_worker_process_that_dies_is_a_failed_client_and_the_pool_starts_afres
 
 def test_a_client_without_a_reply_within_the_timeout_is_a_failed_client():
     import time
+
     from fedl2p_cli.engine.rounds import Failed
     from fedl2p_cli.engine.workers import ClientPool
     t0 = time.time()

@@ -12,8 +12,8 @@ from fedl2p_cli.core.client import Timer
 from fedl2p_cli.engine.loop import LoopState, sample_clients
 from fedl2p_cli.engine.rounds import Failed, RoundPolicy, run_rounds
 from fedl2p_cli.engine.workers import ClientPool
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import NoProgress
 

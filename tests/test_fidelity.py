@@ -125,7 +125,8 @@ def test_input_standardisation_is_stored_and_used_at_personalisation(tiny_store)
 
 def test_history_shows_beta_per_domain_eta_groups_and_gradient_norms(tiny_store):
     art = tiny_store["meta"]
-    rows = list(csv.DictReader(open(art.file("history.csv"))))
+    with open(art.file("history.csv")) as f:
+        rows = list(csv.DictReader(f))
     keys = rows[0].keys()
     for d in TINY_PARTITION["corruptions"]:
         assert f"beta_{d}_0" in keys

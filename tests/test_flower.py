@@ -14,10 +14,10 @@ import torch
 
 from fedl2p_cli.algorithms.fedl2p import ClientResult
 from fedl2p_cli.artifacts import Store
-from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.engine import wire
-from fedl2p_cli.runtime import Runtime
+from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.io import weights
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages.meta_train import MetaReply, MetaTask
 
 from .conftest import TINY_META, TINY_PRETRAIN
@@ -82,6 +82,7 @@ def test_wire_rebuilds_a_loaded_plugins_dataclass_and_imports_nothing():
 
 def test_missing_extra_is_one_clear_line(monkeypatch):
     import sys
+
     from fedl2p_cli.engine import flower
     monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr -> ImportError
     with pytest.raises(FedL2PError, match=r"pip install 'fedl2p\[flower\]'"):
@@ -176,7 +177,7 @@ def _crash_after_a_round(fed, run_cmd: list[str], out, *victims: str) -> int:
     return reached
 
 
-def _run_killing_a_site(fed, run_cmd: list[str], out, site: str) -> "subprocess.CompletedProcess":
+def _run_killing_a_site(fed, run_cmd: list[str], out, site: str) -> subprocess.CompletedProcess:
     """Run `run_cmd` to its end while SuperNode `site` is killed (its process group) once round 1 is checkpointed."""
     import os
     import signal

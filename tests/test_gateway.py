@@ -6,6 +6,7 @@ is tests/gateway_attacks.py; the real SuperLink behind the gateway is exercised 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import socket
 import threading
@@ -64,10 +65,8 @@ class Running:
             g = gw.Gateway(up, False, fr.allowlist(kw.get("self_registration", False)), limits,
                            gw.AccessLog(self.out), kw.get("host_name"))
             self.task = self.loop.create_task(gw.run("127.0.0.1", self.port, g, kw.get("tls"), ready.set))
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 self.loop.run_until_complete(self.task)
-            except asyncio.CancelledError:
-                pass
             rest = asyncio.all_tasks(self.loop)  # open connections: cancelled and awaited, so none is left pending
             for t in rest:
                 t.cancel()

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.gateway_attacks import request
 from tests import test_gateway
+from tests.gateway_attacks import request
 from tests.test_gateway import Running, read_all, status
 
 pytest.importorskip("httpx")

@@ -114,9 +114,9 @@ def registries(path: Path) -> list[str]:
                 base = t.value if isinstance(t, ast.Subscript) else t if isinstance(node, ast.AugAssign) else None
                 if isinstance(base, ast.Name) and base.id in names:
                     mutated.add(base.id)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
-            if isinstance(node.func.value, ast.Name) and node.func.value.id in names:
-                mutated.add(node.func.value.id)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS
+              and isinstance(node.func.value, ast.Name) and node.func.value.id in names):
+            mutated.add(node.func.value.id)
     return [f"{module_name(path)}.{n}" for n in sorted(mutated)]
 
 

@@ -3,12 +3,11 @@ import csv
 import pytest
 import torch
 
-from fedl2p_cli.runtime import Runtime
-
 from fedl2p_cli.algorithms import fedl2p as fedl2p_alg
 from fedl2p_cli.core.metanets import clamp_ste, hyperparameters, init_lambda, sgd_update
 from fedl2p_cli.engine.loop import Checkpoint
 from fedl2p_cli.io import weights
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition
 
 from .conftest import TINY_META
@@ -61,7 +60,8 @@ def test_unseen_clients_never_meta_trained(tiny_store):
     _, part = partition.load(tiny_store["store"], tiny_store["partition"].id)
     unseen = set(part.pool(True))
     assert unseen
-    rows = list(csv.DictReader(open(art.file("history.csv"))))
+    with open(art.file("history.csv")) as f:
+        rows = list(csv.DictReader(f))
     sampled = {int(c) for r in rows for c in r["sampled"].split()}
     assert sampled and not (sampled & unseen)
 
@@ -71,7 +71,8 @@ def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
     cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
     full, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
     lam_full = weights.load(full.file("lambda.safetensors"))
-    hist_full = list(csv.DictReader(open(full.file("history.csv"))))
+    with open(full.file("history.csv")) as f:
+        hist_full = list(csv.DictReader(f))
     # interrupt after round 2 through the progress hook, then resume into a fresh build
     cfg2 = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
 
@@ -82,7 +83,8 @@ def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
     lam_res = weights.load(resumed.file("lambda.safetensors"))
     for k in lam_full:
         assert torch.equal(lam_full[k], lam_res[k]), k
-    hist_res = list(csv.DictReader(open(resumed.file("history.csv"))))
+    with open(resumed.file("history.csv")) as f:
+        hist_res = list(csv.DictReader(f))
     assert [r["val_loss"] for r in hist_full] == [r["val_loss"] for r in hist_res]
 
 
@@ -104,7 +106,8 @@ def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
     art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
     assert "round 2" in art.metrics["diverged"]
     assert art.metrics["rounds_run"] == 1
-    rows = list(csv.DictReader(open(art.file("history.csv"))))  # the diverged round is recorded and marked
+    with open(art.file("history.csv")) as f:
+        rows = list(csv.DictReader(f))  # the diverged round is recorded and marked
     assert [r["round"] for r in rows] == ["1", "2"] and not rows[0]["diverged"] and "val nan" in rows[1]["diverged"]
     assert art.metrics["kept_round"] == 1 and "round 1" in art.metrics["kept"]
     lam = weights.load(art.file("lambda.safetensors"))
@@ -139,6 +142,7 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     """--beta-init moves BNNet's bias constant (initial beta) and nothing else; at the paper's 0.5 (and the other
     later options at their defaults: --init-gain, --ift-at) the artifact config is the one artifacts had before."""
     from dataclasses import asdict
+
     from fedl2p_cli.stages.common import config_dict
     lam = init_lambda(20, 82, 62, 1e-3, "both", 0, beta_init=0.9)
     assert all(torch.equal(lam[k], torch.full_like(lam[k], 0.9)) for k in ("bnnet.0.bias", "bnnet.1.bias", "bnnet.2.bias"))

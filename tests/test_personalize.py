@@ -4,14 +4,14 @@ import torch
 import torch.nn.functional as F
 
 from fedl2p_cli import methods
-from fedl2p_cli.core.bn import MixBN, BNPolicy
+from fedl2p_cli.algorithms.fedl2p import MetaConfig
+from fedl2p_cli.core.bn import BNPolicy, MixBN
 from fedl2p_cli.core.finetune import ClientBN, Strategy, eval_policy, finetune, personalized_accuracy
 from fedl2p_cli.core.functional import forward
 from fedl2p_cli.core.metanets import init_lambda
 from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import personalize, pretrain, stats
-from fedl2p_cli.algorithms.fedl2p import MetaConfig
 
 
 @pytest.fixture()
@@ -116,6 +116,7 @@ def test_test_batch_evaluation_of_beta_1_is_bn_i_and_of_other_betas_is_eq2_on_th
 
 def test_eval_stats_names_the_learned_methods_and_leaves_baselines_alone(tiny_store, tmp_path):
     import shutil
+
     from fedl2p_cli.artifacts import Store
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")  # a copy: other tests read the newest artifacts
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id

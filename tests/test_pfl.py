@@ -182,6 +182,7 @@ def test_pfl_train_and_personalize_in_one_table(tiny_store):
 def test_pfl_resume_is_bit_identical(tiny_store):
     """Killed after round 2 of 3, then re-run: the same bytes as an uninterrupted run (Adam moments included)."""
     from fedl2p_cli.engine.loop import Checkpoint
+
     from .helpers import KillAfter, Killed
     store, part = tiny_store["store"], tiny_store["partition"]
     for algo, name in (("pfedla", "server.safetensors"), ("cafeme", "omega.safetensors")):

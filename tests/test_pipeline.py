@@ -55,6 +55,7 @@ def test_second_run_reuses_everything(tmp_path):
 
 def test_unknown_key_is_one_clear_error(tmp_path):
     import pytest
+
     from fedl2p_cli.errors import FedL2PError
     f = tmp_path / "p.toml"
     f.write_text(TOML.replace("rounds = 2\nfraction = 0.5\nbatch_size = 16", "rounds = 2\nfraktion = 0.5", 1))

@@ -125,4 +125,4 @@ def test_a_stage_refusal_in_a_pipeline_names_the_key(tmp_path, capsys):
 def test_a_clone_reads_the_shipped_pipelines_from_the_top_level_folder():
     """The repository keeps pipelines/ at its top level (the wheel installs it as fedl2p_cli/pipelines)."""
     root = pathlib.Path(__file__).resolve().parent.parent
-    assert pf.SHIPPED == root / "pipelines" and not (root / "fedl2p_cli" / "pipelines").exists()
+    assert root / "pipelines" == pf.SHIPPED and not (root / "fedl2p_cli" / "pipelines").exists()

@@ -6,8 +6,8 @@ a subprocess: a plugin's registration is per process, and the suite's own proces
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import textwrap

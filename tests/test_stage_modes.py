@@ -12,9 +12,9 @@ import torch
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store, artifact_id
 from fedl2p_cli.engine.loop import Checkpoint, LoopState
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.errors import ArtifactError
 from fedl2p_cli.io import weights
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import build_or_reuse
 
@@ -172,6 +172,7 @@ def test_two_workers_write_the_same_artifact_as_one(tiny_store, tmp_path):
 def test_pretraining_with_two_workers_writes_the_same_model(tiny_store, tmp_path):
     """pretrain --workers 2 runs through the same round loop and ClientPool: same id, same weights."""
     from fedl2p_cli.stages import pretrain
+
     from .conftest import TINY_PRETRAIN
     arts = []
     threads = torch.get_num_threads()

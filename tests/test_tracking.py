@@ -114,6 +114,7 @@ def test_failed_and_dropped_clients_are_counted():
 
 def test_missing_extra_is_one_line(monkeypatch, capsys):
     import sys
+
     from fedl2p_cli.cli.main import run_cli
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now fails as if it were not installed
     code = run_cli(["--track", "mlflow", "artifacts", "list"])

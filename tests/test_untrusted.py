@@ -11,8 +11,8 @@ import torch
 from fedl2p_cli.core.aggregate import reject_reason, robust_average
 from fedl2p_cli.core.client import Timer
 from fedl2p_cli.engine.loop import group_of
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.errors import FedL2PError
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train
 
 from .conftest import TINY_META

@@ -226,8 +226,9 @@ def test_a_personalisation_with_test_batch_statistics_tags_its_learned_rows():
 
 def test_bench_finds_variants_by_config_not_by_name():
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-    import accuracy
     from dataclasses import asdict
+
+    import accuracy
     ift = MetaConfig(meta_grad="ift", beta_init=0.5)
     assert accuracy.is_stable_ift(asdict(MetaTrainConfig(seed=2, rounds=5, meta=ift)))
     for other in (MetaTrainConfig(local=True, meta=ift), MetaTrainConfig(meta=MetaConfig(meta_grad="ift")),

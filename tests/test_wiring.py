@@ -28,14 +28,14 @@ import torch
 from fedl2p_cli import methods
 from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
 from fedl2p_cli.artifacts import Artifact, Store
-from fedl2p_cli.core.config import reference_of
 from fedl2p_cli.core.client import ClientData
+from fedl2p_cli.core.config import reference_of
 from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, inference_policy, personalized_accuracy, precise_bn
 from fedl2p_cli.core.metanets import init_lambda
 from fedl2p_cli.core.settings import DEFAULT_META_LR
 from fedl2p_cli.engine.loop import generator
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.io import partition_h5, stats_h5, weights
+from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PRETRAIN

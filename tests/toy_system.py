@@ -6,8 +6,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fedl2p_cli.api import (LocalConfig, LoopState, PFLSystem, build_model, evaluate, generator, get_state,
-                            load_weights, sample_clients, save_weights, sgd_client, weighted_average)
+from fedl2p_cli.api import (
+    LocalConfig,
+    LoopState,
+    PFLSystem,
+    build_model,
+    evaluate,
+    generator,
+    get_state,
+    load_weights,
+    sample_clients,
+    save_weights,
+    sgd_client,
+    weighted_average,
+)
 
 
 @dataclass

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from ..core.batched import finetune_many
-from . import meta_grads
 from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params
 from ..core.hypergrad import MetaGrad
-from ..core.settings import MetaConfig
 from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
+from ..core.settings import MetaConfig
+from . import meta_grads
 
 
 class Diverged(Exception):
@@ -65,7 +66,8 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
     timer = timer or Timer()
     hyper = hyper_fn(xi, x, len(theta_g), cfg)
     (xt, yt), (xv, yv) = data.train, data.val
-    first_val, reports = None, []
+    first_val: float | None = None
+    reports: list[dict] = []
     for _ in range(cfg.iterations):
         with torch.no_grad():
             beta, eta = hyper(lam)
@@ -82,10 +84,10 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
         reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))  # the Neumann step the IFT took
         lam = bound_eta(sgd_update(lam, mg.grads, cfg.meta_lrs), cfg)
-    if not math.isfinite(first_val):
+    if not math.isfinite(first_val):  # type: ignore[arg-type]  # iterations >= 1 (validated): the first one set it
         raise Diverged(f"non-finite validation loss {first_val}")
     report = {k: sum(r[k] for r in reports) / len(reports) for k in reports[0]}
-    return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1], report)
+    return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1], report)  # type: ignore[arg-type]  # as above
 
 
 def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], inputs: list[tuple[Tensor, Tensor]],
@@ -99,7 +101,9 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
     n_p = len(theta_g)
     hypers = [hyper_fn(xi, x, n_p, cfg) for xi, x in inputs]
     out: list[ClientResult | Diverged | None] = [None] * len(lams)
-    lams, first_val, first, reports = list(lams), [math.nan] * len(lams), [None] * len(lams), [[] for _ in lams]
+    lams, first_val = list(lams), [math.nan] * len(lams)
+    first: list[tuple[Tensor, Tensor, float] | None] = [None] * len(lams)  # (beta, eta, train loss) of iteration 1
+    reports: list[list[dict]] = [[] for _ in lams]
     for k in range(cfg.iterations):
         live = [c for c in range(len(lams)) if out[c] is None]
         if not live:
@@ -116,7 +120,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
                     xv, yv = datas[c].val
                     first_val[c], _ = personalized_accuracy(model, fts[c].params, xv, yv, strat[c], fts[c].bn,
                                                             cfg.batch_size, cfg.val_stats)
-                    first[c] = (strat[c].beta, strat[c].lr, fts[c].train_loss)
+                    first[c] = (cast(Tensor, strat[c].beta), strat[c].lr, fts[c].train_loss)  # hyper_fn's beta: never None
         with timer.section("hypergrad"):
             mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p)
         for c in live:
@@ -134,7 +138,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
             results.append(Diverged(f"non-finite validation loss {first_val[c]}"))
         else:
             report = {key: sum(r[key] for r in reports[c]) / len(reports[c]) for key in reports[c][0]}
-            beta, eta, tl = first[c]
+            beta, eta, tl = first[c]  # type: ignore[misc]  # set in iteration 1 (its validation loss is finite)
             results.append(ClientResult(lams[c], len(datas[c].train[1]), first_val[c], tl, beta, eta, report))
     return results
 

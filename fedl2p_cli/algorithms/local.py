@@ -3,8 +3,8 @@ the nn.Module passed in is only a reusable workspace, built once per run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -7,8 +7,9 @@ FOMAML+ (App. F) and the IFT (Alg. 2). Adding one is one module with a class lik
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -32,26 +33,26 @@ class MetaGradient(Protocol):
     @property
     def about(self) -> str: ...
 
-    def one(self, model: "nn.Module", ft: "FinetuneResult", lam: "Lambda", hyper: Callable[["Lambda"], Any],
-            data: "ClientData", cfg: "MetaConfig", gen: "torch.Generator") -> "MetaGrad":
+    def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any],
+            data: ClientData, cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
         """The meta-gradient w.r.t. lambda after fine-tuning `ft` (Alg. 1 line 10), its batches drawn from `gen`
         after the fine-tuning's."""
         ...
 
-    def many(self, model: "nn.Module", fts: list["FinetuneResult"], lams: list["Lambda"], hyper: HyperMany,
-             inputs: list[tuple["Tensor", "Tensor"]], datas: list["ClientData"], cfg: "MetaConfig",
-             gens: list["torch.Generator"]) -> list["MetaGrad"]:
+    def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+             inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
+             gens: list[torch.Generator]) -> list[MetaGrad]:
         """`one` for a group of clients as one computation; each client draws its batches as `one` does."""
         ...
 
 
-def _val(datas: list["ClientData"], cfg: "MetaConfig", gens: list["torch.Generator"]) -> list[tuple["Tensor", "Tensor"]]:
+def _val(datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator]) -> list[tuple[Tensor, Tensor]]:
     from ..core.batched import val_batches
     vis = val_batches([d.val[1] for d in datas], cfg.batch_size, gens)
     return [(d.val[0][vi], d.val[1][vi]) for d, vi in zip(datas, vis)]
 
 
-def _results(out: Any) -> list["MetaGrad"]:
+def _results(out: Any) -> list[MetaGrad]:
     from ..core.hypergrad import MetaGrad
     psis = out.psi or [0.0] * len(out.grads)
     return [MetaGrad(g, lv, lt, p) for g, lv, lt, p in zip(out.grads, out.val_loss, out.train_loss, psis)]

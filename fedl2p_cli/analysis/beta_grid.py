@@ -8,6 +8,7 @@ Pure numpy over scores [seeds, clients, vectors, (val, test)] in percent."""
 from __future__ import annotations
 
 import numpy as np
+
 from .text import signed
 
 CHOICES = ("shared", "per domain", "per client")

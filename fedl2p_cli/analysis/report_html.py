@@ -9,8 +9,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ..stages.table import SECTIONS, STAGES
 

@@ -4,7 +4,8 @@ Pure formatting (no terminal, no I/O): a row is "| a | b |", the rule under the 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 def row(cells: Iterable[Any]) -> str:

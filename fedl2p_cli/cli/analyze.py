@@ -2,16 +2,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ..configs import BetaGridConfig, ClustersConfig, DecomposeConfig
-from . import options, render
-from .options import StoreRuntime
-from ..runtime import Runtime
-from .generate import config_command
 from ..analysis.text import signed
+from ..configs import BetaGridConfig, ClustersConfig, DecomposeConfig
+from ..runtime import Runtime
+from . import options, render
+from .generate import config_command
+from .options import StoreRuntime
 
 stage = options.Lazy("fedl2p_cli.stages.analyze")
 grid_stage = options.Lazy("fedl2p_cli.stages.beta_grid")
@@ -25,9 +24,9 @@ app = typer.Typer(help="Analyses of personalisation results.", no_args_is_help=T
 def clusters(
     cfg: ClustersConfig,
     rt: StoreRuntime,
-    personalize: Optional[str] = options.PERSONALIZE,
+    personalize: str | None = options.PERSONALIZE,
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
     art, reused = stage.run(cfg, options.store(store), personalize, force, runtime=rt)
@@ -46,10 +45,10 @@ def clusters(
 def beta_grid(
     cfg: BetaGridConfig,
     rt: Runtime,
-    stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id (its partition and pretrained model); "
+    stats: str | None = typer.Option(None, "--stats", help="Stats artifact id (its partition and pretrained model); "
                                         "default: the newest."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Does the data ask for a per-domain beta, before any training? Fine-tunes every seen client under each beta
     vector of a grid and compares one vector for all clients, one per domain and one per client, each chosen on
@@ -68,9 +67,9 @@ def beta_grid(
 def decompose(
     cfg: DecomposeConfig,
     rt: Runtime,
-    personalize: Optional[str] = options.PERSONALIZE,
+    personalize: str | None = options.PERSONALIZE,
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Which half of a learned strategy helps: re-runs the personalisation's learned method on the same clients, seeds
     and batches with beta fixed, with eta at the base LR, with its LRs scaled and with one BN layer's beta set

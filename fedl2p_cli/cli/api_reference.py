@@ -20,10 +20,13 @@ def _annotation(a: Any) -> str:
     return a if isinstance(a, str) else inspect.formatannotation(a)
 
 
-def _default(v: Any) -> str:
+def _default(v: Any) -> str | None:
     if isinstance(v, type):
         return v.__name__
     return getattr(v, "__name__", None) if callable(v) and not dataclasses.is_dataclass(v) else repr(v)
+
+
+_STARS: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
 
 
 def signature(obj: Any, skip_self: bool = False) -> str:
@@ -39,7 +42,7 @@ def signature(obj: Any, skip_self: bool = False) -> str:
         if p.kind is p.KEYWORD_ONLY and not star:
             parts.append("*")
             star = True
-        name = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name
+        name = _STARS.get(p.kind, "") + p.name
         star |= p.kind is p.VAR_POSITIONAL
         ann = _annotation(p.annotation)
         text = f"{name}: {ann}" if ann else name

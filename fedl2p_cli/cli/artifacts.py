@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -20,7 +19,7 @@ def _stage(stage: str) -> str:
 
 
 @app.command("list")
-def list_(stage: Optional[str] = typer.Argument(None, help="Only this stage."), store: Optional[Path] = options.STORE) -> None:
+def list_(stage: str | None = typer.Argument(None, help="Only this stage."), store: Path | None = options.STORE) -> None:
     """One row per artifact: stage, id, created, parents, headline metrics."""
     s = options.store(store)
     rows, missing = [], set()
@@ -45,8 +44,8 @@ def missing_plugins(art) -> list[str]:
 
 @app.command()
 def show(stage: str = typer.Argument(..., help="Stage name."),
-         ref: Optional[str] = typer.Argument(None, help="Id or prefix; default newest."),
-         store: Optional[Path] = options.STORE) -> None:
+         ref: str | None = typer.Argument(None, help="Id or prefix; default newest."),
+         store: Path | None = options.STORE) -> None:
     """Print an artifact's manifest (config, parents, file hashes, metrics)."""
     art = options.store(store).load(_stage(stage), ref, verify=False)
     render.console.print_json(json.dumps(art.manifest, default=str))
@@ -55,7 +54,7 @@ def show(stage: str = typer.Argument(..., help="Stage name."),
 
 
 @app.command()
-def verify(stage: Optional[str] = typer.Argument(None, help="Only this stage."), store: Optional[Path] = options.STORE) -> None:
+def verify(stage: str | None = typer.Argument(None, help="Only this stage."), store: Path | None = options.STORE) -> None:
     """Re-hash every file of every artifact; exit 1 if any fails."""
     s = options.store(store)
     bad = 0

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ..errors import FedL2PError
 from ..configs import MetaTrainConfig
 from ..deploy.config import CredentialsConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
-from . import options, render
+from ..errors import FedL2PError
 from ..runtime import Runtime
+from . import options, render
 from .generate import config_command
 
 app = typer.Typer(help="Deploy FedL2P meta-training with Flower: `fedl2p flower run-config` writes a run, "
@@ -39,7 +39,7 @@ APP = Path(__file__).resolve().parent.parent / "flower_app"  # package data: the
 
 @app.command("app")
 def write_app(
-    out: Optional[Path] = typer.Argument(None, help="Folder to write the Flower app to (its pyproject.toml); without "
+    out: Path | None = typer.Argument(None, help="Folder to write the Flower app to (its pyproject.toml); without "
                                          "it, print the installed app's folder.", show_default=False),
 ) -> None:
     """The Flower app that `flwr run` takes (a pyproject.toml naming fedl2p's ServerApp and ClientApp): written to
@@ -62,8 +62,8 @@ def write_app(
 def export_site(
     client: int = typer.Option(..., help="Client id in the partition."),
     out: Path = typer.Option(..., help="The site's folder (its SuperNode starts with --node-config \"site-dir='OUT'\")."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
-    store: Optional[Path] = options.STORE,
+    partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
+    store: Path | None = options.STORE,
 ) -> None:
     """Write one client's normalised train/validation data as a site folder (site.safetensors): how to try a
     deployment with a partition's clients. A real site writes the same file from its own data."""
@@ -88,10 +88,10 @@ def run_config(
     rt: Runtime,
     out: Path = typer.Option(..., help="Folder for run.toml, the model copy the ServerApp sends, and the run's results."),
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
-    site_names: Optional[str] = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
+    site_names: str | None = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
                                              "SuperNodes' node-config site-name): any other node is not sampled."),
-    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
-    store: Optional[Path] = options.STORE,
+    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
+    store: Path | None = options.STORE,
 ) -> None:
     """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes
     OUT/lambda.safetensors and OUT/history.csv. The meta-training options are `fedl2p meta-train`'s."""
@@ -108,7 +108,7 @@ def import_run(
     ctx: typer.Context,
     out: Path = typer.Argument(..., help="The folder `flwr run` wrote lambda.safetensors and history.csv to (the run "
                                "config's --out, with its run.toml)."),
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Bring a deployment's result into the store as a meta-train artifact of its pretrained model:
     `fedl2p personalize --meta ID` then compares it with the hand-made strategies."""
@@ -190,7 +190,7 @@ def run(
     cmd = [flwr, "run", str(app_dir), *([connection] if connection else []), "--run-config",
            str((out / "run.toml").resolve()), "--stream"]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
-        for line in quiet_own_tracebacks(proc.stdout):
+        for line in quiet_own_tracebacks(proc.stdout or ()):  # stdout=PIPE: never None
             sys.stdout.write(line)
             sys.stdout.flush()
     code = proc.returncode
@@ -205,7 +205,7 @@ def run(
     render.console.print(f"run completed: {out / 'lambda.safetensors'}, {out / 'history.csv'}")
 
 
-def quiet_own_tracebacks(lines):
+def quiet_own_tracebacks(lines: Iterable[str]) -> Iterator[str]:
     """flwr's streamed log, less the tracebacks of this package's own one-line failures (a round without enough
     sites, a site claimed twice): their reason is this command's last line, so 20 lines of ServerApp frames before
     it only hide it. Any other traceback (a bug) passes whole."""

@@ -7,8 +7,9 @@ import dataclasses
 import inspect
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -22,17 +23,17 @@ def _cli_type(tp: Any, f: dataclasses.Field) -> Any:
     """What the command line takes: lists and per-domain tables as one comma-separated string, choices as a string
     (checked with the config, so a bad value is one line naming the option), a `path` field as a Path."""
     if f.metadata.get("path"):
-        return Path if f.metadata.get("required") else Optional[Path]
+        return Path if f.metadata.get("required") else Optional[Path]  # noqa: UP045 -- a value built for typer at run time, not an annotation
     inner = _unwrap(tp)
     if typing.get_origin(inner) in (list, dict):
-        return Optional[str]
+        return Optional[str]  # noqa: UP045 -- as above
     if choices(inner) is not None or typing.get_origin(inner) in (typing.Union, types.UnionType):
         return str  # choices, or a number or a word (`--workers auto`): checked with the config
-    return Optional[inner] if inner is not tp else tp
+    return Optional[inner] if inner is not tp else tp  # noqa: UP045 -- as above (inner: any type the config declares)
 
 
 def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]  # then it has a factory
 
 
 def _cli_default(f: dataclasses.Field) -> Any:
@@ -123,7 +124,7 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
             return body(cfg, options.store_runtime(ctx) if store_only else options.runtime(ctx, **run_kw), **kw)
 
         ctx = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)  # Typer fills it in
-        command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # what Typer reads
+        command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # type: ignore[attr-defined]  # what Typer reads
         command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
         return command
     return wrap

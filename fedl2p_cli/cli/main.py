@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -32,37 +31,37 @@ def _version(value: bool) -> None:
 def _global(ctx: typer.Context,
             version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                          help="Print fedl2p's version and exit."),
-            plugin: Optional[list[str]] = typer.Option(None, "--plugin", metavar="MODULE",
+            plugin: list[str] | None = typer.Option(None, "--plugin", metavar="MODULE",
                                                        help="Load a plugin module (repeatable) that adds models, "
                                                             "datasets, methods or pFL systems. See "
                                                             "docs/guide/extending.md."),
-            allow_import: Optional[list[str]] = typer.Option(None, "--allow-import", metavar="MODULE",
+            allow_import: list[str] | None = typer.Option(None, "--allow-import", metavar="MODULE",
                                                              help="Trust MODULE where an artifact names it as its "
                                                                   "model (repeatable; or FEDL2P_ALLOW_IMPORT)."),
             threads: int = typer.Option(1, "--threads", envvar="FEDL2P_THREADS", min=1,
                                         help="Torch CPU threads per process (default 1: fastest for small models on a "
                                              "busy machine). See docs/guide/threads-devices.md."),
-            device: Optional[str] = typer.Option(None, "--device", envvar="FEDL2P_DEVICE", show_default="auto",
+            device: str | None = typer.Option(None, "--device", envvar="FEDL2P_DEVICE", show_default="auto",
                                                  help="Where every stage computes: auto (a CUDA GPU if present, else "
                                                       "the CPU), cpu, cuda or cuda:N. Not part of artifact ids."),
             deterministic: bool = typer.Option(False, "--deterministic", envvar="FEDL2P_DETERMINISTIC",
                                                help="cuDNN's deterministic kernels and torch.use_deterministic_algorithms: "
                                                "a GPU run repeats bit for bit (a little slower). CPU runs always do."),
-            lock_timeout: Optional[float] = typer.Option(None, "--lock-timeout", envvar="FEDL2P_LOCK_TIMEOUT", min=0,
+            lock_timeout: float | None = typer.Option(None, "--lock-timeout", envvar="FEDL2P_LOCK_TIMEOUT", min=0,
                                                          show_default="no limit",
                                                          help="Seconds to wait while another fedl2p process builds the "
                                                               "same artifact, then reuse it; 0 refuses at once."),
-            track: Optional[str] = typer.Option(None, "--track", envvar="FEDL2P_TRACK", show_default="off",
+            track: str | None = typer.Option(None, "--track", envvar="FEDL2P_TRACK", show_default="off",
                                                 help="Log every round and each artifact's metrics to tensorboard or "
                                                      "mlflow (extras of those names). Not part of any artifact's id."),
-            track_uri: Optional[str] = typer.Option(None, "--track-uri", envvar="FEDL2P_TRACK_URI",
+            track_uri: str | None = typer.Option(None, "--track-uri", envvar="FEDL2P_TRACK_URI",
                                                     show_default="./runs or ./mlruns",
                                                     help="Where --track logs: a local folder (the default: nothing is "
                                                     "sent anywhere) or an MLflow server URI.")) -> None:
     """--device, --deterministic, --threads, --lock-timeout and --track become each command's Runtime (cli/options.py
     `runtime`); --track is checked here, before any command runs."""
-    from .generate import load_pieces
     from ..models import guard
+    from .generate import load_pieces
     for module in allow_import or []:
         guard.allow(module)
     ctx.obj = {"plugin": plugin or []}

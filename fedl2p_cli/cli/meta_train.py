@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..configs import MetaTrainConfig
-from . import options, render
 from ..runtime import Runtime, round_options
+from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.meta_train")
@@ -17,11 +16,11 @@ stage = options.Lazy("fedl2p_cli.stages.meta_train")
 def meta_train(
     cfg: MetaTrainConfig,
     rt: Runtime,
-    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
-    stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
+    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
+    stats: str | None = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png,
     learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NewType, Optional
+from typing import Any, NewType
 
 import typer
 
@@ -17,11 +17,11 @@ FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one wi
 PERSONALIZE = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest.")
 
 
-def store(path: Optional[Path]) -> Store:
+def store(path: Path | None) -> Store:
     return Store(path)
 
 
-def csv_list(value: Optional[str], option: str = "a list option") -> list[str] | None:
+def csv_list(value: str | None, option: str = "a list option") -> list[str] | None:
     if value is None:
         return None
     items = [v.strip() for v in value.split(",") if v.strip()]
@@ -30,7 +30,7 @@ def csv_list(value: Optional[str], option: str = "a list option") -> list[str] |
     return items
 
 
-def typed_list(value: Optional[str], cast: type = str, option: str = "a list option") -> list | None:
+def typed_list(value: str | None, cast: type = str, option: str = "a list option") -> list | None:
     """`1,2,3` -> [1, 2, 3] with each item cast (int, float or str); None -> None. `option` names it in errors."""
     items = csv_list(value, option)
     try:
@@ -40,7 +40,7 @@ def typed_list(value: Optional[str], cast: type = str, option: str = "a list opt
         raise FedL2PError(f"{option}: expected comma-separated {word}, got '{value}'") from None
 
 
-def domain_values(value: Optional[str], cast: type, option: str) -> dict:
+def domain_values(value: str | None, cast: type, option: str) -> dict:
     """`clean=0.05,invert=1000` -> {"clean": 0.05, "invert": 1000.0} (a per-domain option); None -> {}."""
     out = {}
     for item in csv_list(value, option) or []:

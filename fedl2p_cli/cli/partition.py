@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..configs import PartitionConfig
 from . import options, render
-from .options import StoreRuntime
 from .generate import config_command
+from .options import StoreRuntime
 
 stage = options.Lazy("fedl2p_cli.stages.partition")
 
@@ -19,7 +18,7 @@ def partition(
     rt: StoreRuntime,
     plot: bool = typer.Option(True, help="Write label_mix.png, a heatmap of the clients' label mixes."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
     art, reused = stage.run(cfg, options.store(store), force, plot, runtime=rt)

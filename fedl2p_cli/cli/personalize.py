@@ -2,13 +2,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from ..configs import PersonalizeConfig
-from . import options, render
 from ..runtime import Runtime
+from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.personalize")
@@ -18,13 +17,13 @@ stage = options.Lazy("fedl2p_cli.stages.personalize")
 def personalize(
     cfg: PersonalizeConfig,
     rt: Runtime,
-    meta: Optional[List[str]] = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
-    pfl: Optional[List[str]] = typer.Option(None, "--pfl", help="A pfl-train artifact id to compare as well (repeatable, one "
+    meta: list[str] | None = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
+    pfl: list[str] | None = typer.Option(None, "--pfl", help="A pfl-train artifact id to compare as well (repeatable, one "
                                             "per system); default: each system in --methods takes its newest."),
-    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
-    stats: Optional[str] = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
+    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
+    stats: str | None = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
     art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl,

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..configs import PFLConfig
-from . import options, render
 from ..runtime import Runtime, round_options
+from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.pfl")
@@ -17,10 +16,10 @@ stage = options.Lazy("fedl2p_cli.stages.pfl")
 def pfl_train(
     cfg: PFLConfig,
     rt: Runtime,
-    partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
+    partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Train a personalised-FL system (pFedLA, HeurpFedLA, CAFeMe or a plugin's) on the seen clients -> a pfl artifact
     that `fedl2p personalize --methods` evaluates beside FT and FedL2P (pFedLA has no model for unseen clients)."""

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..configs import PretrainConfig
-from . import options, render
 from ..runtime import Runtime, round_options
+from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.pretrain")
@@ -17,10 +16,10 @@ stage = options.Lazy("fedl2p_cli.stages.pretrain")
 def pretrain(
     cfg: PretrainConfig,
     rt: Runtime,
-    partition: Optional[str] = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
+    partition: str | None = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
     resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Pretrain the global model federatedly on the seen clients -> model.safetensors, history.csv, curves.png."""
     art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress(), runtime=rt)

@@ -93,7 +93,7 @@ def options_of(words: list[str]) -> tuple[list[str], set[str]] | None:
     cmd = _root()
     known = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", []))} | {"--help"}
     flags = {o for p in cmd.params if getattr(p, "is_flag", False) for o in p.opts} | {"--help"}  # take no value
-    path = []
+    path: list[str] = []
     rest = list(words)
     while _is_group(cmd):
         while rest and rest[0].startswith("-"):  # global options before the command (and their values)

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from ..analysis import tables
@@ -25,7 +25,7 @@ class RichProgress:
 
     def __init__(self) -> None:
         self._p: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
 
     def start(self, description: str, total: int) -> None:
         self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -35,7 +35,7 @@ class RichProgress:
         self._task = self._p.add_task(description, total=total, info="")
 
     def advance(self, n: int = 1, **info: Any) -> None:
-        if self._p is None:
+        if self._p is None or self._task is None:  # the same test: start sets both
             return
         text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items() if v is not None)
         self._p.update(self._task, advance=n, info=text)

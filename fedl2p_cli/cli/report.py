@@ -3,7 +3,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -17,13 +16,13 @@ files = options.Lazy("fedl2p_cli.stages.pipeline_files")
 
 def report(
     ctx: typer.Context,
-    sources: List[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact "
+    sources: list[str] = typer.Argument(..., help="Pipeline files (.toml) or shipped pipelines' names, and/or artifact "
                                         "ids (each with its lineage); "
                                         "several are shown side by side in one page.", show_default=False),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also copy the page to this file (the artifact keeps "
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also copy the page to this file (the artifact keeps "
                                        "its own copy in the store)."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """One self-contained HTML page of pipelines or artifacts: lineage, configs, results, β/η, ARI, plots, timings."""
     if out is not None:
@@ -49,7 +48,7 @@ def writable(out: Path) -> None:
         raise FedL2PError(f"--out {out}: cannot write ({e.strerror or e.__class__.__name__})") from None
 
 
-def write(sources: list[str], store: Optional[Path], force: bool = False, runtime: Optional[Runtime] = None):
+def write(sources: list[str], store: Path | None, force: bool = False, runtime: Runtime | None = None):
     """The report artifact of `sources` (pipeline files or artifact ids) in `store` (default: the first pipeline's),
     built on `runtime` (the command's: how it waits for the store's lock, what it logs to)."""
     sections, root = [], None

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,10 +16,10 @@ pipeline = options.Lazy("fedl2p_cli.stages.pipeline")
 
 def run(
     ctx: typer.Context,
-    file: Annotated[Optional[str], typer.Argument(help="Pipeline TOML file, or the name of a shipped pipeline (--list).",
+    file: Annotated[str | None, typer.Argument(help="Pipeline TOML file, or the name of a shipped pipeline (--list).",
                                                   show_default=False)] = None,
-    force: Optional[str] = typer.Option(None, "--force", help="Re-run this stage and every later one even if their artifacts exist."),
-    store: Optional[Path] = options.STORE,
+    force: str | None = typer.Option(None, "--force", help="Re-run this stage and every later one even if their artifacts exist."),
+    store: Path | None = options.STORE,
     list_: bool = typer.Option(False, "--list", help="List the shipped pipelines, one line each, and exit."),
     show: bool = typer.Option(False, "--show", help="Print the pipeline as one self-contained file (its extends "
                               "resolved) instead of running it: `fedl2p run --show quickstart > my.toml`."),

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..configs import StatsConfig
-from . import options, render
 from ..runtime import Runtime
+from . import options, render
 from .generate import config_command
 
 stage = options.Lazy("fedl2p_cli.stages.stats")
@@ -17,10 +16,10 @@ stage = options.Lazy("fedl2p_cli.stages.stats")
 def stats(
     cfg: StatsConfig,
     rt: Runtime,
-    pretrain: Optional[str] = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="Partition artifact id; default: the model's own."),
+    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest."),
+    partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the model's own."),
     force: bool = options.FORCE,
-    store: Optional[Path] = options.STORE,
+    store: Path | None = options.STORE,
 ) -> None:
     """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
     art, reused = stage.run(cfg, options.store(store), partition, pretrain, force, render.RichProgress(), runtime=rt)

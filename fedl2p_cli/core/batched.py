@@ -12,8 +12,8 @@ beta, where the one-client path takes fused kernels at beta 0/1), so results agr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +93,7 @@ class Schedule:
     last: list[Tensor]  # each client's last batch (its indices)
 
     @classmethod
-    def of(cls, batches: list[list[Tensor]], device: torch.device) -> "Schedule":
+    def of(cls, batches: list[list[Tensor]], device: torch.device) -> Schedule:
         steps = max(len(b) for b in batches)
         width = max((len(i) for b in batches for i in b), default=1)
         idx = torch.zeros(len(batches), steps, width, dtype=torch.long)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-_POLICY: contextvars.ContextVar["BNPolicy | None"] = contextvars.ContextVar("bn_policy", default=None)
+_POLICY: contextvars.ContextVar[BNPolicy | None] = contextvars.ContextVar("bn_policy", default=None)
 
 
 class MixBN(nn.Module):
@@ -119,7 +119,7 @@ class BNPolicy:
         """BN C / BN I (beta 1 or none) and BN G (beta 0) layers through F.batch_norm's fused kernels, the path a
         plain nn.BatchNorm takes; the batch moments are recorded through its running-statistics output (momentum 1:
         mean and unbiased variance). None for a mixed beta, which takes the general path."""
-        if self.beta is None:
+        if self.beta is None:  # noqa: SIM108 -- one conditional expression inside another reads worse
             b = None
         else:
             b = self.levels[m.bn_index] if self.levels is not None else float(self.beta[m.bn_index])

@@ -9,8 +9,8 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 RANGE = "range"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,7 @@ class ClientBN:
     mean: list[Tensor]
     var: list[Tensor]
 
-    def copy(self) -> "ClientBN":
+    def copy(self) -> ClientBN:
         return ClientBN([m.clone() for m in self.mean], [v.clone() for v in self.var])
 
 
@@ -122,10 +122,8 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
     for b in range(n_bn):
         acc: list = [0.0, 0.0, 0]
         for i in range(0, len(x), chunk):
-            try:
+            with contextlib.suppress(_Stop):
                 forward(model, params, x[i:i + chunk], _LayerwisePolicy(beta, mean, var, b, acc))
-            except _Stop:
-                pass
         mu = acc[0] / acc[2]
         mean[b], var[b] = mu.float(), (acc[1] / acc[2] - mu * mu).clamp_min(0).float()
     return ClientBN(mean, var)

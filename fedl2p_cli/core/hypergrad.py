@@ -17,8 +17,9 @@ terms are O(eta): dtheta'/dtheta = I - eta H ~ I and dtheta'/dbeta = -eta dg/dbe
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn

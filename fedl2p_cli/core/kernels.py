@@ -4,9 +4,9 @@ same functions through torch's own kernels. The values are the same functions; o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 _PLAIN: ContextVar[bool] = ContextVar("plain_kernels", default=False)
 

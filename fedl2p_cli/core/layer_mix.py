@@ -14,7 +14,7 @@ running statistics are the client's own: never mixed (they describe its data, th
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

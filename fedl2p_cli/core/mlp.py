@@ -5,7 +5,7 @@ parameters stay plain tensors that second-order code differentiates and the stor
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +28,7 @@ class MLP(nn.ModuleList):
         return x
 
 
-@lru_cache(maxsize=None)
+@cache
 def template(dims: tuple[int, ...], final_relu: bool = False) -> MLP:
     with torch.device("meta"):
         return MLP(dims, final_relu)

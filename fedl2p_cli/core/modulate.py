@@ -11,8 +11,8 @@ h_x = conv3x3(16)-ReLU-maxpool-conv3x3(32)-ReLU-global-average, h = linear to 10
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -26,7 +26,7 @@ DEFAULT_ETA_GRAD = "last-step"  # the learned LRs' meta-gradient through the las
 LEGACY_IFT = {"psi_power": 0, "scale_by_psi": False}  # the paper's Alg. 2 literally: the IFT defaults before the fix
 
 
-def _ift(m: "MetaConfig") -> bool:
+def _ift(m: MetaConfig) -> bool:
     """The IFT's own options name a variant only under the IFT (FOMAML+ ignores them)."""
     return m.meta_grad == "ift"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +24,7 @@ class Moments:
     m2: Tensor
 
     @staticmethod
-    def of(x: Tensor, dims: list[int] | None) -> "Moments":
+    def of(x: Tensor, dims: list[int] | None) -> Moments:
         """Moments over `dims` (None: all elements) in one fused var_mean pass."""
         x = x.detach()
         if dims is None:
@@ -35,7 +35,7 @@ class Moments:
             n = x.numel() // mean.numel()
         return Moments(float(n), mean.double(), var.double() * n)
 
-    def merge(self, o: "Moments") -> "Moments":
+    def merge(self, o: Moments) -> Moments:
         n = self.n + o.n
         delta = o.mean - self.mean
         return Moments(n, self.mean + delta * (o.n / n), self.m2 + o.m2 + delta.pow(2) * (self.n * o.n / n))
@@ -44,14 +44,14 @@ class Moments:
     def var(self) -> Tensor:
         return self.m2 / self.n
 
-    def pooled(self) -> "Moments":
+    def pooled(self) -> Moments:
         """Per-channel moments -> moments of all elements (channels of equal count)."""
         c = self.mean.numel()
         mean = self.mean.mean()
         m2 = self.m2.sum() + (self.n * (self.mean - mean).pow(2)).sum()
         return Moments(self.n * c, mean, m2)
 
-    def __getitem__(self, i: int) -> "Moments":
+    def __getitem__(self, i: int) -> Moments:
         """One group's moments from grouped ([G, ...]) moments."""
         return Moments(self.n, self.mean[i], self.m2[i])
 

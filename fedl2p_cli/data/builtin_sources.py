@@ -6,13 +6,14 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from . import corruptions as corr
 from . import datasets, speech, synth_speech
 from .sources import Source
 
-FMNIST = {"channels": 1, "classes": 10, "mean": (0.2860,), "std": (0.3530,)}
-CIFAR = {"channels": 3, "classes": 10, "mean": datasets.CIFAR_MEAN, "std": datasets.CIFAR_STD}
+FMNIST: dict[str, Any] = {"channels": 1, "classes": 10, "mean": (0.2860,), "std": (0.3530,)}
+CIFAR: dict[str, Any] = {"channels": 3, "classes": 10, "mean": datasets.CIFAR_MEAN, "std": datasets.CIFAR_STD}
 
 
 def _fmnist(cfg, data_dir):

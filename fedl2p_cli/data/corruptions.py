@@ -6,7 +6,7 @@ are milder than ImageNet-C's, which are too harsh at 32 px.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torchvision.transforms.v2 import functional as TF

@@ -12,8 +12,9 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from ..artifacts import StoreIndex
 
@@ -30,7 +31,7 @@ KNOWN = {
 }
 
 
-def of(ds: "Dataset") -> str:
+def of(ds: Dataset) -> str:
     """The content hash of a dataset: every array's dtype, shape and bytes, its names, and its normalisation constants
     to 6 significant digits (a constant computed from the images may differ in its last bit on another CPU)."""
     h = hashlib.sha256()

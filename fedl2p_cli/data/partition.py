@@ -45,7 +45,8 @@ def draw_label_mix(rng: np.random.Generator, by_class: list[list[int]], alpha: f
     return taken
 
 
-def split_client(rng: np.random.Generator, idx: list[int], val_fraction: float, test_fraction: float, domain: int) -> ClientSplit:
+def split_client(rng: np.random.Generator, idx: list[int] | np.ndarray, val_fraction: float, test_fraction: float,
+                 domain: int) -> ClientSplit:
     idx = rng.permutation(np.asarray(idx, dtype=np.int64))
     n_test = int(round(len(idx) * test_fraction))
     n_val = int(round((len(idx) - n_test) * val_fraction))
@@ -72,14 +73,14 @@ def dirichlet_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per
     rng = np.random.default_rng(seed)
     k = int(labels.max()) + 1
     out: list[ClientSplit] = []
-    for d, (pool, n_clients, samples, alpha) in enumerate(zip(pools, clients_per_pool, sizes, alphas)):
-        if n_clients * samples > len(pool):
-            raise FedL2PError(f"domain {d} holds {len(pool)} samples but {n_clients} clients x {samples} samples "
-                              f"= {n_clients * samples} were asked for; lower --clients or --samples-per-client")
+    for d, (pool, n_clients, n_samples, a) in enumerate(zip(pools, clients_per_pool, sizes, alphas)):
+        if n_clients * n_samples > len(pool):
+            raise FedL2PError(f"domain {d} holds {len(pool)} samples but {n_clients} clients x {n_samples} samples "
+                              f"= {n_clients * n_samples} were asked for; lower --clients or --samples-per-client")
         pool = rng.permutation(pool)
         by_class = [list(pool[labels[pool] == c]) for c in range(k)]
         for _ in range(n_clients):
-            out.append(split_client(rng, draw_label_mix(rng, by_class, alpha, samples), val_fraction, test_fraction, d))
+            out.append(split_client(rng, draw_label_mix(rng, by_class, a, n_samples), val_fraction, test_fraction, d))
     return out
 
 
@@ -98,11 +99,11 @@ def shards_partition(labels: np.ndarray, pools: list[np.ndarray], clients_per_po
         raise FedL2PError(f"--samples-per-client ({min(sizes)}) must be at least --shard-classes ({classes_per_client})")
     rng = np.random.default_rng(seed)
     out: list[ClientSplit] = []
-    for d, (pool, n_clients, samples) in enumerate(zip(pools, clients_per_pool, sizes)):
+    for d, (pool, n_clients, n_samples) in enumerate(zip(pools, clients_per_pool, sizes)):
         pool = rng.permutation(pool)
         by_class = [list(pool[labels[pool] == c]) for c in range(k)]
         for _ in range(n_clients):
-            need = [samples // classes_per_client + (i < samples % classes_per_client) for i in range(classes_per_client)]
+            need = [n_samples // classes_per_client + (i < n_samples % classes_per_client) for i in range(classes_per_client)]
             avail = np.array([len(c) >= need[0] for c in by_class])
             if avail.sum() < classes_per_client:
                 raise FedL2PError(f"domain {d} ran out of classes with {need[0]} samples left while making shards; "

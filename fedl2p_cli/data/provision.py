@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 PACKAGE = "dataset-fashion-mnist"
 NO_APT = "FEDL2P_NO_APT"  # set (to anything) to never run apt-get
@@ -47,7 +48,7 @@ def install_fmnist(folder: Path) -> bool:
     print(f"Fashion-MNIST is missing: installing the Debian package {PACKAGE} (apt-get; {NO_APT}=1 turns this off)...",
           file=sys.stderr, flush=True)
     install = [*apt, "install", "-y", "-q", PACKAGE]
-    quiet = {"capture_output": True, "env": dict(os.environ, DEBIAN_FRONTEND="noninteractive")}
+    quiet: dict[str, Any] = {"capture_output": True, "env": dict(os.environ, DEBIAN_FRONTEND="noninteractive")}
     if subprocess.run(install, **quiet).returncode != 0:  # a stale package list: refresh it once
         subprocess.run([*apt, "update", "-q"], **quiet)
         subprocess.run(install, **quiet)

@@ -5,9 +5,10 @@ are natural groups (a speaker each), which partition options apply."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .. import plugins
 from ..errors import DataError, FedL2PError
@@ -26,7 +27,7 @@ class Source:
     The rest describes it: `channels`, `classes` (None: whatever the loader returns; else checked), `mean`/`std`
     (None: the loader's), and how a partition may use it."""
     name: str
-    load: Callable[["PartitionConfig", Path | None], "Dataset"]
+    load: Callable[[PartitionConfig, Path | None], Dataset]
     about: str = ""
     channels: int | None = None
     classes: int | None = None
@@ -40,9 +41,9 @@ class Source:
     options: tuple[str, ...] = ()            # which of OPTIONS it takes (image-folder: image_size)
     resized_before: int | None = None        # the --image-size its artifacts made before the option had (their ids)
     # the files `load` reads, for the data fingerprint's cache (data/fingerprint.py); None: the --data-dir file or folder
-    reads: Callable[["PartitionConfig", Path | None], list[Path]] | None = None
+    reads: Callable[[PartitionConfig, Path | None], list[Path]] | None = None
 
-    def read_paths(self, cfg: "PartitionConfig", data_dir: Path | None) -> list[Path]:
+    def read_paths(self, cfg: PartitionConfig, data_dir: Path | None) -> list[Path]:
         """What `load` reads (a folder: every file below it); [] where that is not known (nothing is cached)."""
         if self.reads is not None:
             return list(self.reads(cfg, data_dir))
@@ -64,7 +65,7 @@ def get(name: str) -> Source:
     return plugins.current().get("dataset", name)
 
 
-def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":
+def load(cfg: PartitionConfig, data_dir: Path | None) -> Dataset:
     """The source's dataset, checked against the dataset contract and what the source declares (data/validate.py)."""
     from . import validate
     src = get(cfg.dataset)
@@ -78,5 +79,5 @@ def load(cfg: "PartitionConfig", data_dir: Path | None) -> "Dataset":
             raise
         raise DataError(f"dataset '{src.name}' from {owner.describe()}: its load() raised {e.__class__.__name__}: {e}") from None
     if src.mean is not None and hasattr(ds, "mean"):
-        ds.mean, ds.std = src.mean, src.std
+        ds.mean, ds.std = src.mean, src.std  # type: ignore[assignment]  # validate.check refuses a std left None
     return validate.check(ds, src, cfg)

@@ -70,7 +70,7 @@ def _lines(root: Path, name: str) -> set[str]:
     return {ln.strip() for ln in f.read_text().splitlines() if ln.strip()}
 
 
-def scan(root: Path) -> tuple[dict[str, list[Clip]], set[str]]:
+def scan(root: Path | None) -> tuple[dict[str, list[Clip]], set[str]]:
     """Every clip by speaker, and the held-out speakers (those in the validation and testing lists)."""
     if root is None or not Path(root).is_dir():
         raise DataError(f"speechcommands needs --data-dir with the official Speech Commands folder (got {root})")
@@ -156,6 +156,7 @@ def load_speech_commands(root: Path | None, seen: int, unseen: int, size: int = 
 
     `domains` holds the pool (0 = training speakers, 1 = held-out speakers), `groups` the speaker of each clip."""
     by_speaker, heldout = scan(root)
+    assert root is not None  # scan refused None
     chosen = [(s, 0) for s in most_data(by_speaker, set(by_speaker) - heldout, seen, "training")]
     chosen += [(s, 1) for s in most_data(by_speaker, heldout, unseen, "held-out")]
     noise_dir = Path(root) / NOISE_DIR

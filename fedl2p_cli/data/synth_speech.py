@@ -49,8 +49,8 @@ class Speaker:
 
 
 def draw_speakers(n: int, rng: np.random.Generator) -> list[Speaker]:
-    names = set()
-    out = []
+    names: set[str] = set()
+    out: list[Speaker] = []
     while len(out) < n:
         name = f"{rng.integers(16 ** 8):08x}"
         if name in names:

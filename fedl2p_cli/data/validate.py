@@ -29,7 +29,7 @@ def _owner(name: str) -> str:
     return "an unregistered source" if p is None else p.describe()
 
 
-def check(ds: Any, src: "Source", cfg: "PartitionConfig") -> "Dataset":
+def check(ds: Any, src: Source, cfg: PartitionConfig) -> Dataset:
     """`ds` as the rest of fedl2p expects it (float images in [0, 1] become uint8), or one line naming the fault."""
     from .datasets import Dataset
 
@@ -120,7 +120,7 @@ def _constants(mean: Any, std: Any, c: int, fault) -> tuple[tuple[float, ...], t
     return out[0], out[1]
 
 
-def _groups(ds: "Dataset", field: str, names_field: str, n: int, fault) -> None:
+def _groups(ds: Dataset, field: str, names_field: str, n: int, fault) -> None:
     t, names = getattr(ds, field), getattr(ds, names_field)
     if t is None:
         return

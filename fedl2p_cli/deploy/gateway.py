@@ -21,14 +21,16 @@ A SuperNode still authenticates to the SuperLink itself: its signed headers pass
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import ipaddress
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from ..errors import FedL2PError
 from . import fleet_routes as fr
@@ -179,7 +181,8 @@ class Gateway:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header)
         first = True
         while True:
-            req, raw, reserved = None, [], 0
+            raw: list[bytes] = []
+            req, reserved = None, 0
             try:
                 req = await self._head(conn, reader, first, raw)
                 if req is None:
@@ -205,8 +208,8 @@ class Gateway:
                 return await self._reject(conn, writer, peer, req or first_line(raw), r)
             except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError) as e:
                 self.buffered -= reserved
-                if req is not None or b"".join(raw).strip():  # a request begun, then the peer went away: its line
-                    line = req or first_line(raw)
+                line = req or first_line(raw)
+                if line is not None:  # a request begun, then the peer went away: its line
                     self.log.request(peer, line.method, line.target, "-", 0, 0, None, f"client gone: {type(e).__name__}")
                 raise
             try:
@@ -313,10 +316,8 @@ class Gateway:
 
     async def _reject(self, conn, writer, peer: str, req, r: Reject, n_in: int = 0, note: str = "") -> None:
         text = f"{r.reason}\n".encode()
-        try:
+        with contextlib.suppress(Exception):  # h11 refuses to answer in some states (e.g. a head never completed)
             await _send(conn, writer, r.status, [(b"content-type", b"text/plain"), (b"connection", b"close")], text)
-        except Exception:  # noqa: BLE001 - h11 refuses to answer in some states (e.g. a head never completed)
-            pass
         method, target = (req.method, req.target) if req is not None else (b"-", b"-")
         self.log.request(peer, method, target, r.status, n_in, len(text), None, note)
 
@@ -337,7 +338,7 @@ async def _send(conn, writer, status: int, headers: list, body: bytes) -> None:
     await writer.drain()
 
 
-def framing(req) -> "fr.Verdict":
+def framing(req) -> fr.Verdict:
     """A Fleet call's body is protobuf with a Content-Length; a Transfer-Encoding (with or without a length beside
     it: the classic request-smuggling pair) is refused rather than interpreted."""
     if _header(req, b"transfer-encoding") is not None:
@@ -458,7 +459,7 @@ def serve(listen: str, superlink: str, certfile: Path | None, keyfile: Path | No
               f"{scheme}://{up_host}:{up_port}; max body {limits.max_body} bytes, {limits.max_connections} "
               "connections" + ("; self-registration forwarded" if self_registration else ""))
     try:
-        asyncio.run(run(host, port, gw, server_tls(certfile, keyfile) if certfile else None,
+        asyncio.run(run(host, port, gw, server_tls(certfile, keyfile) if certfile and keyfile else None,  # all three or none (above)
                         lambda: print(banner, flush=True)))
     except KeyboardInterrupt:
         pass

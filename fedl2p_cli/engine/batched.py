@@ -10,8 +10,9 @@ a round never fails for it. The group size is where the work ran, not what it co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FedL2PError
 
@@ -31,7 +32,7 @@ def out_of_memory(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def auto_size(dev: "torch.device", footprint: int, tasks: int) -> int:
+def auto_size(dev: torch.device, footprint: int, tasks: int) -> int:
     """`--client-batch auto`: as many clients as `HEADROOM` of the free device memory holds at `footprint` bytes each
     (at most MAX_GROUP and the round's clients); 1 on the CPU."""
     import torch
@@ -46,7 +47,7 @@ class Groups:
     the first item run alone with its peak device memory read), halving the group on running out of memory. The
     size that fitted is kept for the next call (a stage's later rounds)."""
 
-    def __init__(self, dev: "torch.device", size: int | None, most: int = MAX_GROUP):
+    def __init__(self, dev: torch.device, size: int | None, most: int = MAX_GROUP):
         self.dev, self.size, self.most = dev, size, most
 
     def run(self, items: list[Any], many: Callable[[list[Any]], list[Any]],
@@ -94,7 +95,7 @@ class BatchedPool:
     """`map(tasks)` -> results in task order, groups of `size` tasks through the job's `update_many` (`Groups`:
     halved on running out of memory; `size` None: `auto`). A job without one runs its tasks one at a time."""
 
-    def __init__(self, job: "Job", size: int | None):
+    def __init__(self, job: Job, size: int | None):
         from .placement import placed
         self.job = job
         self.local = placed(job.local_context, job.runtime.torch_device)
@@ -115,14 +116,14 @@ class BatchedPool:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "BatchedPool":
+    def __enter__(self) -> BatchedPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def _release(dev: "torch.device") -> None:
+def _release(dev: torch.device) -> None:
     import torch
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -134,12 +135,12 @@ class Batched:
     name: str = "batched"
     about: str = "this process, clients in vmapped groups of --client-batch (for a GPU)"
 
-    def check(self, runtime: "Runtime") -> None:
+    def check(self, runtime: Runtime) -> None:
         if runtime.gpus_per_client > 0:
             raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
         if runtime.workers != 1:
             raise FedL2PError("--engine batched runs in this process: leave --workers at 1")
 
-    def open(self, job: "Job") -> "Pool":
+    def open(self, job: Job) -> Pool:
         size = job.runtime.client_batch
         return BatchedPool(job, None if size == "auto" else int(size))

@@ -11,8 +11,9 @@ these and one registration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import FedL2PError
 from .batched import Batched
@@ -28,8 +29,8 @@ class Job:
     plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all.
     `update_many(context, tasks)`, where the stage has one, computes a group of tasks at once (the batched
     executor's path; per task the same results as `update`)."""
-    runtime: "Runtime"
-    sent: "Runtime"
+    runtime: Runtime
+    sent: Runtime
     build: Callable[..., Any]
     args: tuple
     update: Callable[..., Any]
@@ -46,7 +47,7 @@ class Pool(Protocol):
         ...
 
     def close(self) -> None: ...
-    def __enter__(self) -> "Pool": ...
+    def __enter__(self) -> Pool: ...
     def __exit__(self, *exc: Any) -> None: ...
 
 
@@ -60,7 +61,7 @@ class Executor(Protocol):
     @property
     def about(self) -> str: ...
 
-    def check(self, runtime: "Runtime") -> None:
+    def check(self, runtime: Runtime) -> None:
         """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
         ...
 
@@ -73,7 +74,7 @@ class Local:
     name: str = "local"
     about: str = "this process, or --workers processes of one torch thread each"
 
-    def check(self, runtime: "Runtime") -> None:
+    def check(self, runtime: Runtime) -> None:
         if runtime.gpus_per_client > 0:
             raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
         _no_client_batch(runtime, self.name)
@@ -92,7 +93,7 @@ class Flower:
     name: str = "flower"
     about: str = "Flower simulation (pip install 'fedl2p[flower]')"
 
-    def check(self, runtime: "Runtime") -> None:
+    def check(self, runtime: Runtime) -> None:
         if runtime.gpus_per_client > 0 and not runtime.on_gpu:
             raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
         if runtime.on_gpu and runtime.gpus_per_client == 0:
@@ -109,7 +110,7 @@ class Flower:
                           rt.gpus_per_client, rt.timeout())
 
 
-def _no_client_batch(runtime: "Runtime", name: str) -> None:
+def _no_client_batch(runtime: Runtime, name: str) -> None:
     if runtime.client_batch not in ("auto", 1):
         raise FedL2PError(f"--client-batch is for --engine batched (this run's engine: {name})")
 
@@ -117,7 +118,7 @@ def _no_client_batch(runtime: "Runtime", name: str) -> None:
 BUILTIN: tuple[Executor, ...] = (Local(), Flower(), Batched())
 
 
-def open_pool(runtime: "Runtime", build: Callable[..., Any], args: tuple, update: Callable[..., Any],
+def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: Callable[..., Any],
               local_context: Any, nodes: int, update_many: Callable[..., list[Any]] | None = None) -> Pool:
     """The pool of a stage run's client updates, from the executor `runtime.engine` names. Every process computes on
     the runtime's device; each builds its context as `build(*args, runtime)`. A client that fails or gives no reply

@@ -18,7 +18,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import FedL2PError
 from . import wire
@@ -162,7 +163,7 @@ class FlowerPool:
             self._tasks.put(None)
             self._thread.join(timeout=60)
 
-    def __enter__(self) -> "FlowerPool":
+    def __enter__(self) -> FlowerPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ def place(obj: Any, dev: torch.device) -> Any:
     return move(obj, dev)
 
 
-def placed(context: Any, dev: torch.device) -> "OnDevice":
+def placed(context: Any, dev: torch.device) -> OnDevice:
     """`context` placed on `dev`, unless a builder placed it already (`workers.on_runtime`: on its own runtime's)."""
     return context if isinstance(context, OnDevice) else OnDevice(context, dev)
 

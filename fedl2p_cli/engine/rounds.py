@@ -9,10 +9,11 @@ never touches the checkpoint file or the terminal.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..core.client import Timer
 from ..core.settings import RoundPolicy
@@ -28,6 +29,7 @@ class Task(Protocol):
 
 
 Executor = Callable[[list[Task]], list[Any]]
+TaskT = TypeVar("TaskT", bound=Task)  # a strategy's own task type: it configures and aggregates the same one
 
 
 class RoundObserver(Protocol):
@@ -88,7 +90,7 @@ class Failed:
     reason: str
 
 
-class RoundStrategy(Protocol):
+class RoundStrategy(Protocol[TaskT]):
     label: str
 
     def initial_state(self) -> LoopState:
@@ -97,11 +99,11 @@ class RoundStrategy(Protocol):
     def stop(self, st: LoopState) -> bool:
         """Stop before the next round (early stopping, divergence)."""
 
-    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[Task]:
+    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[TaskT]:
         """One task per client of round `rnd`: what the executor hands to the client update. `attempt` > 0: the
         round is retried after too few clients answered, with a fresh sample of clients."""
 
-    def aggregate(self, st: LoopState, rnd: int, tasks: list[Task], results: list[Any], timer: Timer) -> dict | None:
+    def aggregate(self, st: LoopState, rnd: int, tasks: list[TaskT], results: list[Any], timer: Timer) -> dict | None:
         """Fold the clients' results into `st` (in place) and return the round's history record; None ends the
         run without recording the round (a client diverged: the state keeps what it had)."""
 
@@ -109,7 +111,7 @@ class RoundStrategy(Protocol):
         """What the progress bar shows after a round."""
 
 
-def in_process(fn: Callable[..., Any], placed: "OnDevice | None" = None) -> Executor:
+def in_process(fn: Callable[..., Any], placed: OnDevice | None = None) -> Executor:
     """Run every task in this process, in order: `fn(task)`, or with `placed` (an `engine.placement.OnDevice`)
     `fn(context, task)` with the task on the context's device and the result back on the host."""
     if placed is None:
@@ -117,13 +119,13 @@ def in_process(fn: Callable[..., Any], placed: "OnDevice | None" = None) -> Exec
     return lambda tasks: [placed(fn, t) for t in tasks]
 
 
-def client_name(strategy: RoundStrategy, c: int, bare: bool = False) -> str:
+def client_name(strategy: RoundStrategy[Any], c: int, bare: bool = False) -> str:
     """How logs and history name client `c`: a strategy's `names` (a deployment's site names), else its id."""
     name = getattr(strategy, "names", {}).get(c)
     return name if name is not None else str(c) if bare else f"client {c}"
 
 
-def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
+def answered(strategy: RoundStrategy[Any], st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
              ) -> tuple[list[Task], list[Any], list[str], list[Task]]:
     """Round `rnd`'s tasks and results of the clients that answered, a line per client that did not (this
     attempt's and every earlier attempt's), and every task of the attempt that counted. Too few answers: the round
@@ -142,7 +144,7 @@ def answered(strategy: RoundStrategy, st: LoopState, rnd: int, execute: Executor
                       + "; ".join(failures))
 
 
-def run_rounds(strategy: RoundStrategy, rounds: int, ckpt: Checkpoint | None, watch: Any, execute: Executor,
+def run_rounds(strategy: RoundStrategy[Any], rounds: int, ckpt: Checkpoint | None, watch: Any, execute: Executor,
                policy: RoundPolicy = RoundPolicy()) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
     because every random draw of round t for client c is seeded by (seed, t, c). Clients that fail are handled by

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 
@@ -56,6 +56,8 @@ def unpack(tensors: dict[str, Tensor], skeleton: str) -> Any:
 def _decode(node: Any, tensors: dict[str, Tensor]) -> Any:
     if not isinstance(node, (dict, list)):
         return node
+    if isinstance(node, list):  # a list is sent as {"$l": [...]}
+        raise ValueError("wire: malformed skeleton")
     if "$t" in node:
         return tensors[node["$t"]]
     if "$d" in node:
@@ -78,7 +80,7 @@ def _dataclass(path: str) -> type:
         raise ValueError(f"wire: refusing to rebuild '{path}' (not a dataclass of {_PACKAGE} or of a loaded plugin)") from None
     if not dataclasses.is_dataclass(cls):
         raise ValueError(f"wire: '{path}' is not a dataclass")
-    return cls
+    return cast(type, cls)  # a dataclass that pack found as a value's type
 
 
 def _plugin_module(module: str) -> bool:

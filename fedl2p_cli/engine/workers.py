@@ -12,9 +12,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .rounds import Failed
 
@@ -37,7 +38,7 @@ def _init(build: Callable[..., Any], args: tuple, update: Callable, dev: str) ->
     _CONTEXT, _UPDATE = placed(build(*args), torch.device(dev)), update
 
 
-def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> "OnDevice":
+def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> OnDevice:
     """`build(*args, runtime)` after applying the parent's runtime (received whole, as a dict), placed on the
     runtime's device: how a worker process or ClientApp makes the same choices (device, determinism, one torch
     thread)."""
@@ -69,7 +70,7 @@ class ClientPool:
     worker's task and wait for it forever.)"""
 
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, local_context: Any,
-                 dev: "torch.device", timeout: float | None = None):
+                 dev: torch.device, timeout: float | None = None):
         from .placement import placed
         self.update, self.timeout = update, timeout
         self.local = placed(local_context, dev) if workers == 1 else None
@@ -81,7 +82,8 @@ class ClientPool:
     def _start(self) -> ProcessPoolExecutor:
         """A pool whose workers have all started and built their context, so that a round's timeout counts the
         clients' updates and not the workers' start-up (importing torch, reading the store: seconds)."""
-        pool, seen, t0 = self._executor(), set(), time.monotonic()
+        pool, t0 = self._executor(), time.monotonic()
+        seen: set[int] = set()
         try:
             while len(seen) < self.workers and time.monotonic() - t0 < 600:
                 seen |= {f.result() for f in [pool.submit(_ready) for _ in range(self.workers)]}
@@ -91,7 +93,7 @@ class ClientPool:
 
     def map(self, tasks: list[Any]) -> list[Any]:
         if self.pool is None:
-            return [self.local(self.update, t) for t in tasks]
+            return [self.local(self.update, t) for t in tasks]  # type: ignore[misc]  # one worker: local is set
         out = self._batch(tasks)
         # a dying worker breaks the whole executor: every unfinished client re-runs alone in a fresh pool, so the one
         # whose update kills its worker fails by itself and the others still answer
@@ -104,7 +106,7 @@ class ClientPool:
     def _batch(self, tasks: list[Any]) -> list[Any]:
         """Results in task order; `_BROKEN` where the executor broke first, `Failed` for an error or no reply in
         time. A broken or hung pool is replaced before returning."""
-        futures = [self.pool.submit(_run, t) for t in tasks]
+        futures = [self.pool.submit(_run, t) for t in tasks]  # type: ignore[union-attr]  # map calls this with a pool
         _, late = wait(futures, timeout=self.timeout)
         out: list[Any] = []
         for f in futures:
@@ -129,7 +131,7 @@ class ClientPool:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
-    def __enter__(self) -> "ClientPool":
+    def __enter__(self) -> ClientPool:
         return self
 
     def __exit__(self, *exc) -> None:

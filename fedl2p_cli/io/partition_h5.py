@@ -25,7 +25,6 @@ from ..core.client import ClientData
 from ..data.datasets import normalize
 
 
-
 @dataclass
 class Partition:
     dataset: str
@@ -68,7 +67,7 @@ class Partition:
             self._cache[c] = self._slice(c, self.images, self.labels)
         return self._cache[c]
 
-    def on_device(self, device: torch.device) -> "Partition":
+    def on_device(self, device: torch.device) -> Partition:
         """This partition as an executor places it on `device` (engine/placement.py): its uint8 pixels and labels
         copied there once, so each client's tensors are sliced and normalised there (no host traffic per update)."""
         return replace(self, images=self.images.to(device), labels=self.labels.to(device), _cache={})

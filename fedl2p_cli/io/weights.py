@@ -36,7 +36,7 @@ def load_with_meta(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
             meta = json.loads((f.metadata() or {}).get("meta", "{}"))
             # fresh allocations: a tensor read from the file can sit at another memory alignment than the one
             # the uninterrupted run computed with, and vectorised kernels then round differently (seen: 1 ulp)
-            return {k: f.get_tensor(k).clone() for k in f.keys()}, meta
+            return {k: f.get_tensor(k).clone() for k in f.keys()}, meta  # noqa: SIM118 -- safe_open is not a dict and not iterable
     except Exception as e:
         raise ArtifactError(f"cannot read checkpoint {path}: {e.__class__.__name__}") from None
 

@@ -3,8 +3,23 @@ the pipeline and the benchmarks ask about a method. The built-in ones (`builtin.
 the plugin loader (fedl2p_cli/plugins.py) before the first question is answered."""
 
 from . import check, registry
-from .registry import (Checked, HandMade, Learned, Method, Outcome, System, Tuned, baselines, find, get, handmade, label, learned,
-                       names, systems)
+from .registry import (
+    Checked,
+    HandMade,
+    Learned,
+    Method,
+    Outcome,
+    System,
+    Tuned,
+    baselines,
+    find,
+    get,
+    handmade,
+    label,
+    learned,
+    names,
+    systems,
+)
 
 __all__ = ["Checked", "HandMade", "Learned", "Method", "Outcome", "System", "Tuned", "baselines", "find", "get", "handmade", "label",
            "learned", "names", "check", "registry", "systems"]

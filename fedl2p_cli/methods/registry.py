@@ -6,8 +6,9 @@ builds such an object plus one `registry.add_method` call in a plugin's `registe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import plugins
 from .context import ClientContext, Row, Setup
@@ -79,13 +80,15 @@ class HandMade(Method):
     def fixed(self, factor: float, base_lr: float, n_bn: int, n_p: int, model: nn.Module | None = None) -> Strategy:
         """Its Strategy at `factor` x its LR; LR 0 for the parameter tensors of `model` its `tensors` leaves out."""
         import torch
+
         from ..core.finetune import Strategy
         from . import check
         check.rate(self)
         lr = torch.full((n_p,), base_lr * self.lr_factor * factor)
         if self.tensors is not None:
             chosen = check.tensors(self, model)
-            lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()], dtype=lr.dtype)
+            lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()],  # type: ignore[union-attr]  # check.tensors refused None
+                               dtype=lr.dtype)
         return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
 
     def strategy(self, row: Row, setup: Setup, c: int) -> Strategy | None:
@@ -105,6 +108,7 @@ class Tuned(Method):
 
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         import numpy as np
+
         from ..core.selection import NO_FT, select_by_validation
         grid = self.candidates()
         out = np.zeros((len(grid), 3))
@@ -113,13 +117,13 @@ class Tuned(Method):
                 vl, va = run.unadapted("val")
                 out[i] = vl, va, run.unadapted("test")[1]
             else:
-                trial = run.handmade(get(name), f)
+                trial = run.handmade(cast(HandMade, get(name)), f)  # the candidates are hand-made methods
                 out[i] = *trial.evaluate("val"), trial.evaluate("test")[1]
         return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2], out)
 
     def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
         from ..core.selection import NO_FT
-        return [run.handmade_strategy(get(name), f) for name, f in self.candidates() if name != NO_FT]
+        return [run.handmade_strategy(cast(HandMade, get(name)), f) for name, f in self.candidates() if name != NO_FT]
 
 
 @dataclass(frozen=True)
@@ -162,10 +166,11 @@ class Checked(Learned):
 
     def prepare(self, setup: Setup, art: Any) -> Row:
         row = setup.meta_row(self, art)
-        return dataclasses.replace(row, name=f"{row.name}{CHECKED}")
+        return dataclasses.replace(row, name=f"{row.name}{CHECKED}")  # type: ignore[type-var]  # a setup's rows are dataclasses
 
     def personalize(self, row: Row, run: ClientContext) -> Outcome:
         import numpy as np
+
         from ..core.finetune import Strategy
         from ..core.selection import select_by_validation
         s = run.strategies.get(row.name)

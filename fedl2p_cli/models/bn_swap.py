@@ -16,11 +16,11 @@ from ..errors import FedL2PError
 BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
-def plain_bn(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def plain_bn(model: nn.Module) -> list[tuple[str, nn.BatchNorm1d | nn.BatchNorm2d]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, BN_TYPES)]
 
 
-def _mix_bn(name: str, bn: nn.Module) -> MixBN:
+def _mix_bn(name: str, bn: nn.BatchNorm1d | nn.BatchNorm2d) -> MixBN:
     if not (bn.affine and bn.track_running_stats):
         raise FedL2PError(f"BatchNorm layer '{name}' has affine={bn.affine}, track_running_stats={bn.track_running_stats}; "
                           "mixing BN needs both True (a scale and shift, and running statistics to mix)")

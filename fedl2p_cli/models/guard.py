@@ -7,9 +7,11 @@ catalog's (`Catalog.allowed`); worker processes and Flower simulation nodes rece
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import ArtifactError, FedL2PError
+
 
 def allowed_modules() -> list[str]:
     from .. import plugins

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -52,6 +52,7 @@ def _import_factory(ref: str) -> Callable[..., nn.Module]:
 def _call(factory: Callable[..., nn.Module], in_channels: int, num_classes: int) -> nn.Module:
     """`factory` with `in_channels=` and `num_classes=` where it takes them (a **kwargs factory, such as torchvision's,
     gets num_classes)."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import copy
-import json
 import dataclasses
+import json
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
-from ..engine import executors
 from ..core.config import reference_of, validate
+from ..engine import executors
 from ..errors import ArtifactError
 from ..runtime import Runtime
+
 
 class Missing(ArtifactError):
     """An artifact asked for with `Runtime.reuse_only` does not exist (its stage and id name it)."""

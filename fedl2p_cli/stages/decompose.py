@@ -8,29 +8,30 @@ baselines, and the learned eta's ratio to the base LR per parameter tensor."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .. import methods
+from ..analysis.text import signed
 from ..artifacts import Artifact, Draft, Store
 from ..configs import DecomposeConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
 from ..errors import FedL2PError
 from ..runtime import Runtime
-from . import partition as partition_stage
 from . import meta_train as meta_stage
+from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import Harness
-from ..analysis.text import signed
 
 
 def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],
-           layer_betas: list[float] = ()) -> dict[str, tuple]:
+           layer_betas: Sequence[float] = ()) -> dict[str, tuple]:
     """The strategies compared, the learned one first."""
     fixed_b, base_e = np.full_like(beta, b_fixed), np.full_like(eta, base_lr)
     out = {"learned beta, learned eta": (beta, eta), "learned beta, base LR": (beta, base_e),
@@ -123,11 +124,11 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
             bar.advance(1)
         bar.stop()
         stored = {m: 100 * r.acc_after[r.methods.index(m)].mean(axis=1) for m in (method, *methods.baselines()) if m in r.methods}
-        s = summary(names, acc, stored, part.domain[np.asarray(r.client, dtype=np.int64)], list(part.domain_names))
-        draft.path("summary.json").write_text(json.dumps(s | {"method": method, "beta_fixed": b_fixed}, indent=2))
-        draft.path("summary.md").write_text(markdown(s, method, r.pool, len(r.client), r.eta[method] / base_lr,
+        summ = summary(names, acc, stored, part.domain[np.asarray(r.client, dtype=np.int64)], list(part.domain_names))
+        draft.path("summary.json").write_text(json.dumps(summ | {"method": method, "beta_fixed": b_fixed}, indent=2))
+        draft.path("summary.md").write_text(markdown(summ, method, r.pool, len(r.client), r.eta[method] / base_lr,
                                                      r.beta[method], table.param_names))
-        draft.metrics = {n: v["mean"] for n, v in s["combinations"].items()}
+        draft.metrics = {n: v["mean"] for n, v in summ["combinations"].items()}
 
     return build_or_reuse(store, "analyze", {"analysis": "decompose", **config_dict(cfg) | {"method": method, "beta": b_fixed}},
                           parents, build, force, runtime)

@@ -18,6 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,7 +53,7 @@ def export_site(data: ClientData, client: int, folder: Path) -> Path:
     return path
 
 
-def run_config(store, pretrain_ref: str | None, cfg: "mt.MetaTrainConfig", sites: int, out: Path,
+def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: int, out: Path,
                runtime: Runtime = Runtime(), site_names: list[str] | None = None) -> dict:
     """The app's run config for `flwr run --run-config`: the meta-train settings, the runtime (its failure policy; each
     site receives it whole and computes on its own device), the model's shape, and a copy of the pretrained weights
@@ -102,7 +103,7 @@ def load_site(folder: str) -> tuple[int, ClientData]:
     if bad:
         raise FedL2PError(f"{path} is not a site file: {', '.join(bad)} (see docs/deployment.md, 'A site's data')")
     empty = (t["x_train"][:0], t["y_train"][:0])
-    return int(client), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
+    return int(str(client)), ClientData((t["x_train"], t["y_train"]), (t["x_val"], t["y_val"]), empty)
 
 
 def site_name(node_config) -> str:
@@ -199,6 +200,7 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
     the settings, the pretrained model and the lambda's sha256 (a federation's result is not reproducible from its
     settings alone: it depends on the sites)."""
     import tomllib
+
     from ..artifacts import sha256_file
     from .common import build_or_reuse
     files = {n: out / n for n in ("run.toml", "lambda.safetensors", "history.csv")}
@@ -370,7 +372,7 @@ def _server_app():
     return app
 
 
-def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDict) -> None:
+def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict) -> None:
     """The federation's rounds: wait for the sites, learn who they are, run the round loop, write lambda. The
     failure policy is the run config's runtime (each site receives it whole and computes on its own device)."""
     runtime = run_config_runtime(rc)
@@ -378,11 +380,12 @@ def serve(grid, rc, cfg: "mt.MetaTrainConfig", log: ServerLog, Message, RecordDi
     theta = weights.load(Path(str(rc["model-file"])))
     out = Path(str(rc["out"]))
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
-    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)
+    # the server's context: no model or statistics (the sites have them), and the sites in place of a partition
+    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)  # type: ignore[arg-type]
     lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
     cfg_dict = dataclasses.asdict(cfg)
 
-    def execute(tasks: list[mt.MetaTask]) -> list:
+    def execute(tasks: list[Any]) -> list:  # the strategy's MetaTasks
         return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
                         [node_of[t.client] for t in tasks], runtime.timeout())
 

@@ -12,6 +12,7 @@ import datetime as dt
 import ipaddress
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import FedL2PError
@@ -91,9 +92,9 @@ def keygen(out: Path, name: str) -> list[Path]:
     return [out / f"{name}.key", out / f"{name}.pub"]
 
 
-def _cert(subject: str, key, issuer_name, issuer_key, ca: bool, hosts: list[str] = ()):
+def _cert(subject: str, key, issuer_name, issuer_key, ca: bool, hosts: Sequence[str] = ()):
     x509, hashes, _, _, NameOID = _crypto()
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     b = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name or name).public_key(key.public_key())
          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))

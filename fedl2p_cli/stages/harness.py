@@ -7,8 +7,9 @@ the same batches and their accuracies are paired."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -18,8 +19,10 @@ from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, person
 from ..core.functional import evaluate
 from ..engine.loop import batch_stream as batches
 from ..engine.placement import OnDevice
+from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
 from .pretrain import global_accuracy
+
 
 @dataclass
 class Client:
@@ -32,7 +35,7 @@ class Client:
 @dataclass
 class Trial:
     """One fine-tuning of a client under a strategy with a seed; its accuracies are computed when asked."""
-    harness: "Harness"
+    harness: Harness
     client: Client
     strategy: Strategy
     ft: FinetuneResult
@@ -43,8 +46,9 @@ class Trial:
         computed once per split and statistics."""
         if (split, stats) not in self.scores:
             h = self.harness
-            self.scores[split, stats] = personalized_accuracy(h.model, self.ft.params, *getattr(self.client.data, split),
-                                                              self.strategy, self.ft.bn, h.batch_size, stats)
+            x, y = getattr(self.client.data, split)
+            self.scores[split, stats] = personalized_accuracy(h.model, self.ft.params, x, y, self.strategy, self.ft.bn,
+                                                              h.batch_size, stats)
         return self.scores[split, stats]
 
 
@@ -58,7 +62,7 @@ class Harness:
     (`table`), and the fine-tuning budget every strategy shares; built by `on`, on a device."""
     model: torch.nn.Module
     state: dict
-    part: object
+    part: Partition
     table: StatsTable
     epochs: int
     batch_size: int
@@ -72,7 +76,7 @@ class Harness:
         self.theta = {n: self.state[n] for n, _ in self.model.named_parameters()}
 
     @classmethod
-    def on(cls, dev: torch.device, *args: Any, **kw: Any) -> "Harness":
+    def on(cls, dev: torch.device, *args: Any, **kw: Any) -> Harness:
         """The harness the executor's placement puts on `dev` (engine/placement.py)."""
         on = OnDevice(cls(*args, **kw), dev)
         on.context.place = on.move

@@ -10,26 +10,25 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import methods
 from ..algorithms import meta_grads
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..artifacts import Artifact, Draft, Store
+from ..configs import MetaTrainConfig
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
-from ..core.settings import RoundPolicy
-from .. import methods
-from ..runtime import Runtime
-from ..configs import MetaTrainConfig
 from ..core.config import stored, validate
-from ..core.settings import LEGACY_IFT
-from ..core.metanets import (Lambda, ServerAdam, init_lambda, input_normalizer,
-                             normalize_inputs)
+from ..core.metanets import Lambda, ServerAdam, init_lambda, input_normalizer, normalize_inputs
+from ..core.settings import LEGACY_IFT, RoundPolicy
+from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.executors import open_pool
 from ..errors import FedL2PError
 from ..io import weights
+from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
@@ -54,7 +53,7 @@ class Context:
 
     model: torch.nn.Module
     theta_g: dict
-    part: object
+    part: Partition
     stats: StatsTable
     cfg: MetaTrainConfig
     norm: dict | None = None  # input standardisation, from the seen clients (None: raw inputs, as the paper)
@@ -87,7 +86,7 @@ class Context:
         beta = torch.stack([o[0] for o in outs])
         eta = torch.stack([o[1] for o in outs]).mean(0)
         dom = torch.as_tensor(self.part.domain[seen])
-        rec = {}
+        rec: dict[str, float] = {}
         for d, name in enumerate(self.part.domain_names):
             if (dom == d).any():
                 rec |= {f"beta_{name}_{i}": float(b) for i, b in enumerate(beta[dom == d].mean(0))}
@@ -299,7 +298,7 @@ def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, dev:
         for s in range(steps):
             timer, t0 = Timer(), time.perf_counter()
             try:
-                r = on(lambda cx, lm: cx.update(c, lm, generator(cfg.seed, s, c), timer), lam)
+                r = on(lambda cx, lm: cx.update(c, lm, generator(cfg.seed, s, c), timer), lam)  # noqa: B023 -- called at once, in this step
             except Diverged as e:
                 diverged.append(f"client {c} step {s + 1}: {e}")
                 break
@@ -318,7 +317,7 @@ def summarize_rounds(history: list[dict], local_mode: bool) -> list[dict]:
     """Per-step mean over clients for L2P, so both modes plot the same way."""
     if not local_mode:
         return history
-    by = {}
+    by: dict[int, list[dict]] = {}
     for h in history:
         by.setdefault(h["round"], []).append(h)
     return [{"round": r, "val_loss": float(np.mean([h["val_loss"] for h in hs])),
@@ -425,9 +424,9 @@ def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> 
                        cfg.meta.init_gain, cfg.meta.beta_output)
 
 
-def method_of(art: Artifact) -> "methods.Learned":
+def method_of(art: Artifact) -> methods.Learned:
     """The learned method a meta-train artifact belongs to (its options' family: --local is L2P)."""
-    return methods.learned(config_from_dict(art.config).family())
+    return methods.learned(config_from_dict(art.config).family())  # type: ignore[return-value]  # every family is registered
 
 
 def config_from_dict(d: dict) -> MetaTrainConfig:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from ..errors import DataError, FedL2PError
 from ..io import partition_h5
 from ..runtime import Runtime
 from .common import build_or_reuse, config_dict
+
 
 def default_domains(dataset: str) -> list[str]:
     return list(sources.get(dataset).domains or corr.DEFAULT_DOMAINS)
@@ -49,7 +50,7 @@ def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | 
 def speaker_splits(cfg: PartitionConfig, ds: datasets.Dataset) -> list[ClientSplit]:
     """One client per speaker (`ds.groups`), its clips split test / validation / train as for every client."""
     rng = np.random.default_rng(cfg.seed)
-    groups, pools = ds.groups.numpy(), ds.domains.numpy()
+    groups, pools = ds.groups.numpy(), ds.domains.numpy()  # type: ignore[union-attr]  # a speakers source sets groups
     out = []
     for g, name in enumerate(ds.group_names or []):
         idx = np.nonzero(groups == g)[0]
@@ -213,7 +214,7 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
         cfg.exclude, excluded = ex_art.id, ex.source_index.numpy()
     # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
     # built before the option existed, keep their ids with --normalize partition)
-    quiet = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
+    quiet: tuple[str, ...] = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
     # --image-size came later: the size a source resized to before it (image-folder: 64) keeps those artifacts' ids,
     # and any other choice (keeping the images' size included) is a new one
     if cfg.image_size == sources.get(cfg.dataset).resized_before:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from .. import methods
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
+from ..analysis import spread
+from ..analysis.text import signed
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PersonalizeConfig
 from ..core import metanets
@@ -32,11 +34,9 @@ from . import partition as partition_stage
 from . import pfl as pfl_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
+from . import table
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
-from . import table
-from ..analysis import spread
-from ..analysis.text import signed
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
 STAGES = (None, *(s.name for s in table.STAGES if s.method))
@@ -118,8 +118,8 @@ class Setup:
         out: list[Row] = []
         for stage in STAGES:
             given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
-            rows = [method_of(a).prepare(self, a) for a in given]
-            rows += [kind.prepare(self, a) for a in given for m in self.cfg.methods  # a checked row beside its own
+            rows = [_own(method_of(a).prepare(self, a)) for a in given]
+            rows += [_own(kind.prepare(self, a)) for a in given for m in self.cfg.methods  # a checked row beside its own
                      if isinstance(kind := methods.find(m), methods.Checked) and stands_for(a, m)]
             twice = [(a.id, b.id, r.name) for i, (a, r) in enumerate(zip(given, rows))
                      for b, q in zip(given[:i], rows[:i]) if q.name == r.name]
@@ -139,14 +139,15 @@ class Setup:
         options say which learned method it belongs to)."""
         if kind is None:
             art = self.newest_meta(m)
-            return method_of(art).prepare(self, art)
-        return kind.prepare(self, kind.resolve(self, m))
+            return _own(method_of(art).prepare(self, art))
+        return _own(kind.prepare(self, kind.resolve(self, m)))
 
     def unknown(self, m: str) -> str:
         stored = self.store.newest("pfl", lambda a: a.config.get("algo") == m)
         if stored is not None:  # a system whose plugin is not loaded: loading its artifact names the plugin to load
             self.store.load("pfl", stored.id)
-        have = sorted({a.metrics.get("variant") for a in self.store.iter("meta-train") if a.parents.get("pretrain") == self.pretrain_id})
+        have = sorted({cast(str, a.metrics.get("variant")) for a in self.store.iter("meta-train")
+                       if a.parents.get("pretrain") == self.pretrain_id})
         hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
                 if have else "; run `fedl2p meta-train` first")
         return (f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade())}), not a system "
@@ -157,7 +158,7 @@ class Setup:
         """The newest meta-train artifact of a learned family (`fedl2p`: any FedL2P variant, `l2p`: any L2P run)
         learned on these clients' statistics, else of this model: what a learned method's name in --methods means."""
         def mine(a: Artifact) -> bool:
-            return a.stage == "meta-train" and method_of(a).family == family
+            return a.stage == "meta-train" and meta_stage.method_of(a).family == family
         hit = (self.store.newest("meta-train", lambda a: mine(a) and a.parents.get("stats") == self.stats_id)
                or self.store.newest("meta-train", lambda a: mine(a) and a.parents.get("pretrain") == self.pretrain_id))
         if hit is None:
@@ -180,7 +181,7 @@ class Setup:
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
-    def learned_strategy(self, row: Row, c: int) -> Strategy | None:
+    def learned_strategy(self, row: methods.context.Row, c: int) -> Strategy | None:
         """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
         L2P for a client it never trained)."""
         nets: MetaNets = row.payload
@@ -207,6 +208,16 @@ class Setup:
         return self.row(method.name, method, art, OnDevice(pfl_stage.load(self.store, art.id), self.dev).context)
 
 
+def _own(row: methods.context.Row) -> Row:
+    """A row a method prepared: one this stage's Setup made (`row`, `meta_row`, `pfl_row`), so a Row of this module."""
+    return cast("Row", row)
+
+
+def _context(run: ClientRun) -> methods.context.ClientContext:
+    """A ClientRun as the ClientContext methods see (its `client`, a harness Client, is a context Client with more)."""
+    return cast("methods.context.ClientContext", run)
+
+
 def canonical(rows: list[Row]) -> list[Row]:
     """Rows in one order whatever order --methods gave: per stage (STAGES), methods needing no artifact in the
     registry's order, the others by name (the pipelines' lists are in this order already: their ids are kept)."""
@@ -226,7 +237,7 @@ def stands_for(art: Artifact, name: str) -> bool:
     ID is the run asked for)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
     kind = methods.find(name)
-    checked = isinstance(kind, methods.Checked) and art.stage == "meta-train" and method_of(art).family == kind.family
+    checked = isinstance(kind, methods.Checked) and art.stage == "meta-train" and meta_stage.method_of(art).family == kind.family
     return name == own or method_of(art) is kind or checked
 
 
@@ -249,7 +260,7 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
     while first < len(clients):
         group = list(enumerate(clients))[first:first + (1 if groups is None else groups.size or 1)]
         first += len(group)
-        runs = {}
+        runs: dict[tuple[int, int], ClientRun] = {}
         for j, c in group:
             client = h.client(c)
             before[j] = h.global_accuracy(client)
@@ -262,10 +273,10 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
             runs |= {(j, k): ClientRun(setup, h, client, seed, strategies) for k, seed in enumerate(cfg.seeds)}
         if groups is not None:  # the group's fine-tunings, every row's, computed ahead in vmapped groups
             h.prefetch([(run.client, s, run.seed) for run in runs.values() for r in rows
-                        for s in r.method.wants(r, run)], groups)
+                        for s in r.method.wants(r, _context(run))], groups)
         for (j, k), run in runs.items():
             for i, r in enumerate(rows):
-                out = r.method.personalize(r, run)
+                out = r.method.personalize(r, _context(run))
                 acc[i, k, j] = out.acc
                 if out.candidates is not None:
                     cand[k, j] = out.candidates
@@ -290,7 +301,7 @@ def stacked(cand: dict[tuple[int, int], np.ndarray], seeds: int, clients: int) -
 
 def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
     """Paper layout: per method, mean over clients, then mean and SD over seeds; also per domain."""
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for i, m in enumerate(r.methods):
         per_seed = np.nanmean(r.acc_after[i], axis=1) if not np.isnan(r.acc_after[i]).all() else np.full(len(r.seeds), np.nan)
         learned = not fixed(m) and not np.isnan(r.sparsity[m]).all()

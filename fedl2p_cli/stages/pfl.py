@@ -22,10 +22,10 @@ from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
 from ..core.config import validate
+from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.executors import open_pool
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime

@@ -7,9 +7,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import methods
 from ..artifacts import Artifact, Store, StoreIndex, canonical_json
@@ -159,7 +160,7 @@ def compile(p: Pipeline) -> Plan:
     cfg = _make(pretrain.PretrainConfig, "pretrain", pre_sec, name)
     steps.append(Step("pretrain", "pretrain", "pretrain", "pretrain", pretrain.PretrainConfig, _pretrain(cfg, pre_own)))
     cfg = _make(stats.StatsConfig, "stats", _table(s.get("stats", {}), "stats", name), name)
-    steps.append(Step("stats", "stats", "stats", "stats", stats.StatsConfig, lambda r, f, cfg=cfg: stats.run(
+    steps.append(Step("stats", "stats", "stats", "stats", stats.StatsConfig, lambda r, f, cfg=cfg: stats.run(  # type: ignore[misc]  # defaults bind the loop's values
         copy.deepcopy(cfg), r.store, r.done["partition"].id, r.done["pretrain"].id, f, r.progress(), runtime=r.runtime)))
     for i, m in enumerate(_tables(s.get("meta-train", []), "meta-train", name)):
         values, rt = _runtime(m, "meta-train", name)
@@ -170,7 +171,7 @@ def compile(p: Pipeline) -> Plan:
         values, rt = _runtime(t, "pfl", name)
         cfg = _make(pfl.PFLConfig, "pfl", values, name)
         pfl.check(cfg)
-        steps.append(Step(f"pfl:{i}", "pfl", cfg.algo, "pfl", pfl.PFLConfig, lambda r, f, cfg=cfg, rt=rt: pfl.run(
+        steps.append(Step(f"pfl:{i}", "pfl", cfg.algo, "pfl", pfl.PFLConfig, lambda r, f, cfg=cfg, rt=rt: pfl.run(  # type: ignore[misc]  # defaults bind the loop's values
             copy.deepcopy(cfg), r.store, r.done["partition"].id, f, True, r.progress(), runtime=r.runtime.replace(**rt))))
     if "personalize" in s:
         steps += _personalize(s, name)
@@ -231,7 +232,7 @@ def _personalize(s: dict[str, Any], name: str) -> list[Step]:
                           _personalize_pool(cfg, pool, own)))
         if acfg is not None and analysis is not None and pool == analysis.get("pool", pools[-1]):
             steps.append(Step(f"analyze:{pool}", "analyze", f"clusters ({pool})", "analyze", analyze.ClustersConfig,
-                              lambda r, f, pool=pool: analyze.run(copy.deepcopy(acfg), r.store,
+                              lambda r, f, pool=pool: analyze.run(copy.deepcopy(acfg), r.store,  # type: ignore[misc]  # defaults bind the loop's values
                                                                   r.done[f"personalize:{pool}"].id, f, r.runtime)))
     return steps
 

@@ -10,22 +10,22 @@ import torch
 
 from .. import plugins
 from ..algorithms.local import LocalConfig
-from ..catalog import PretrainAlgo
-from ..runtime import Runtime
 from ..artifacts import Artifact, Draft, Store, sha256_file
+from ..catalog import PretrainAlgo
+from ..configs import PretrainConfig
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
-from ..configs import PretrainConfig
 from ..core.config import validate
 from ..core.functional import get_state, set_state
+from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
-from ..engine.executors import open_pool
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
+from ..runtime import Runtime
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
 
@@ -58,7 +58,7 @@ def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: tor
 
 
 def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
-    state = weights.import_state_dict(Path(cfg.init))
+    state = weights.import_state_dict(Path(cfg.init))  # type: ignore[arg-type]  # called only with --init
     own = get_state(model)
     head = registry.head_prefix(model)
     missing = [k for k in own if k not in state]
@@ -184,9 +184,9 @@ def client_task(ctx: PretrainClient, task: LocalTask) -> LocalResult:
 def client_tasks(ctx: PretrainClient, tasks: list[LocalTask]) -> list[LocalResult]:
     """Several clients' local updates as one computation (the batched executor; the algorithm's `client_many`)."""
     data = [ctx.part.client(t.client).train for t in tasks]
-    out = algorithm(ctx.algo).client_many(ctx.model, [t.state for t in tasks], [x for x, _ in data], [y for _, y in data],
-                                          [t.lr for t in tasks], ctx.local,
-                                          [generator(ctx.seed, t.round, t.client) for t in tasks])
+    many = algorithm(ctx.algo).client_many  # the batched executor runs only algorithms that have one
+    out = many(ctx.model, [t.state for t in tasks], [x for x, _ in data], [y for _, y in data],  # type: ignore[misc]
+               [t.lr for t in tasks], ctx.local, [generator(ctx.seed, t.round, t.client) for t in tasks])
     return [LocalResult(new, len(y), loss) for (new, loss), (_, y) in zip(out, data)]
 
 
@@ -226,7 +226,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
     def build(draft: Draft) -> None:
         if cfg.init:
             model = build_model(cfg, part)
-            state, history = import_init(cfg, model), []
+            state, history = import_init(cfg, model), []  # type: ignore[var-annotated]  # the rounds' records (dicts)
         else:
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
             if not resume:

@@ -19,11 +19,11 @@ import numpy as np
 
 from .. import methods
 from ..analysis import report_html as H
+from ..analysis import spread
 from ..artifacts import STAGES, Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 from .common import Missing, build_or_reuse, config_dict
-from ..analysis import spread
 from .personalize import beta_table, fixed, row_cells, spread_lines
 from .table import stage as stage_of
 
@@ -281,7 +281,7 @@ def config_diff(a: Artifact) -> list[list[str]]:
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict) and v and all(isinstance(x, str) for x in v) and k in ("meta",):
             out |= _flat(v, f"{prefix}{k}.")

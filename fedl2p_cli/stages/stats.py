@@ -8,17 +8,18 @@ import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store
-from ..core.bn import bn_layers
 from ..configs import StatsConfig
+from ..core.bn import bn_layers
 from ..core.config import validate
 from ..core.stats import many_client_stats, stat_layers
+from ..engine.placement import OnDevice
 from ..errors import ArtifactError
 from ..io import stats_h5
+from ..io.partition_h5 import Partition
 from ..models.registry import param_names
+from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
-from ..engine.placement import OnDevice
-from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 
 
@@ -26,7 +27,7 @@ from .common import NoProgress, Progress, build_or_reuse, config_dict
 class Forward:
     """What the statistics read: the pretrained model and the clients (placed on the device by the executor)."""
     model: torch.nn.Module
-    part: object
+    part: Partition
 
 
 def chunk_stats(ctx: Forward, task: tuple[list[int], int]) -> list:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedl2p_cli.api import (LocalConfig, epochs_of_batches, get_state, is_batchnorm, mean_loss, set_state, sgd_client,
-                            weighted_average)
+from fedl2p_cli.api import LocalConfig, epochs_of_batches, get_state, is_batchnorm, mean_loss, set_state, sgd_client, weighted_average
 
 State = dict[str, Tensor]
 

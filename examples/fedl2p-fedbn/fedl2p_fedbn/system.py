@@ -16,9 +16,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedl2p_cli.api import (Artifact, ClientData, Draft, LocalConfig, LoopState, OnDevice, Partition, PFLConfig,
-                            PFLSystem, Timer, TrainedSystem, batch_stream, build_model, evaluate, generator, get_state,
-                            group_of, load_weights, nest, sample_clients, save_weights, to_device)
+from fedl2p_cli.api import (
+    Artifact,
+    ClientData,
+    Draft,
+    LocalConfig,
+    LoopState,
+    OnDevice,
+    Partition,
+    PFLConfig,
+    PFLSystem,
+    Timer,
+    TrainedSystem,
+    batch_stream,
+    build_model,
+    evaluate,
+    generator,
+    get_state,
+    group_of,
+    load_weights,
+    nest,
+    sample_clients,
+    save_weights,
+    to_device,
+)
 
 from . import fedbn
 

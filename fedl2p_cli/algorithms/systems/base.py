@@ -54,7 +54,7 @@ class PFLSystem:
         """What a client's update reads (model, partition, settings), built once per process; no round state."""
         raise NotImplementedError
 
-    def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> RoundStrategy:
+    def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> RoundStrategy[Any]:
         """The rounds' server side; `local` is this process's placed context."""
         raise NotImplementedError
 

@@ -34,7 +34,7 @@ def _value(name: str, tp: type, value: Any) -> Any:
     try:
         if tp is bool:
             return _bool(value)
-        if tp is int and (isinstance(value, float) or isinstance(value, bool)):
+        if tp is int and isinstance(value, (float, bool)):
             raise ValueError
         return tp(value)
     except (TypeError, ValueError):
