@@ -14,7 +14,8 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - an executor (where a round's clients run, `--engine NAME`): `registry.add_executor(executor)`, an `Executor` whose
   `open(job: Job)` returns a `Pool`;
 - a meta-gradient (`meta-train --meta-grad NAME`, its name the variant's tag): `registry.add_meta_grad(meta_grad)`,
-  a `MetaGradient` with `one(...)` for a client and `many(...)` for a group.
+  a `MetaGradient` with `one(...)` for a client and `many(...)` for a group, returning `MetaGrad`s (the built-ins
+  `Fomaml` and `Ift` to build on).
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -40,11 +41,14 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from .algorithms.local import LocalConfig, sgd_client
+    from .algorithms.meta_grads import Fomaml, Ift
     from .artifacts import Artifact, Draft
     from .configs import PartitionConfig, PFLConfig
     from .core.aggregate import weighted_average
     from .core.client import ClientData, Timer
-    from .core.functional import epochs_of_batches, evaluate, get_state, mean_loss, set_state
+    from .core.finetune import FinetuneResult
+    from .core.functional import epochs_of_batches, evaluate, get_state, mean_loss, random_batch, set_state
+    from .core.hypergrad import MetaGrad
     from .data.datasets import Dataset, channel_stats
     from .device import to_host
     from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
@@ -76,6 +80,9 @@ _LAZY = {
     "run_rounds": ("engine.rounds", "run_rounds"),
     "Partition": ("io.partition_h5", "Partition"), "Runtime": ("runtime", "Runtime"),
     "Progress": ("stages.common", "Progress"), "TrainedSystem": ("stages.pfl", "Trained"),
+    "MetaGrad": ("core.hypergrad", "MetaGrad"), "FinetuneResult": ("core.finetune", "FinetuneResult"),
+    "Fomaml": ("algorithms.meta_grads", "Fomaml"), "Ift": ("algorithms.meta_grads", "Ift"),
+    "random_batch": ("core.functional", "random_batch"),
 }
 
 
@@ -188,6 +195,8 @@ __all__ = [
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient",
     "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient",
+    # what a meta-gradient is handed and returns, and the built-ins to build on
+    "FinetuneResult", "MetaGrad", "Fomaml", "Ift", "random_batch",
     # what a method is handed in `personalize`
     "Setup", "Row", "ClientContext", "Client", "Trial",
     # what a pFL system or a pretraining algorithm is handed and uses

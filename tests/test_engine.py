@@ -279,7 +279,7 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     import shutil
 
     from fedl2p_cli import plugins
-    from fedl2p_cli.algorithms.meta_grads import Fomaml
+    from fedl2p_cli.api import Fomaml
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.errors import FedL2PError
     from fedl2p_cli.io import weights
@@ -318,6 +318,7 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
         one, _ = meta_train.run(mine, store, *ids)
         many, _ = meta_train.run(mine, store, *ids, force=True, runtime=Runtime(engine="batched", client_batch=4))
     assert {"one", "many"} <= set(calls) and one.id == many.id != fomaml.id
+    assert one.manifest.get("plugins") and not fomaml.manifest.get("plugins")  # the artifact names the plugin
     lam_f, lam_h = weights.load(fomaml.file("lambda.safetensors")), weights.load(one.file("lambda.safetensors"))
     assert any(not torch.equal(lam_f[k], lam_h[k]) for k in lam_f)
     with pytest.raises(FedL2PError, match="unknown meta-gradient 'half-fomaml' \\(--meta-grad\\); choose one of: fomaml, ift"):

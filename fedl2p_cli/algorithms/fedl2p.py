@@ -21,6 +21,7 @@ from ..core.hypergrad import MetaGrad
 from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
 from ..core.settings import MetaConfig
 from . import meta_grads
+from .meta_grads import MetaGradient
 
 
 class Diverged(Exception):
@@ -48,10 +49,10 @@ def _finite(lam: Lambda) -> bool:
 
 
 def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data: ClientData, cfg: MetaConfig,
-                  gen: torch.Generator) -> MetaGrad:
-    """The meta-gradient of one iteration (Alg. 1 line 10) after fine-tuning `ft`: the catalog's `--meta-grad`
-    entry (algorithms/meta_grads.py)."""
-    return meta_grads.get(cfg.meta_grad).one(model, ft, lam, hyper, data, cfg, gen)
+                  gen: torch.Generator, entry: MetaGradient | None = None) -> MetaGrad:
+    """The meta-gradient of one iteration (Alg. 1 line 10) after fine-tuning `ft`: `entry`, the catalog's
+    `--meta-grad` entry the stage looked up (None: the built-in of that name, algorithms/meta_grads.py)."""
+    return (entry or meta_grads.builtin(cfg.meta_grad)).one(model, ft, lam, hyper, data, cfg, gen)
 
 
 def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:
@@ -62,7 +63,10 @@ def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:
 
 
 def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x: Tensor, bn0: ClientBN,
-                  data: ClientData, cfg: MetaConfig, gen: torch.Generator, timer: Timer | None = None) -> ClientResult:
+                  data: ClientData, cfg: MetaConfig, gen: torch.Generator, timer: Timer | None = None,
+                  entry: MetaGradient | None = None) -> ClientResult:
+    """K iterations of {fine-tune under lambda; meta-gradient (`entry`: the stage's --meta-grad entry, None: the
+    built-in of cfg.meta_grad); SGD on lambda} for one client."""
     timer = timer or Timer()
     hyper = hyper_fn(xi, x, len(theta_g), cfg)
     (xt, yt), (xv, yv) = data.train, data.val
@@ -79,7 +83,7 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
                                                      cfg.val_stats)
             first = (beta, eta, ft.train_loss)
         with timer.section("hypergrad"):
-            mg = meta_gradient(model, ft, lam, hyper, data, cfg, gen)
+            mg = meta_gradient(model, ft, lam, hyper, data, cfg, gen, entry)
         if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
             raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
         reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))  # the Neumann step the IFT took
@@ -92,7 +96,7 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
 
 def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], inputs: list[tuple[Tensor, Tensor]],
                        bn0s: list[ClientBN], datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator],
-                       timer: Timer | None = None) -> list[ClientResult | Diverged]:
+                       timer: Timer | None = None, entry: MetaGradient | None = None) -> list[ClientResult | Diverged]:
     """`client_update` for a group of clients in lock-step, each iteration's fine-tuning and meta-gradient (FOMAML+ or
     the IFT) one vmapped computation (`core.batched`).
     Per client the same as `client_update` to float tolerance: every client draws from its own generator in the same
@@ -122,7 +126,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
                                                             cfg.batch_size, cfg.val_stats)
                     first[c] = (cast(Tensor, strat[c].beta), strat[c].lr, fts[c].train_loss)  # hyper_fn's beta: never None
         with timer.section("hypergrad"):
-            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p)
+            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p, entry)
         for c in live:
             mg, ft = mgs[c], fts[c]
             if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
@@ -144,11 +148,12 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
 
 
 def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: list, datas: list[ClientData],
-                    cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int) -> dict[int, MetaGrad]:
+                    cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int,
+                    entry: MetaGradient | None = None) -> dict[int, MetaGrad]:
     """Each live client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
     hyper = lambda lam, xi, x: hyperparameters(lam, xi, x, n_p, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg,  # noqa: E731
                                                cfg.beta_output)
-    out = meta_grads.get(cfg.meta_grad).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
+    out = (entry or meta_grads.builtin(cfg.meta_grad)).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
                                              [inputs[c] for c in live], [datas[c] for c in live], cfg,
                                              [gens[c] for c in live])
     return dict(zip(live, out))

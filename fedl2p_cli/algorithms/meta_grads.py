@@ -1,5 +1,6 @@
 """The meta-gradients a FedL2P client update can take (`--meta-grad NAME`): catalog entries of kind "meta-grad",
-registered like a model or an executor (`registry.add_meta_grad`). Each has one interface: `one` computes a
+registered like a model or an executor (`registry.add_meta_grad`; the stage looks the name up and hands the entry to
+the client update). Each has one interface: `one` computes a
 client's meta-gradient after its fine-tuning, `many` a group's (the batched executor; per client the same to float
 rounding). Its name is also its tag in variant names (`fedl2p-NAME-...`), so a new one names itself. The built-ins:
 FOMAML+ (App. F) and the IFT (Alg. 2). Adding one is one module with a class like these and one registration.
@@ -118,7 +119,10 @@ class Ift:
 BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())
 
 
-def get(name: str) -> MetaGradient:
-    """The meta-gradient registered as `name` (UnknownName naming the choices, for --meta-grad)."""
-    from .. import plugins
-    return plugins.current().get("meta-grad", name)  # type: ignore[no-any-return]
+def builtin(name: str) -> MetaGradient:
+    """The built-in meta-gradient `name`; a plugin's comes from the catalog (`stages.meta_train.meta_gradient`), which
+    the stage passes to the client update (algorithms/ reads no catalog)."""
+    for mg in BUILTIN:
+        if mg.name == name:
+            return mg
+    raise ValueError(f"'{name}' is not a built-in meta-gradient: pass the catalog's entry (stages.meta_train.meta_gradient)")

@@ -67,7 +67,8 @@ def _identity(cfg: Any) -> dict:
 
 
 # config keys that name registered pieces, and the kinds of piece they name
-PIECES = {"dataset": ("dataset",), "model": ("model",), "algo": ("pretrain-algo", "system"), "methods": ("method",)}
+PIECES = {"dataset": ("dataset",), "model": ("model",), "algo": ("pretrain-algo", "system"), "methods": ("method",),
+          "meta.meta_grad": ("meta-grad",)}  # a dotted key: a nested config's field
 
 
 def plugin_records(store: Store, config: dict, parents: dict[str, str]) -> list[dict]:
@@ -75,7 +76,9 @@ def plugin_records(store: Store, config: dict, parents: dict[str, str]) -> list[
     from .. import plugins
     names: dict[str, list[str]] = {}
     for key, kinds in PIECES.items():
-        values = config.get(key)
+        values: Any = config
+        for part in key.split("."):
+            values = values.get(part) if isinstance(values, dict) else None
         for kind in kinds:
             names.setdefault(kind, []).extend(v for v in (values if isinstance(values, list) else [values]) if isinstance(v, str))
     out = {r["module"]: r for r in plugins.used(names)}
