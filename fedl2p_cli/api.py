@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from .algorithms.local import LocalConfig, sgd_client
     from .algorithms.meta_grads import Fomaml, Ift
+    from .algorithms.systems.base import Trained as TrainedSystem
     from .artifacts import Artifact, Draft
     from .configs import PartitionConfig, PFLConfig
     from .core.aggregate import weighted_average
@@ -53,11 +54,10 @@ if TYPE_CHECKING:
     from .device import to_host
     from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
     from .engine.placement import OnDevice
+    from .engine.progress import Progress
     from .engine.rounds import Failed, RoundObserver, RoundStrategy, Task, in_process, run_rounds
     from .io.partition_h5 import Partition
     from .runtime import Runtime
-    from .stages.common import Progress
-    from .stages.pfl import Trained as TrainedSystem
 
 # the torch-side names, imported when first asked for (module, name there)
 _LAZY = {
@@ -79,7 +79,7 @@ _LAZY = {
     "Task": ("engine.rounds", "Task"), "in_process": ("engine.rounds", "in_process"),
     "run_rounds": ("engine.rounds", "run_rounds"),
     "Partition": ("io.partition_h5", "Partition"), "Runtime": ("runtime", "Runtime"),
-    "Progress": ("stages.common", "Progress"), "TrainedSystem": ("stages.pfl", "Trained"),
+    "Progress": ("engine.progress", "Progress"), "TrainedSystem": ("algorithms.systems.base", "Trained"),
     "MetaGrad": ("core.hypergrad", "MetaGrad"), "FinetuneResult": ("core.finetune", "FinetuneResult"),
     "Fomaml": ("algorithms.meta_grads", "Fomaml"), "Ift": ("algorithms.meta_grads", "Ift"),
     "random_batch": ("core.functional", "random_batch"),

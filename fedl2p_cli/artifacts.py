@@ -28,7 +28,7 @@ from typing import Any
 from . import __version__
 from .errors import ArtifactError
 from .runtime import Runtime
-from .stages.table import NAMES as STAGES  # the store's folders, in pipeline order
+from .stage_table import NAMES as STAGES  # the store's folders, in pipeline order
 
 SCHEMA_VERSION = 1
 

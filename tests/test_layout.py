@@ -169,8 +169,8 @@ def test_the_example_plugins_import_only_the_api():
     assert imported and set(imported) == {"fedl2p_cli.api"}, imported
 
 
-# -- the stage list: one table (fedl2p_cli/stages/table.py) ----------------------------------------------------
-TABLE = PACKAGE / "stages" / "table.py"
+# -- the stage list: one table (fedl2p_cli/stage_table.py) ----------------------------------------------------
+TABLE = PACKAGE / "stage_table.py"
 
 
 def stage_lists(path: Path, names: set[str], at_least: int = 4) -> list[str]:
@@ -186,13 +186,13 @@ def stage_lists(path: Path, names: set[str], at_least: int = 4) -> list[str]:
 
 
 def stage_names() -> set[str]:
-    from fedl2p_cli.stages.table import STAGES
+    from fedl2p_cli.stage_table import STAGES
     return {s.name for s in STAGES} | {s.command for s in STAGES if s.command}
 
 
 def test_the_stage_list_is_written_once():
     found = [hit for p in sorted(PACKAGE.rglob("*.py")) if p != TABLE for hit in stage_lists(p, stage_names())]
-    assert not found, f"stage lists outside fedl2p_cli/stages/table.py: {found}"
+    assert not found, f"stage lists outside fedl2p_cli/stage_table.py: {found}"
 
 
 def test_the_stage_list_scan_finds_one(tmp_path):

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .. import imports, tracking
 from ..errors import USER_ERRORS
-from ..stages.table import STAGES, Stage
+from ..stage_table import STAGES, Stage
 from . import artifacts, flower, render
 from .run import run
 

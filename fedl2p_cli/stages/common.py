@@ -7,12 +7,13 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from .. import tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
 from ..core.config import reference_of, validate
 from ..engine import executors
+from ..engine.progress import NoProgress, Progress  # noqa: F401 (re-exported: the stages' import)
 from ..errors import ArtifactError
 from ..runtime import Runtime
 
@@ -23,25 +24,6 @@ class Missing(ArtifactError):
     def __init__(self, stage: str, aid: str):
         super().__init__(f"no {stage} artifact {aid} yet")
         self.stage, self.id = stage, aid
-
-
-class Progress(Protocol):
-    """How a stage reports progress; the CLI passes a rich bar, tests a no-op."""
-
-    def start(self, description: str, total: int) -> None: ...
-    def advance(self, n: int = 1, **info: Any) -> None: ...
-    def stop(self) -> None: ...
-
-
-class NoProgress:
-    def start(self, description: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1, **info: Any) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 def config_dict(cfg: Any, exclude: tuple[str, ...] = ()) -> dict:

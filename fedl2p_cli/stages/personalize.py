@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import methods
+from .. import stage_table as table
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..analysis import spread
 from ..analysis.text import signed
@@ -34,7 +35,6 @@ from . import partition as partition_stage
 from . import pfl as pfl_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
-from . import table
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
 

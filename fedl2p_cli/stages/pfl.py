@@ -11,13 +11,10 @@ A system registered with a bare module (`trainer="package.module"`: SETTINGS, tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from .. import imports, plugins
-from ..algorithms.systems.base import PFLSystem
+from ..algorithms.systems.base import PFLSystem, Trained
 from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PFLConfig
@@ -105,18 +102,6 @@ def worker_context(root: str, partition_id: str, cfg: PFLConfig, runtime: Runtim
     """A worker's (or ClientApp's) own client context, built once from the store."""
     part = partition_stage.load(Store(root), partition_id)[1]
     return system(cfg.algo).context(cfg, part)
-
-
-@dataclass
-class Trained:
-    """A loaded pfl artifact, ready to evaluate clients: its model and the system's own trained state."""
-
-    algo: str
-    art_id: str
-    model: torch.nn.Module
-    cfg: PFLConfig
-    num_classes: int
-    state: Any
 
 
 def load(store: Store, ref: str | None) -> Trained:

@@ -17,9 +17,9 @@ from ..artifacts import Artifact, Store, StoreIndex, canonical_json
 from ..core.config import ConfigError, flat_fields, from_flat, key_name, option_name, validate
 from ..errors import FedL2PError
 from ..runtime import Runtime, round_options
+from ..stage_table import SECTIONS, STAGES
 from . import analyze, meta_train, partition, personalize, pfl, pipeline_files, pretrain, stats
 from .common import Progress
-from .table import SECTIONS, STAGES
 
 TOP_KEYS = ("store", "name", "description", "device", "plugins")  # a file's keys besides its stage sections
 PLANS = ".pipelines.json"  # in a store: the ids each plan's last run made there (`fedl2p report` without plugins)

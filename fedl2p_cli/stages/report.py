@@ -23,9 +23,9 @@ from ..analysis import spread
 from ..artifacts import STAGES, Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
+from ..stage_table import stage as stage_of
 from .common import Missing, build_or_reuse, config_dict
 from .personalize import beta_table, fixed, row_cells, spread_lines
-from .table import stage as stage_of
 
 FORMAT = 1  # the page's layout version: part of the id, so a new layout is a new report
 

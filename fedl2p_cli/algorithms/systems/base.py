@@ -8,9 +8,12 @@ This module imports no torch: `fedl2p --help` and a plugin's registration stay l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ...artifacts import Artifact, Draft
     from ...configs import PFLConfig
     from ...core.client import ClientData
@@ -75,3 +78,15 @@ class PFLSystem:
         """Client `client`'s test accuracy (NaN where the system has no model for it). A system that adapts to a
         client draws its batches from `batch_stream(seed, client)`, the stream every method shares."""
         raise NotImplementedError
+
+
+@dataclass
+class Trained:
+    """A loaded pfl artifact, ready to evaluate clients: its model and the system's own trained state."""
+
+    algo: str
+    art_id: str
+    model: nn.Module
+    cfg: PFLConfig
+    num_classes: int
+    state: Any

@@ -1,14 +1,15 @@
 """The stage table: every stage once, in pipeline order, with what the store, the pipeline compiler, the report and
 the command line need to know about it. Nothing else in the package lists the stages (tests/test_layout.py checks).
 
-Torch-free and free of the stage modules, so the store (artifacts.py) and `fedl2p --help` can read it."""
+Torch-free and free of the stage modules, beside the store (artifacts.py) that reads it, so no import runs up from
+the store, the report or `fedl2p --help` into stages/."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import configs
+from . import configs
 
 
 @dataclass(frozen=True)
