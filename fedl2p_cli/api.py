@@ -30,7 +30,7 @@ from .algorithms.meta_grads import MetaGradient
 from .algorithms.systems.base import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
-from .engine.executors import Executor, Job, Pool
+from .engine.interface import Executor, Job, Pool
 from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, Outcome, System, Tuned

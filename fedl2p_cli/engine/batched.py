@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # torch is imported when a pool opens: the catalog lists this
     import torch
 
     from ..runtime import Runtime
-    from .executors import Job, Pool
+    from .interface import Job, Pool
 
 MAX_GROUP = 128
 HEADROOM = 0.8  # the share of free device memory `auto` plans to fill
