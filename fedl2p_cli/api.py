@@ -35,6 +35,7 @@ from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, Outcome, System, Tuned
 from .plugins import Registry
+from .protocols import DatasetLoader, ModelFactory, PretrainClient, PretrainClients
 
 if TYPE_CHECKING:
     import torch
@@ -93,29 +94,6 @@ def __getattr__(name: str) -> Any:
     value = imports.load(f"{__package__}.{module}:{attr}", imports.Why.OWN)
     globals()[name] = value  # asked once
     return value
-
-
-class ModelFactory(Protocol):
-    """What `registry.add_model` takes: an nn.Module for this many input channels and classes (either parameter may
-    be left out). Its BatchNorm1d/2d layers become fedl2p's mixing BN; FedL2P differentiates through it twice, so
-    every layer must be twice differentiable (checked when the model is built)."""
-
-    def __call__(self, in_channels: int, num_classes: int) -> nn.Module: ...
-
-
-class DatasetLoader(Protocol):
-    """`Source.load`: the dataset of a partition's config, `data_dir` being --data-dir (or FEDL2P_DATA; None if
-    neither). Images uint8 [N, C, H, W], labels, class names, normalisation, optionally a domain per image."""
-
-    def __call__(self, cfg: PartitionConfig, data_dir: Any) -> Dataset: ...
-
-
-class PretrainClient(Protocol):
-    """What `registry.add_pretrain_algo` takes: one client's local update from `state` on (x, y) with this LR, its
-    `LocalConfig` and the round's generator; the new state and the mean training loss."""
-
-    def __call__(self, model: nn.Module, state: dict[str, Tensor], x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,
-                 gen: torch.Generator) -> tuple[dict[str, Tensor], float]: ...
 
 
 class SystemTrainer(Protocol):
@@ -193,7 +171,7 @@ __all__ = [
     "API_VERSION", "Registry", "Plugin", "PluginError", "UnknownName", "FedL2PError", "DataError",
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
-    "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient",
+    "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
     "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient",
     # what a meta-gradient is handed and returns, and the built-ins to build on
     "FinetuneResult", "MetaGrad", "Fomaml", "Ift", "random_batch",

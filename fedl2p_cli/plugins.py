@@ -27,11 +27,16 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import imports
 from .catalog import API_VERSION, BUILTIN, KINDS, Catalog, ModelSpec, Plugin, PluginError, PretrainAlgo
 from .errors import FedL2PError
+
+if TYPE_CHECKING:
+    from .algorithms.meta_grads import MetaGradient
+    from .engine.interface import Executor
+    from .protocols import ModelFactory, PretrainClient, PretrainClients
 
 GROUP = "fedl2p.plugins"
 ENV = "FEDL2P_PLUGINS"
@@ -45,7 +50,7 @@ class Registry:
     plugin: Plugin
     pending: list[tuple[str, str, Any]] = field(default_factory=list)
 
-    def add_model(self, name: str, factory: Callable[..., Any], about: str = "", head: str | None = None) -> None:
+    def add_model(self, name: str, factory: ModelFactory, about: str = "", head: str | None = None) -> None:
         """A model: `factory(in_channels=, num_classes=)` (each passed when the factory takes it) returns an nn.Module
         with BatchNorm1d/2d layers, which become fedl2p's mixing BN. `head`: the classifier's module name (what
         FedBABU freezes); default: the last nn.Linear."""
@@ -73,21 +78,21 @@ class Registry:
             raise PluginError(f"{self.plugin.describe()}: add_system takes an api.System")
         self._add("system", system.name, system)
 
-    def add_pretrain_algo(self, name: str, client: Callable[..., Any], about: str = "", freeze_head: bool = False,
-                          client_many: Callable[..., Any] | None = None) -> None:
+    def add_pretrain_algo(self, name: str, client: PretrainClient, about: str = "", freeze_head: bool = False,
+                          client_many: PretrainClients | None = None) -> None:
         """A pretraining algorithm (`fedl2p pretrain --algo NAME`): `client(model, state, x, y, lr, local_config,
         generator) -> (new state, mean loss)`, one client's local update; the server averages by samples.
         `client_many` (optional): the same for a list of clients at once, for `--engine batched`."""
         self._add("pretrain-algo", name, PretrainAlgo(client, about, freeze_head, self.plugin, client_many))
 
-    def add_executor(self, executor: Any) -> None:
+    def add_executor(self, executor: Executor) -> None:
         """Where a round's client updates run (`--engine NAME`): an `api.Executor` (its `name`, `about`,
         `check(runtime)` and `open(job)` returning a pool whose `map(tasks)` gives the results in task order)."""
         if not all(hasattr(executor, a) for a in ("name", "about", "check", "open")):
             raise PluginError(f"{self.plugin.describe()}: add_executor takes an api.Executor (name, about, check, open)")
         self._add("executor", executor.name, executor)
 
-    def add_meta_grad(self, meta_grad: Any) -> None:
+    def add_meta_grad(self, meta_grad: MetaGradient) -> None:
         """A FedL2P meta-gradient (`--meta-grad NAME`, and its tag in variant names): an `api.MetaGradient` (its
         `name`, `about`, `one(...)` for one client and `many(...)` for a group)."""
         if not all(hasattr(meta_grad, a) for a in ("name", "about", "one", "many")):
