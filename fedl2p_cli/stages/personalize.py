@@ -181,7 +181,7 @@ class Setup:
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
-    def learned_strategy(self, row: methods.context.Row, c: int) -> Strategy | None:
+    def learned_strategy(self, row: methods.registry.Row, c: int) -> Strategy | None:
         """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
         L2P for a client it never trained)."""
         nets: MetaNets = row.payload
@@ -208,14 +208,14 @@ class Setup:
         return self.row(method.name, method, art, OnDevice(pfl_stage.load(self.store, art.id), self.dev).context)
 
 
-def _own(row: methods.context.Row) -> Row:
+def _own(row: methods.registry.Row) -> Row:
     """A row a method prepared: one this stage's Setup made (`row`, `meta_row`, `pfl_row`), so a Row of this module."""
     return cast("Row", row)
 
 
-def _context(run: ClientRun) -> methods.context.ClientContext:
+def _context(run: ClientRun) -> methods.registry.ClientContext:
     """A ClientRun as the ClientContext methods see (its `client`, a harness Client, is a context Client with more)."""
-    return cast("methods.context.ClientContext", run)
+    return cast("methods.registry.ClientContext", run)
 
 
 def canonical(rows: list[Row]) -> list[Row]:
