@@ -84,14 +84,36 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             first = (beta, eta, ft.train_loss)
         with timer.section("hypergrad"):
             mg = meta_gradient(model, ft, lam, hyper, data, cfg, gen, entry)
-        if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
-            raise Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
-        reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))  # the Neumann step the IFT took
-        lam = bound_eta(sgd_update(lam, mg.grads, cfg.meta_lrs), cfg)
-    if not math.isfinite(first_val):  # type: ignore[arg-type]  # iterations >= 1 (validated): the first one set it
-        raise Diverged(f"non-finite validation loss {first_val}")
+        if (bad := _diverged(mg, ft)) is not None:
+            raise bad
+        lam = _meta_step(lam, mg, cfg, reports)
+    done = _finish(lam, len(yt), first_val, first, reports)  # type: ignore[arg-type]  # iterations >= 1 (validated)
+    if isinstance(done, Diverged):
+        raise done
+    return done
+
+
+def _diverged(mg: MetaGrad, ft: FinetuneResult) -> Diverged | None:
+    if math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads):
+        return None
+    return Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
+
+
+def _meta_step(lam: Lambda, mg: MetaGrad, cfg: MetaConfig, reports: list[dict]) -> Lambda:
+    """Alg. 1 line 11: SGD on lambda; the step's gradient report (and the Neumann step the IFT took) kept."""
+    reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))
+    return bound_eta(sgd_update(lam, mg.grads, cfg.meta_lrs), cfg)
+
+
+def _finish(lam: Lambda, n: int, first_val: float, first: tuple[Tensor, Tensor, float], reports: list[dict]
+            ) -> ClientResult | Diverged:
+    """The client's result: its lambda, the first iteration's validation loss, beta, eta and training loss, and
+    the mean gradient report."""
+    if not math.isfinite(first_val):
+        return Diverged(f"non-finite validation loss {first_val}")
     report = {k: sum(r[k] for r in reports) / len(reports) for k in reports[0]}
-    return ClientResult(lam, len(yt), first_val, first[2], first[0], first[1], report)  # type: ignore[arg-type]  # as above
+    beta, eta, train = first
+    return ClientResult(lam, n, first_val, train, beta, eta, report)
 
 
 def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], inputs: list[tuple[Tensor, Tensor]],
@@ -128,23 +150,11 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
         with timer.section("hypergrad"):
             mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p, entry)
         for c in live:
-            mg, ft = mgs[c], fts[c]
-            if not (math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads)):
-                out[c] = Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
-                continue
-            reports[c].append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))
-            lams[c] = bound_eta(sgd_update(lams[c], mg.grads, cfg.meta_lrs), cfg)
-    results: list[ClientResult | Diverged] = []
-    for c, o in enumerate(out):
-        if o is not None:
-            results.append(o)
-        elif not math.isfinite(first_val[c]):
-            results.append(Diverged(f"non-finite validation loss {first_val[c]}"))
-        else:
-            report = {key: sum(r[key] for r in reports[c]) / len(reports[c]) for key in reports[c][0]}
-            beta, eta, tl = first[c]  # type: ignore[misc]  # set in iteration 1 (its validation loss is finite)
-            results.append(ClientResult(lams[c], len(datas[c].train[1]), first_val[c], tl, beta, eta, report))
-    return results
+            out[c] = _diverged(mgs[c], fts[c])
+            if out[c] is None:
+                lams[c] = _meta_step(lams[c], mgs[c], cfg, reports[c])
+    return [o if o is not None else _finish(lams[c], len(datas[c].train[1]), first_val[c], first[c], reports[c])  # type: ignore[arg-type]  # set in iteration 1
+            for c, o in enumerate(out)]
 
 
 def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: list, datas: list[ClientData],

@@ -70,6 +70,12 @@ def stack(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     return {k: torch.stack([d[k] for d in dicts]) for k in dicts[0]}
 
 
+def stack_bn(bns: list[ClientBN]) -> tuple[list[Tensor], list[Tensor]]:
+    """N clients' BN statistics as one [N, C] tensor per layer (means, variances)."""
+    return ([torch.stack(layer) for layer in zip(*(b.mean for b in bns))],
+            [torch.stack(layer) for layer in zip(*(b.var for b in bns))])
+
+
 def unstack(d: dict[str, Tensor], n: int) -> list[dict[str, Tensor]]:
     return [{k: v[i] for k, v in d.items()} for i in range(n)]
 
@@ -147,8 +153,7 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
     sched = Schedule.of([epochs_of_batches(len(y), batch_size, g, epochs) for y, g in zip(ys, gens)], dev)
     px, py = pad_data(xs, ys)
     p = stack(params)
-    mean = [torch.stack([b.mean[i] for b in bns]) for i in range(n_bn)]
-    var = [torch.stack([b.var[i] for b in bns]) for i in range(n_bn)]
+    mean, var = stack_bn(bns)
     step = _plain(vmap(_step_fn(model)))
     prev, grads, losses = p, [torch.zeros_like(v) for v in p.values()], []
     for t in range(sched.idx.shape[1]):
@@ -215,8 +220,7 @@ def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[
     n = len(lams)
     (lx, ly), lmask = _padded_batches(last)
     (vx, vy), vmask = _padded_batches(val)
-    mean = [torch.stack([b.mean[i] for b in bns]) for i in range(len(bns[0].mean))]
-    var = [torch.stack([b.var[i] for b in bns]) for i in range(len(bns[0].var))]
+    mean, var = stack_bn(bns)
 
     def meta_loss(lam: dict, xi: Tensor, xin: Tensor, theta: Params, x: Tensor, y: Tensor, m: Tensor, xv: Tensor,
                   yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor]) -> tuple[Tensor, tuple]:
@@ -267,32 +271,6 @@ class IftSettings:
     val_stats: str = "running"
 
 
-def _krylov(hvp: Callable[[list[Tensor]], list[Tensor]], v: list[Tensor], m: int) -> tuple[list[list[Tensor]], Tensor, Tensor]:
-    """`hypergrad.krylov` without in-place writes (vmap cannot write a batched value into an unbatched tensor): the
-    same basis and Hessenberg matrix, its coefficients summed in float64 as `krylov`'s float64 h sums them."""
-    from .hypergrad import BREAKDOWN, _dot, _inverse
-    eps = torch.finfo(v[0].dtype).eps
-    norm = torch.sqrt(_dot(v, v))
-    basis = [[t * _inverse(norm, norm > 0) for t in v]]
-    cols = []
-    for j in range(m):
-        w = hvp(basis[j])
-        scale = torch.sqrt(_dot(w, w))
-        coef = [norm.new_zeros((), dtype=torch.float64) for _ in basis]
-        for _ in range(2):
-            for i, q in enumerate(basis):
-                c = _dot(q, w)
-                coef[i] = coef[i] + c.double()
-                w = [a - c * b for a, b in zip(w, q)]
-        beta = torch.sqrt(_dot(w, w))
-        new = beta > BREAKDOWN * eps * scale
-        below = [torch.where(new, beta, 0.0).double()] + [norm.new_zeros((), dtype=torch.float64)] * (m - j - 1)
-        cols.append(torch.stack(coef + below))
-        basis.append([a * _inverse(beta, new) for a in w])
-    h = torch.stack(cols, 1) if cols else norm.new_zeros(1, 0, dtype=torch.float64)
-    return basis, h, norm
-
-
 def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
              lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], theta_star: list[Params],
              theta_train: list[Params], inner_grads: list[list[Tensor]], train: list[tuple[Tensor, Tensor]],
@@ -303,12 +281,11 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     theta_train is theta_star); `inner_grads` is also the last step's gradient that `s.eta_step` reads."""
     from torch.func import vjp
 
-    from .hypergrad import PSI_MARGIN, neumann_coefficients, spectral_radius_estimate
+    from .hypergrad import PSI_MARGIN, krylov, neumann_coefficients, spectral_radius_estimate
     n = len(lams)
     (tx, ty), tmask = _padded_batches(train)
     (vx, vy), vmask = _padded_batches(val)
-    mean = [torch.stack([b.mean[i] for b in bns]) for i in range(len(bns[0].mean))]
-    var = [torch.stack([b.var[i] for b in bns]) for i in range(len(bns[0].var))]
+    mean, var = stack_bn(bns)
     exact, m = s.hessian == "exact", max(s.q, s.psi_power)
 
     def one(lam: dict, xi: Tensor, xin: Tensor, th_v: Params, th_t: Params, ig: list[Tensor], x: Tensor, y: Tensor,
@@ -338,7 +315,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
         keys = list(th_t)
         v0 = [v[k].detach() for k in keys]
         hvp = lambda u: [products(dict(zip(keys, u)))[0][k] for k in keys]  # noqa: E731
-        basis, h, norm = _krylov(hvp, v0, m)
+        basis, h, norm = krylov(hvp, v0, m)
         psi_t = h.new_tensor(s.psi)
         if s.psi_power > 0:
             psi_t = (PSI_MARGIN / spectral_radius_estimate(h).clamp_min(1e-12)).clamp_max(s.psi)

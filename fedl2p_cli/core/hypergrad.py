@@ -88,23 +88,27 @@ def krylov(hvp: Callable[[list[Tensor]], list[Tensor]], v: list[Tensor], m: int
     {v, Hv, .., H^m v}, its (m+1) x m Hessenberg matrix h (float64) with H q_j = sum_i h[i, j] q_i, and |v|.
     Each vector is normalised as it is made, so nothing grows like lambda_max^k; two Gram-Schmidt passes keep the
     basis orthonormal ("twice is enough"). Where H q_j lies in the span already (to BREAKDOWN x rounding), q_{j+1} is
-    zero and so is every later vector: the relation still holds. Every coefficient stays a tensor (no host sync)."""
+    zero and so is every later vector: the relation still holds. Every coefficient stays a tensor (no host sync), and
+    h is built column by column without in-place writes, so the batched IFT (core.batched) vmaps this same code."""
     eps = torch.finfo(v[0].dtype).eps
     norm = torch.sqrt(_dot(v, v))
     basis = [[t * _inverse(norm, norm > 0) for t in v]]
-    h = v[0].new_zeros(m + 1, m, dtype=torch.float64)
+    zero = norm.new_zeros((), dtype=torch.float64)
+    cols = []
     for j in range(m):
         w = hvp(basis[j])
         scale = torch.sqrt(_dot(w, w))
+        coef = [zero] * len(basis)
         for _ in range(2):
             for i, q in enumerate(basis):
                 c = _dot(q, w)
-                h[i, j] += c
+                coef[i] = coef[i] + c.double()  # summed in float64
                 w = [a - c * b for a, b in zip(w, q)]
         beta = torch.sqrt(_dot(w, w))
         new = beta > BREAKDOWN * eps * scale
-        h[j + 1, j] = torch.where(new, beta, 0.0)
+        cols.append(torch.stack(coef + [torch.where(new, beta, 0.0).double()] + [zero] * (m - j - 1)))
         basis.append([a * _inverse(beta, new) for a in w])
+    h = torch.stack(cols, 1) if cols else norm.new_zeros(1, 0, dtype=torch.float64)
     return basis, h, norm
 
 

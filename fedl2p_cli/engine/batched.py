@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FedL2PError
+from .interface import no_gpu_share
 
 if TYPE_CHECKING:  # torch is imported when a pool opens: the catalog lists this executor without it
     import torch
@@ -136,8 +137,7 @@ class Batched:
     about: str = "this process, clients in vmapped groups of --client-batch (for a GPU)"
 
     def check(self, runtime: Runtime) -> None:
-        if runtime.gpus_per_client > 0:
-            raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+        no_gpu_share(runtime)
         if runtime.workers != 1:
             raise FedL2PError("--engine batched runs in this process: leave --workers at 1")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FedL2PError
 from .batched import Batched
-from .interface import Executor, Job, Pool
+from .interface import Executor, Job, Pool, no_gpu_share
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -30,8 +30,7 @@ class Local:
     about: str = "this process, or --workers processes of one torch thread each"
 
     def check(self, runtime: Runtime) -> None:
-        if runtime.gpus_per_client > 0:
-            raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
+        no_gpu_share(runtime)
         _no_client_batch(runtime, self.name)
 
     def open(self, job: Job) -> Pool:

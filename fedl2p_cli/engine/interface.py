@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import FedL2PError
+
 if TYPE_CHECKING:
     from ..runtime import Runtime
 
@@ -56,3 +58,9 @@ class Executor(Protocol):
         ...
 
     def open(self, job: Job) -> Pool: ...
+
+
+def no_gpu_share(runtime: Runtime) -> None:
+    """What every executor but Flower's refuses: a GPU share per client (`--gpus-per-client`)."""
+    if runtime.gpus_per_client > 0:
+        raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")

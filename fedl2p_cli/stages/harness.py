@@ -108,11 +108,12 @@ class Harness:
         """`epochs` of fine-tuning of the pretrained parameters under `strategy` (placed on the device), batches from
         the client's stream for `seed`."""
         s = self.place(strategy)
-        ft = self.ready.pop((client.id, seed, strategy_key(s)), None)
-        if ft is None:
-            ft = finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
-                          batches(seed, client.id), self.client_bn)
-        return Trial(self, client, s, ft)
+        ft = self.ready.pop((client.id, seed, strategy_key(s)), None) if self.ready else None  # keys read the device
+        return Trial(self, client, s, self._one(client, s, seed) if ft is None else ft)
+
+    def _one(self, client: Client, s: Strategy, seed: int) -> FinetuneResult:
+        return finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
+                        batches(seed, client.id), self.client_bn)
 
     def prefetch(self, wanted: list[tuple[Client, Strategy, int]], groups: Any) -> None:
         """Compute the fine-tunings `wanted` (client, strategy, seed) ahead, in vmapped groups (`groups`, an
@@ -128,9 +129,7 @@ class Harness:
 
     def _group(self, items: list[tuple[Client, Strategy, int]]) -> list[FinetuneResult]:
         if len(items) == 1:
-            (client, s, seed), = items
-            return [finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
-                             batches(seed, client.id), self.client_bn)]
+            return [self._one(*items[0])]
         return finetune_many(self.model, [self.theta] * len(items), [c.data.train[0] for c, _, _ in items],
                              [c.data.train[1] for c, _, _ in items], [s for _, s, _ in items], [c.bn0 for c, _, _ in items],
                              self.epochs, self.batch_size, [batches(seed, c.id) for c, _, seed in items], self.client_bn)

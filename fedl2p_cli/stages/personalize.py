@@ -256,9 +256,9 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
     before = np.zeros(len(clients))
     sizes = torch.tensor([v.numel() for v in h.theta.values()], dtype=torch.float64)
     progress.start(f"personalize ({setup.pool} clients)", len(clients) * len(cfg.seeds))
-    first = 0
+    pairs, first = list(enumerate(clients)), 0
     while first < len(clients):
-        group = list(enumerate(clients))[first:first + (1 if groups is None else groups.size or 1)]
+        group = pairs[first:first + (1 if groups is None else groups.size or 1)]
         first += len(group)
         runs: dict[tuple[int, int], ClientRun] = {}
         for j, c in group:
