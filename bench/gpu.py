@@ -12,7 +12,8 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
   500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency;
 - the batched executor (`--engine batched`, bench/batching.py): per-client step and round at N = 1, 8, 32, 128 with
   peak memory, the projection from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a
-  time and batched (`--batched`: this part alone).
+  time and batched (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns` for the rounds'
+  own; `--quickstart`: the quickstart's wall time alone).
 Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
 """
 
@@ -177,23 +178,33 @@ def profile_round(model_name: str, meta_grad: str, dev: torch.device, top: int =
         print(prof.key_averages().table(sort_by=key, row_limit=top), flush=True)
 
 
+def _ns(flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """Group sizes from `flag 1,8,32` on the command line, else `default`."""
+    if flag in sys.argv:
+        return tuple(int(n) for n in sys.argv[sys.argv.index(flag) + 1].split(","))
+    return default
+
+
 def batched(out: dict, dev: torch.device) -> None:
     """The batched executor against one client at a time, in this run on this card: per-client step and round
     (FOMAML+ and IFT, the CIFAR-10 pipeline's client) at N = 1, 8, 32, 128, with peak memory per N; then the
     CIFAR-10 projection from the best per-client round."""
     import batching  # bench/batching.py
-    ns = (1, 8, 32, 128)
+    ns = _ns("--ns", (1, 8, 32, 128))
+    round_ns = _ns("--round-ns", ns)
     for name in ("resnet18-cifar", "small-cnn"):
-        r = {"step": batching.step_per_client(name, dev, ns)}
+        r = out.setdefault("batched", {}).setdefault(name, {})
+        r["step"] = batching.step_per_client(name, dev, ns)
+        (HERE / "gpu.json").write_text(json.dumps(out, indent=2))  # each part survives a time limit
         for mg in ("fomaml", "ift"):
-            r[f"{mg}_round"] = batching.round_per_client(name, dev, mg, ns, CIFAR["epochs"], CIFAR["iterations"])
-        out.setdefault("batched", {})[name] = r
+            r[f"{mg}_round"] = batching.round_per_client(name, dev, mg, round_ns, CIFAR["epochs"], CIFAR["iterations"])
+            (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
         print("batched", name, json.dumps(r, indent=1), flush=True)
-        (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
     r18 = out["batched"]["resnet18-cifar"]
     for mg in ("fomaml", "ift"):
         best = min(v["per_client_s"] for v in r18[f"{mg}_round"].values())
         out.setdefault("projection_batched_h", {})[f"meta_train_500_rounds_x_100_clients_{mg}"] = 500 * 100 * best / 3600
+    (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
 
 
 def quickstart(out: dict) -> None:
@@ -229,9 +240,11 @@ def main() -> None:
         profile_round("resnet18-cifar", "ift", dev)
         return
     out: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
-    if "--batched" in sys.argv:  # the batched executor alone, then the quickstart both ways
-        batched(out, dev)
-        quickstart(out)
+    if "--batched" in sys.argv or "--quickstart" in sys.argv:  # these parts alone
+        if "--batched" in sys.argv:
+            batched(out, dev)
+        if "--quickstart" in sys.argv:
+            quickstart(out)
         return
     t0 = time.perf_counter()
     for name in ("resnet18-cifar", "small-cnn"):

@@ -314,7 +314,11 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
         products = vjp(lambda th, lm: grad(lt_fn)(th, lm), th_t, lam)[1]
         keys = list(th_t)
         v0 = [v[k].detach() for k in keys]
-        hvp = lambda u: [products(dict(zip(keys, u)))[0][k] for k in keys]  # noqa: E731
+
+        def hvp(u: list[Tensor]) -> list[Tensor]:  # one vjp per product (not one per tensor)
+            out = products(dict(zip(keys, u)))[0]
+            return [out[k] for k in keys]
+
         basis, h, norm = krylov(hvp, v0, m)
         psi_t = h.new_tensor(s.psi)
         if s.psi_power > 0:
