@@ -43,8 +43,8 @@ def test_second_run_reuses_everything(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text(TOML)
     first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
-    assert [r.stage for r in first] == ["partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "analyze",
-                                        "personalize"]
+    assert [r.stage for r in first] == ["partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "personalize",
+                                        "analyze"]  # the stage table's order
     assert all("pfl:cafeme" in r.artifact.parents for r in first if r.stage == "personalize")
     assert not any(r.reused for r in first)
     second = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
@@ -62,3 +62,49 @@ def test_unknown_key_is_one_clear_error(tmp_path):
     with pytest.raises(FedL2PError, match="unknown key 'fraktion' in \\[pretrain\\]"):
         pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
 
+
+
+def test_a_stage_is_its_module_and_one_table_row(tmp_path, monkeypatch):
+    """A stage added between stats and meta-train: its module (execute) and a row of the stage table are all the
+    pipeline needs: the section compiles, its step runs with its parent's id, and its artifact is reused."""
+    import dataclasses
+    import sys
+    import types
+
+    from fedl2p_cli import stage_table
+    from fedl2p_cli.core.config import opt
+    from fedl2p_cli.stages.common import build_or_reuse, config_dict
+
+    @dataclasses.dataclass
+    class CheckConfig:
+        threshold: float = opt(0.5, "How much is enough.")
+
+    seen = []
+
+    def execute(cfg, inputs, ctx):
+        seen.append(inputs.one("stats"))
+        return build_or_reuse(ctx.store, "check", config_dict(cfg), {"stats": inputs.one("stats")},
+                              lambda draft: setattr(draft, "metrics", {"threshold": cfg.threshold}), ctx.force, ctx.runtime)
+
+    module = types.ModuleType("fedl2p_cli.stages.check_demo")
+    module.execute = execute
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    row = stage_table.Stage("check", {"": CheckConfig}, module=module.__name__, parents=("stats",))
+    at = stage_table.NAMES.index("meta-train")
+    stages = (*stage_table.STAGES[:at], row, *stage_table.STAGES[at:])
+    for mod, name, value in ((stage_table, "STAGES", stages), (pipeline, "STAGES", stages)):
+        monkeypatch.setattr(mod, name, value)
+    names = tuple(s.name for s in stages)
+    sections = tuple(s.name for s in stages if s.section)
+    from fedl2p_cli import artifacts
+    for mod, name, value in ((stage_table, "NAMES", names), (artifacts, "STAGES", names), (stage_table, "SECTIONS", sections),
+                             (pipeline, "SECTIONS", sections)):
+        monkeypatch.setattr(mod, name, value)
+    f = tmp_path / "p.toml"
+    f.write_text(TOML.split("[[pfl]]")[0].replace("[[meta-train]]", "[check]\nthreshold = 0.7\n[[meta-train]]"))
+    first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    assert [r.stage for r in first] == ["partition", "pretrain", "stats", "check", "meta-train"]
+    stats_id, check = first[2].artifact.id, first[3].artifact
+    assert seen == [stats_id] and check.parents == {"stats": stats_id} and check.metrics == {"threshold": 0.7}
+    again = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    assert [r.reused for r in again] == [True] * 5

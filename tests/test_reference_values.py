@@ -10,7 +10,9 @@ from pathlib import Path
 from fedl2p_cli.artifacts import canonical_json
 from fedl2p_cli.configs import MetaTrainConfig
 from fedl2p_cli.core.settings import MetaConfig
-from fedl2p_cli.stages import meta_train, pipeline, pipeline_files
+from fedl2p_cli.stage_table import stage
+from fedl2p_cli.stages import meta_train, pipeline_files
+from fedl2p_cli.stages.interface import SectionFile, default_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 # sha256 of an identity (what a meta-train id hashes, its parents aside), from the code before the defaults moved
@@ -43,9 +45,8 @@ def shipped_identities() -> dict:
     for f in sorted(ROOT.glob("pipelines/**/*.toml")):
         if f.name.startswith("_"):
             continue
-        runs = pipeline._tables(pipeline_files.resolve(f).get("meta-train", []), "meta-train", f.name)
-        cfgs = [pipeline._make(MetaTrainConfig, "meta-train", pipeline._runtime(m, "meta-train", f.name)[0], f.name)
-                for m in runs]
+        file = SectionFile(pipeline_files.resolve(f), f.name)
+        cfgs = [p.config for p in default_plan(stage("meta-train"), meta_train, file)]
         out[str(f.relative_to(ROOT))] = [canonical_json(meta_train.identity(c)) for c in cfgs]
     return out
 

@@ -17,6 +17,7 @@ from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import stats as stats_stage
 from .common import build_or_reuse
+from .interface import Inputs, Planned, SectionFile, StageContext
 
 
 def features(stats_table, results, method: str | None, metas: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
@@ -80,3 +81,25 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
         draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
 
     return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force, runtime)
+
+
+def execute(cfg: ClustersConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the `personalize` run it analyses among the inputs."""
+    return run(cfg, ctx.store, inputs.one("personalize"), ctx.force, ctx.runtime)
+
+
+def plan(file: SectionFile) -> list[Planned]:
+    """[analyze]: the clusters of one personalised pool (`pool`, default the last of [personalize]'s pools); checked
+    even where the file personalises no pool for it to analyse."""
+    if "analyze" not in file.sections:
+        return []
+    values = file.table("analyze")
+    pool = values.pop("pool", None)
+    cfg = file.config(ClustersConfig, "analyze", values)
+    if "personalize" not in file.sections:
+        return []
+    pools = file.table("personalize").get("pools", ["seen"])
+    pool = pools[-1] if pool is None else pool
+    if pool not in pools:
+        return []
+    return [Planned(f"analyze:{pool}", f"clusters ({pool})", "analyze", cfg, {"personalize": (f"personalize:{pool}",)})]

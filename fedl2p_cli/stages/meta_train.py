@@ -34,6 +34,7 @@ from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
+from .interface import Inputs, StageContext
 from .pretrain import write_history
 
 NORM_PREFIX = "input_norm."
@@ -450,3 +451,14 @@ def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict |
     stored = weights.load(art.file("lambda.safetensors"))
     norm = {k[len(NORM_PREFIX):]: v for k, v in stored.items() if k.startswith(NORM_PREFIX)}
     return art, {k: v for k, v in stored.items() if not k.startswith(NORM_PREFIX)}, norm or None
+
+
+def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the `pretrain`ed model and its `stats` among the inputs."""
+    return run(cfg, ctx.store, inputs.one("pretrain"), inputs.one("stats"), ctx.force, True, ctx.progress,
+               runtime=ctx.runtime)
+
+
+def label(cfg: MetaTrainConfig) -> str:
+    """A pipeline step's short name: the variant."""
+    return cfg.variant()

@@ -19,6 +19,7 @@ from ..errors import DataError, FedL2PError
 from ..io import partition_h5
 from ..runtime import Runtime
 from .common import build_or_reuse, config_dict
+from .interface import Inputs, Planned, SectionFile, StageContext
 
 
 def default_domains(dataset: str) -> list[str]:
@@ -238,6 +239,30 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
     out = build_or_reuse(store, "partition", with_data(config, fp), {}, build, force, runtime)
     remember()  # after the build: a refused one leaves no store folder behind
     return out
+
+
+def execute(cfg: PartitionConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: `exclude` among the inputs is the partition whose images these clients must not get."""
+    if inputs.one("exclude") is not None:
+        cfg.exclude = inputs.one("exclude")
+    return run(cfg, ctx.store, ctx.force, plot=True, runtime=ctx.runtime)
+
+
+def plan(file: SectionFile) -> list[Planned]:
+    """[partition], and first [pretrain.partition] where the model is pretrained on other clients; `exclude =
+    "pretrain"` gives the clients no image of those."""
+    own = file.table("pretrain").get("partition")
+    part = file.table("partition")
+    exclude = part.get("exclude") == "pretrain"
+    if exclude and own is None:
+        raise FedL2PError(f"pipeline {file.name}: exclude = \"pretrain\" needs a [pretrain.partition] section")
+    steps = []
+    if own is not None:
+        cfg = file.config(PartitionConfig, "pretrain.partition", file.table("pretrain.partition", own))
+        steps.append(Planned("pretrain.partition", "partition (pretraining clients)", "pretrain.partition", cfg, {}))
+    parents: dict[str, tuple[str, ...]] = {"exclude": ("pretrain.partition",)} if exclude else {}
+    steps.append(Planned("partition", "partition", "partition", file.config(PartitionConfig, "partition", part), parents))
+    return steps
 
 
 def _base(dataset: str) -> str:

@@ -37,6 +37,7 @@ from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
+from .interface import Inputs, Planned, SectionFile, StageContext, parents_of
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
 STAGES = (None, *(s.name for s in table.STAGES if s.method))
@@ -460,3 +461,39 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:
 def learned_rows(art: Artifact, r: results_h5.Results) -> list[str]:
     """The rows of a personalisation that a meta-train artifact made (learned variants), in its results' order."""
     return [m for m in r.methods if f"meta-train:{m}" in art.parents]
+
+
+RUNTIME_KEYS = ("client_batch",)  # [personalize]'s runtime keys: how many clients' fine-tunings at once
+
+
+def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the `pretrain`ed model, its `stats`, and the `meta-train` and `pfl` runs whose methods
+    join the table (a meta-train run whose method cannot personalise this pool is left out)."""
+    pool = "unseen" if cfg.unseen else "seen"
+    metas = [i for i in inputs.many("meta-train")
+             if meta_stage.method_of(ctx.store.load("meta-train", i, verify=False)).supports(pool)]
+    return run(cfg, ctx.store, inputs.one("pretrain"), inputs.one("stats"), metas, ctx.force, ctx.progress,
+               inputs.many("pfl"), runtime=ctx.runtime)
+
+
+def plan(file: SectionFile) -> list[Planned]:
+    """One step per pool of [personalize] (`pools`, default seen); its `methods` are the hand-made and checked ones
+    (the learned rows come from the file's [[meta-train]] and [[pfl]] runs)."""
+    if "personalize" not in file.sections:
+        return []
+    values, own = file.runtime(file.table("personalize"), "personalize", RUNTIME_KEYS)
+    pools = values.pop("pools", ["seen"])
+    if not isinstance(pools, list) or not pools or any(x not in ("seen", "unseen") for x in pools):
+        raise FedL2PError(f"pipeline {file.name}: [personalize] pools must be a list of \"seen\" and/or \"unseen\", "
+                          f"got {pools!r}")
+    handmade = values.pop("methods", list(methods.baselines()))
+    allowed = methods.handmade() + methods.names(methods.Checked)  # a checked row reads the [[meta-train]] runs
+    bad = [m for m in handmade if m not in allowed] if isinstance(handmade, list) else [handmade]
+    if bad:
+        raise FedL2PError(f"pipeline {file.name}: [personalize] methods lists '{bad[0]}'; hand-made and checked "
+                          f"methods are: {', '.join(allowed)} (meta-net variants come from [[meta-train]])")
+    parents = parents_of(table.stage("personalize"))
+    return [Planned(f"personalize:{pool}", pool, "personalize",
+                    file.config(PersonalizeConfig, "personalize",
+                                values | {"unseen": pool == "unseen", "methods": list(handmade)}), parents, own)
+            for pool in pools]

@@ -28,6 +28,7 @@ from ..models import guard, registry
 from ..runtime import Runtime
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .interface import Inputs, StageContext
 from .pretrain import write_history
 
 
@@ -116,3 +117,15 @@ def load(store: Store, ref: str | None) -> Trained:
 def client_accuracy(t: Trained, c: int, data, seed: int, steps: int) -> float:
     """Test accuracy of client c under a trained system (NaN where the system has no model for it)."""
     return system(t.algo).accuracy(t, c, data, seed, steps)
+
+
+def execute(cfg: PFLConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the clients' `partition` among the inputs."""
+    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, True, ctx.progress, runtime=ctx.runtime)
+
+
+def label(cfg: PFLConfig) -> str:
+    return cfg.algo
+
+
+check_planned = check  # a pipeline file's [[pfl]] is checked when it compiles (its system's own options included)

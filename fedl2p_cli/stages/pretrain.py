@@ -28,6 +28,7 @@ from ..models import guard, registry
 from ..runtime import Runtime
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
+from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
 
 
 def algorithm(name: str) -> PretrainAlgo:
@@ -254,3 +255,18 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict
     set_state(model, state)
     return art, model, state
 
+
+def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the clients it pretrains on are `partition` among the inputs."""
+    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, True, ctx.progress, runtime=ctx.runtime)
+
+
+def plan(file: SectionFile) -> list[Planned]:
+    """[pretrain]; its [pretrain.partition] (the partition stage's step) is the clients it pretrains on."""
+    from ..stage_table import stage
+    table = file.table("pretrain")
+    own = table.pop("partition", None) is not None
+    values, rt = file.runtime(table, "pretrain", runtime_keys(stage("pretrain"), None))
+    cfg = file.config(PretrainConfig, "pretrain", values)
+    return [Planned("pretrain", "pretrain", "pretrain", cfg,
+                    {"partition": ("pretrain.partition",) if own else ("partition",)}, rt)]

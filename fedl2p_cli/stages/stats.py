@@ -21,6 +21,7 @@ from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .interface import Inputs, StageContext
 
 
 @dataclass
@@ -114,3 +115,8 @@ def load_matching(store: Store, ref: str | None, pretrain_id: str) -> tuple[Arti
     if art.parents.get("pretrain") != pretrain_id:
         raise ArtifactError(f"stats {art.id} was computed for pretrained model {art.parents.get('pretrain')}, not {pretrain_id}")
     return art, table
+
+
+def execute(cfg: StatsConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the clients' `partition` and the `pretrain`ed model among the inputs."""
+    return run(cfg, ctx.store, inputs.one("partition"), inputs.one("pretrain"), ctx.force, ctx.progress, runtime=ctx.runtime)

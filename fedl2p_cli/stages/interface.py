@@ -1,0 +1,137 @@
+"""The one interface every stage runs behind: `execute(cfg, inputs, ctx)`, and the plan of steps a pipeline file's
+section compiles to.
+
+A stage module (the stage table's `module`) provides:
+- `execute(cfg, inputs: Inputs, ctx: StageContext) -> (Artifact, reused)`: one artifact from its config, the ids of
+  the artifacts it reads (its parents, by name) and what every stage shares (store, runtime, force, progress);
+- optionally `plan(file: SectionFile) -> list[Planned]`: the steps its section(s) compile to, where the default
+  (one step per table of its section, parents from the table's `parents`) does not fit;
+- optionally `label(cfg) -> str` (a step's short name; default: the stage's name) and `check_planned(cfg)` (a check
+  that needs more than the config's own validation, run at compile time).
+
+`pipeline.compile` walks the stage table and asks each stage for its steps: adding a stage is its module and one
+table row (and its config class, beside the others in configs.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..artifacts import Artifact, Store
+from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
+from ..errors import FedL2PError
+from ..runtime import Runtime, round_options
+from ..stage_table import Stage
+from .common import Progress
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The artifacts a step reads: ids by parent name (a stage's name, or a name its plan gives), in plan order."""
+    ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def one(self, name: str) -> str | None:
+        """The one artifact of that parent (None: none given; the stage then takes the newest or its default)."""
+        got = self.ids.get(name, ())
+        return got[-1] if got else None
+
+    def many(self, name: str) -> list[str]:
+        return list(self.ids.get(name, ()))
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What every stage run shares."""
+    store: Store
+    runtime: Runtime = field(default_factory=Runtime)
+    force: bool = False
+    progress: Progress | None = None
+
+
+class StageModule(Protocol):
+    def execute(self, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]: ...
+
+
+@dataclass
+class Planned:
+    """One step of a plan, as a stage's plan gives it."""
+    key: str  # unique in the plan; later steps name it among their parents
+    label: str
+    section: str  # as the file spells it ([pretrain.partition], [[meta-train]]): what messages name
+    config: Any  # the built, validated config
+    parents: dict[str, tuple[str, ...]]  # parent name -> the steps' keys (a key ending in ":": every step so named)
+    runtime: dict[str, Any] = field(default_factory=dict)  # the section's runtime keys, over the command's runtime
+
+
+@dataclass(frozen=True)
+class SectionFile:
+    """A pipeline file's sections (its `extends` applied) and its name, as a stage's plan reads them."""
+    sections: dict[str, Any]
+    name: str
+
+    def table(self, section: str, value: Any = None) -> dict:
+        """A section that must be one table of settings."""
+        value = self.sections.get(section, {}) if value is None else value
+        if not isinstance(value, dict):
+            raise FedL2PError(f"pipeline {self.name}: [{section}] must be a table of settings, got {value!r}")
+        return dict(value)
+
+    def tables(self, section: str) -> list[dict]:
+        """A repeatable section ([[meta-train]], [[pfl]]): one table or a list of tables."""
+        value = self.sections.get(section, [])
+        values = [value] if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        return [self.table(section, v) for v in values]
+
+    def config(self, cls: type, section: str, values: dict) -> Any:
+        """A section's config: its keys are the config's fields, nested configs' fields among them (flat_fields)."""
+        names = {f.name for f in flat_fields(cls)}
+        unknown = [k for k in values if k not in names]
+        if unknown:
+            raise FedL2PError(f"pipeline {self.name}: unknown key '{unknown[0]}' in [{section}] (known: "
+                              f"{', '.join(sorted(names))})")
+        try:
+            cfg = from_flat(cls, values)
+            validate(cfg, key_name)
+        except (TypeError, ConfigError) as e:
+            raise FedL2PError(f"pipeline {self.name}: [{section}] {e}") from None
+        return cfg
+
+    def runtime(self, values: dict, section: str, keys: tuple[str, ...]) -> tuple[dict, dict]:
+        """A section's settings, and its runtime keys (`keys`; never part of an artifact's id), checked here and
+        applied over the command's runtime when the step runs."""
+        own = {k: values[k] for k in keys if k in values}
+        try:
+            validate(Runtime().replace(**own), key_name)
+        except (TypeError, ConfigError) as e:
+            raise FedL2PError(f"pipeline {self.name}: [{section}] {e}") from None
+        return {k: v for k, v in values.items() if k not in own}, own
+
+
+def runtime_keys(stage: Stage, module: Any) -> tuple[str, ...]:
+    """A section's runtime keys: the module's `RUNTIME_KEYS`, else the round options for a stage with rounds."""
+    return getattr(module, "RUNTIME_KEYS", round_options() if stage.trains else ())
+
+
+def parents_of(stage: Stage) -> dict[str, tuple[str, ...]]:
+    """The table's parents as step keys: a repeated stage's every step, another's one."""
+    from ..stage_table import stage as stage_of
+    return {p: (f"{p}:",) if stage_of(p).repeated else (p,) for p in stage.parents}
+
+
+def default_plan(stage: Stage, module: Any, file: SectionFile) -> list[Planned]:
+    """One step per table of the stage's section (none where the file has none, unless the stage is `implied`)."""
+    if stage.name not in file.sections and not stage.implied:
+        return []
+    tables = file.tables(stage.name) if stage.repeated else [file.table(stage.name)]
+    cls = stage.configs[""]
+    out = []
+    for i, t in enumerate(tables):
+        values, own = file.runtime(t, stage.name, runtime_keys(stage, module))
+        cfg = file.config(cls, stage.name, values)
+        if hasattr(module, "check_planned"):
+            module.check_planned(cfg)
+        label = module.label(cfg) if hasattr(module, "label") else stage.name
+        out.append(Planned(f"{stage.name}:{i}" if stage.repeated else stage.name, label, stage.name, cfg,
+                           parents_of(stage), own))
+    return out
