@@ -12,6 +12,7 @@ GPU run agrees with a CPU run to float32 rounding, not bit for bit; `--determini
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -53,17 +54,23 @@ def resolve(spec: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def move(obj: Any, dev: torch.device | str, non_blocking: bool = False) -> Any:
+def move(obj: Any, dev: torch.device | str, non_blocking: bool = False, *, place: bool = False) -> Any:
     """`obj` with every tensor on `dev` (dicts, lists, tuples and dataclasses walked; other values kept). On the
-    device a tensor already has, the tensor itself is returned: a CPU run copies nothing."""
+    device a tensor already has, the tensor itself is returned: a CPU run copies nothing. With `place` (an executor
+    placing a context, engine/placement.py) a module is copied there (the caller's own stays where it is) and an
+    object with `on_device(dev)` (a partition) answers for itself."""
     if isinstance(obj, torch.Tensor):
         return obj.to(dev, non_blocking=non_blocking)
+    if place and isinstance(obj, torch.nn.Module):
+        return copy.deepcopy(obj).to(dev)
+    if place and hasattr(obj, "on_device") and not isinstance(obj, type):
+        return obj.on_device(torch.device(dev))
     if isinstance(obj, dict):
-        return {k: move(v, dev, non_blocking) for k, v in obj.items()}
+        return {k: move(v, dev, non_blocking, place=place) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(move(v, dev, non_blocking) for v in obj)
+        return type(obj)(move(v, dev, non_blocking, place=place) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name), dev, non_blocking)
+        return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name), dev, non_blocking, place=place)
                                            for f in dataclasses.fields(obj) if f.init})
     return obj
 

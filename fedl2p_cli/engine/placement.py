@@ -8,7 +8,6 @@ never moves a tensor: its updates follow their inputs' device, as core/ does. On
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -19,21 +18,8 @@ from ..device import move, to_host
 
 
 def place(obj: Any, dev: torch.device) -> Any:
-    """`obj` on `dev`: tensors, containers and dataclasses as `device.move` walks them, a module copied there (the
-    caller's own stays where it is), an object with `on_device(dev)` (a partition) as it answers. The CPU: `obj`."""
-    if dev.type == "cpu":
-        return obj
-    if isinstance(obj, torch.nn.Module):
-        return copy.deepcopy(obj).to(dev)
-    if hasattr(obj, "on_device") and not isinstance(obj, type):
-        return obj.on_device(dev)
-    if isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "_fields"):
-        placed = [place(v, dev) for v in (obj.values() if isinstance(obj, dict) else obj)]
-        return dict(zip(obj, placed)) if isinstance(obj, dict) else type(obj)(placed)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: place(getattr(obj, f.name), dev)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return move(obj, dev)
+    """A context on `dev` (`device.move` with `place`: the one walk over containers). The CPU: `obj` itself."""
+    return obj if dev.type == "cpu" else move(obj, dev, place=True)
 
 
 def placed(context: Any, dev: torch.device) -> OnDevice:
