@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .errors import FedL2PError
+
+if TYPE_CHECKING:  # the entries' types, for `get` and `find` typed per kind
+    from .algorithms.meta_grads import MetaGradient
+    from .engine.interface import Executor
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
 BUILTIN = "fedl2p_cli.builtin"
@@ -131,10 +135,32 @@ class Catalog:
         for ns in dict.fromkeys(namespace(k) for k in kinds):
             yield from (e for e in self.entries[ns].values() if e.kind in kinds)
 
+    @overload
+    def find(self, kind: Literal["model"], name: str) -> ModelSpec | None: ...
+    @overload
+    def find(self, kind: Literal["pretrain-algo"], name: str) -> PretrainAlgo | None: ...
+    @overload
+    def find(self, kind: Literal["executor"], name: str) -> Executor | None: ...
+    @overload
+    def find(self, kind: Literal["meta-grad"], name: str) -> MetaGradient | None: ...
+    @overload
+    def find(self, kind: str | tuple[str, ...], name: str) -> Any: ...
+
     def find(self, kind: str | tuple[str, ...], name: str) -> Any:
         """The piece registered as `name` under `kind` (or any of several kinds); None if none."""
         kinds = (kind,) if isinstance(kind, str) else kind
         return next((e.value for e in self._of(kinds) if e.name == name), None)
+
+    @overload
+    def get(self, kind: Literal["model"], name: str, hint: str = "") -> ModelSpec: ...
+    @overload
+    def get(self, kind: Literal["pretrain-algo"], name: str, hint: str = "") -> PretrainAlgo: ...
+    @overload
+    def get(self, kind: Literal["executor"], name: str, hint: str = "") -> Executor: ...
+    @overload
+    def get(self, kind: Literal["meta-grad"], name: str, hint: str = "") -> MetaGradient: ...
+    @overload
+    def get(self, kind: str | tuple[str, ...], name: str, hint: str = "") -> Any: ...
 
     def get(self, kind: str | tuple[str, ...], name: str, hint: str = "") -> Any:
         """The piece registered as `name` under `kind`; `UnknownName` naming the choices if none."""

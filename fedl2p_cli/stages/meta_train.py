@@ -6,7 +6,6 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import torch
@@ -52,7 +51,7 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
 def meta_gradient(name: str) -> MetaGradient:
     """The meta-gradient registered as `name` (`UnknownName` naming the choices, for --meta-grad)."""
     from .. import plugins
-    return cast(MetaGradient, plugins.current().get("meta-grad", name))
+    return plugins.current().get("meta-grad", name)
 
 
 @dataclass
