@@ -29,7 +29,8 @@ def clusters(
     store: Path | None = options.STORE,
 ) -> None:
     """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
-    art, reused = stage.run(cfg, options.store(store), personalize, force, runtime=rt)
+    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
+    art, reused = stage.execute(cfg, Inputs.given({"personalize": personalize}), StageContext(options.store(store), rt, force))
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])

@@ -24,8 +24,9 @@ def meta_train(
 ) -> None:
     """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png,
     learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""
-    art, reused = stage.run(cfg, options.store(store), pretrain, stats, force, resume, render.RichProgress(),
-                            runtime=rt)
+    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
+    art, reused = stage.execute(cfg, Inputs.given({"pretrain": pretrain, "stats": stats}),
+                                StageContext(options.store(store), rt, force, render.RichProgress(), resume))
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)
 

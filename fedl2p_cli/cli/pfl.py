@@ -23,6 +23,8 @@ def pfl_train(
 ) -> None:
     """Train a personalised-FL system (pFedLA, HeurpFedLA, CAFeMe or a plugin's) on the seen clients -> a pfl artifact
     that `fedl2p personalize --methods` evaluates beside FT and FedL2P (pFedLA has no model for unseen clients)."""
-    art, reused = stage.run(cfg, options.store(store), partition, force, resume, render.RichProgress(), runtime=rt)
+    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
+    art, reused = stage.execute(cfg, Inputs.given({"partition": partition}),
+                                StageContext(options.store(store), rt, force, render.RichProgress(), resume))
     render.table(f"pfl-train ({cfg.algo})", ["metric", "value"], [[k_, v] for k_, v in art.metrics.items()])
     render.artifact_line("pfl", art.id, art.path, reused)

@@ -22,7 +22,9 @@ def stats(
     store: Path | None = options.STORE,
 ) -> None:
     """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
-    art, reused = stage.run(cfg, options.store(store), partition, pretrain, force, render.RichProgress(), runtime=rt)
+    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
+    art, reused = stage.execute(cfg, Inputs.given({"partition": partition, "pretrain": pretrain}),
+                                StageContext(options.store(store), rt, force, render.RichProgress()))
     show(art.metrics)
     render.artifact_line("stats", art.id, art.path, reused)
 

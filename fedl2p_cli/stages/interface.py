@@ -39,6 +39,11 @@ class Inputs:
     def many(self, name: str) -> list[str]:
         return list(self.ids.get(name, ()))
 
+    @classmethod
+    def given(cls, ids: Mapping[str, str | list[str] | None]) -> Inputs:
+        """Inputs from what a command line gave: an id (prefix), a list of them, or None (not given)."""
+        return cls({k: (v,) if isinstance(v, str) else tuple(v) for k, v in ids.items() if v})
+
 
 @dataclass(frozen=True)
 class StageContext:
@@ -47,6 +52,8 @@ class StageContext:
     runtime: Runtime = field(default_factory=Runtime)
     force: bool = False
     progress: Progress | None = None
+    resume: bool = True  # a stage with rounds continues from its round checkpoint
+    plot: bool = True  # a stage that draws writes its plots
 
 
 class StageModule(Protocol):

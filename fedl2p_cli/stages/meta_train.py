@@ -454,7 +454,7 @@ def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict |
 
 def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """The stage interface: the `pretrain`ed model and its `stats` among the inputs."""
-    return run(cfg, ctx.store, inputs.one("pretrain"), inputs.one("stats"), ctx.force, True, ctx.progress,
+    return run(cfg, ctx.store, inputs.one("pretrain"), inputs.one("stats"), ctx.force, ctx.resume, ctx.progress,
                runtime=ctx.runtime)
 
 

@@ -245,7 +245,7 @@ def execute(cfg: PartitionConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
     """The stage interface: `exclude` among the inputs is the partition whose images these clients must not get."""
     if inputs.one("exclude") is not None:
         cfg.exclude = inputs.one("exclude")
-    return run(cfg, ctx.store, ctx.force, plot=True, runtime=ctx.runtime)
+    return run(cfg, ctx.store, ctx.force, plot=ctx.plot, runtime=ctx.runtime)
 
 
 def plan(file: SectionFile) -> list[Planned]:

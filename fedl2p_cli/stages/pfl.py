@@ -121,7 +121,7 @@ def client_accuracy(t: Trained, c: int, data, seed: int, steps: int) -> float:
 
 def execute(cfg: PFLConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """The stage interface: the clients' `partition` among the inputs."""
-    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, True, ctx.progress, runtime=ctx.runtime)
+    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, ctx.resume, ctx.progress, runtime=ctx.runtime)
 
 
 def label(cfg: PFLConfig) -> str:

@@ -258,7 +258,8 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict
 
 def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """The stage interface: the clients it pretrains on are `partition` among the inputs."""
-    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, True, ctx.progress, runtime=ctx.runtime)
+    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, ctx.resume, ctx.progress, ctx.plot,
+               runtime=ctx.runtime)
 
 
 def plan(file: SectionFile) -> list[Planned]:
