@@ -29,8 +29,7 @@ def clusters(
     store: Path | None = options.STORE,
 ) -> None:
     """Spectral clustering of clients by xi, x, beta, eta; ARI vs true domains; distance maps (PNG)."""
-    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
-    art, reused = stage.execute(cfg, Inputs.given({"personalize": personalize}), StageContext(options.store(store), rt, force))
+    art, reused = options.execute(stage, cfg, {"personalize": personalize}, store, rt, force)
     a = json.loads(art.file("ari.json").read_text())
     render.table(f"ARI vs true domains ({a['pool']} clients; outputs of {a['method']})", ["feature", "ARI"],
                  [[k, v] for k, v in a["ari"].items()])

@@ -24,9 +24,8 @@ def meta_train(
 ) -> None:
     """Federatedly learn the meta-nets BNNet and LRNet (and eta~) -> lambda.safetensors, history.csv, val_loss.png,
     learning.png (beta per domain, eta per layer group and meta-gradient norms per round)."""
-    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
-    art, reused = stage.execute(cfg, Inputs.given({"pretrain": pretrain, "stats": stats}),
-                                StageContext(options.store(store), rt, force, render.RichProgress(), resume))
+    art, reused = options.execute(stage, cfg, {"pretrain": pretrain, "stats": stats}, store, rt, force,
+                                  progress=render.RichProgress(), resume=resume)
     show(art.metrics)
     render.artifact_line("meta-train", art.id, art.path, reused)
 

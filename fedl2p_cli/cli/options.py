@@ -21,6 +21,14 @@ def store(path: Path | None) -> Store:
     return Store(path)
 
 
+def execute(stage: Any, cfg: Any, parents: dict[str, str | list[str] | None], path: Path | None, rt: Runtime,
+            force: bool, **ctx: Any) -> Any:
+    """A command's stage run through the stage interface: the parent ids the command line gave (None: the stage's
+    default), the store at `path`, and the rest of the context (progress, resume, plot)."""
+    from ..stages.interface import Inputs, StageContext  # with the stage, so --help stays torch-free
+    return stage.execute(cfg, Inputs.given(parents), StageContext(store(path), rt, force, **ctx))
+
+
 def csv_list(value: str | None, option: str = "a list option") -> list[str] | None:
     if value is None:
         return None

@@ -21,8 +21,7 @@ def partition(
     store: Path | None = options.STORE,
 ) -> None:
     """Split a dataset into clients (Dirichlet label skew, feature-shift domains, seen/unseen pools) -> partition.h5."""
-    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
-    art, reused = stage.execute(cfg, Inputs(), StageContext(options.store(store), rt, force, plot=plot))
+    art, reused = options.execute(stage, cfg, {}, store, rt, force, plot=plot)
     show(art.metrics)
     if art.metrics.get("source"):  # what loading did (image-folder: kept the images' size, or resized them)
         render.console.print(f"{cfg.dataset}: {art.metrics['source']}", highlight=False)

@@ -23,8 +23,7 @@ def pfl_train(
 ) -> None:
     """Train a personalised-FL system (pFedLA, HeurpFedLA, CAFeMe or a plugin's) on the seen clients -> a pfl artifact
     that `fedl2p personalize --methods` evaluates beside FT and FedL2P (pFedLA has no model for unseen clients)."""
-    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
-    art, reused = stage.execute(cfg, Inputs.given({"partition": partition}),
-                                StageContext(options.store(store), rt, force, render.RichProgress(), resume))
+    art, reused = options.execute(stage, cfg, {"partition": partition}, store, rt, force,
+                                  progress=render.RichProgress(), resume=resume)
     render.table(f"pfl-train ({cfg.algo})", ["metric", "value"], [[k_, v] for k_, v in art.metrics.items()])
     render.artifact_line("pfl", art.id, art.path, reused)

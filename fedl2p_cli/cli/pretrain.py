@@ -22,9 +22,8 @@ def pretrain(
     store: Path | None = options.STORE,
 ) -> None:
     """Pretrain the global model federatedly on the seen clients -> model.safetensors, history.csv, curves.png."""
-    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
-    art, reused = stage.execute(cfg, Inputs.given({"partition": partition}),
-                                StageContext(options.store(store), rt, force, render.RichProgress(), resume))
+    art, reused = options.execute(stage, cfg, {"partition": partition}, store, rt, force,
+                                  progress=render.RichProgress(), resume=resume)
     if art.metrics:
         render.table("global model", ["metric", "value"], [[k, v] for k, v in art.metrics.items()])
     render.artifact_line("pretrain", art.id, art.path, reused)

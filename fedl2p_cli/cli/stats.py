@@ -22,9 +22,8 @@ def stats(
     store: Path | None = options.STORE,
 ) -> None:
     """Per-client layer-input moments, BN statistics and KL distances xi (Eq. 3) -> stats.h5."""
-    from ..stages.interface import Inputs, StageContext  # with the stage: torch-free --help
-    art, reused = stage.execute(cfg, Inputs.given({"partition": partition, "pretrain": pretrain}),
-                                StageContext(options.store(store), rt, force, render.RichProgress()))
+    art, reused = options.execute(stage, cfg, {"partition": partition, "pretrain": pretrain}, store, rt, force,
+                                  progress=render.RichProgress())
     show(art.metrics)
     render.artifact_line("stats", art.id, art.path, reused)
 

@@ -98,7 +98,7 @@ def plan(file: SectionFile) -> list[Planned]:
     cfg = file.config(ClustersConfig, "analyze", values)
     if "personalize" not in file.sections:
         return []
-    pools = file.table("personalize").get("pools", ["seen"])
+    pools = personalize_stage.pools(file)
     pool = pools[-1] if pool is None else pool
     if pool not in pools:
         return []

@@ -482,10 +482,7 @@ def plan(file: SectionFile) -> list[Planned]:
     if "personalize" not in file.sections:
         return []
     values, own = file.runtime(file.table("personalize"), "personalize", RUNTIME_KEYS)
-    pools = values.pop("pools", ["seen"])
-    if not isinstance(pools, list) or not pools or any(x not in ("seen", "unseen") for x in pools):
-        raise FedL2PError(f"pipeline {file.name}: [personalize] pools must be a list of \"seen\" and/or \"unseen\", "
-                          f"got {pools!r}")
+    values.pop("pools", None)
     handmade = values.pop("methods", list(methods.baselines()))
     allowed = methods.handmade() + methods.names(methods.Checked)  # a checked row reads the [[meta-train]] runs
     bad = [m for m in handmade if m not in allowed] if isinstance(handmade, list) else [handmade]
@@ -496,4 +493,13 @@ def plan(file: SectionFile) -> list[Planned]:
     return [Planned(f"personalize:{pool}", pool, "personalize",
                     file.config(PersonalizeConfig, "personalize",
                                 values | {"unseen": pool == "unseen", "methods": list(handmade)}), parents, own)
-            for pool in pools]
+            for pool in pools(file)]
+
+
+def pools(file: SectionFile) -> list[str]:
+    """[personalize]'s pools (`pools`, default seen), checked: what its steps and [analyze] read."""
+    got = file.table("personalize").get("pools", ["seen"])
+    if not isinstance(got, list) or not got or any(x not in ("seen", "unseen") for x in got):
+        raise FedL2PError(f"pipeline {file.name}: [personalize] pools must be a list of \"seen\" and/or \"unseen\", "
+                          f"got {got!r}")
+    return got

@@ -26,6 +26,7 @@ from ..io import weights
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime
+from ..stage_table import stage
 from . import partition as partition_stage
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
 from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
@@ -264,7 +265,6 @@ def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
 
 def plan(file: SectionFile) -> list[Planned]:
     """[pretrain]; its [pretrain.partition] (the partition stage's step) is the clients it pretrains on."""
-    from ..stage_table import stage
     table = file.table("pretrain")
     own = table.pop("partition", None) is not None
     values, rt = file.runtime(table, "pretrain", runtime_keys(stage("pretrain"), None))
