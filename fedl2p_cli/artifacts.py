@@ -119,6 +119,7 @@ class Draft:
     tracking: dict | None = None  # the experiment-tracker run that logged the build (--track; not part of the id)
     computed_on: dict | None = None  # where the work ran (Runtime.describe); None: this process's CPU
     data: dict | None = None  # a partition's data: its fingerprint (data/fingerprint.py; in the id through the config)
+    observers: tuple = ()  # what watches the build's rounds besides its progress bar (--track's logger; not written)
 
     def path(self, name: str) -> Path:
         return self.tmp / name

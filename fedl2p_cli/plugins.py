@@ -8,16 +8,16 @@ in this order:
    file's top-level `plugins = [...]`.
 `register` receives a `Registry` and calls its `add_*` methods; a name that is already taken, a module that does not
 import, a `register` that raises or a plugin written for another `API_VERSION` (its module's `FEDL2P_API`) is refused
-as a whole (nothing of it is registered) with one line naming the plugin. `current()` is the process's catalog, filled
-with the built-ins and the installed plugins on first use, so they are there in every process: the CLI, a worker
-process, a Flower ClientApp; `using(catalog)` puts another in its place (tests build their own with `build`).
+as a whole (nothing of it is registered) with one line naming the plugin. A command's catalog travels with its
+`Runtime` (`runtime.catalog`; a worker process or Flower ClientApp builds its own from the runtime's `plugins`), and
+the stage interface puts it in place (`using`) for the lookups made below a stage; `current()` answers from it, or
+from the context's own catalog, filled with the built-ins and the installed plugins on first use.
 Torch-free: loading a plugin imports only what it imports.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import importlib.metadata as md
 import inspect
 import os
@@ -37,10 +37,11 @@ if TYPE_CHECKING:
     from .algorithms.meta_grads import MetaGradient
     from .engine.interface import Executor
     from .protocols import ModelFactory, PretrainClient, PretrainClients
+    from .runtime import Runtime
 
 GROUP = "fedl2p.plugins"
 ENV = "FEDL2P_PLUGINS"
-__all__ = ["API_VERSION", "BUILTIN", "KINDS", "Plugin", "PluginError", "Registry", "build", "current", "load", "using"]
+__all__ = ["API_VERSION", "BUILTIN", "KINDS", "Plugin", "PluginError", "Registry", "build", "current", "load", "of", "using"]
 
 
 @dataclass
@@ -285,35 +286,40 @@ def build(*plugins: str | Callable[[Registry], Any], installed: bool = False) ->
     return catalog
 
 
-@functools.cache
-def _process() -> Catalog:
-    """The process's catalog object, created once (empty: `current` fills it)."""
-    return Catalog()
-
-
-_USING: ContextVar[Catalog | None] = ContextVar("fedl2p_catalog", default=None)
+_CURRENT: ContextVar[Catalog | None] = ContextVar("fedl2p_catalog", default=None)
 
 
 def current() -> Catalog:
-    """The catalog lookups answer from: the one `using` put in place, else the process's, which holds the built-ins,
-    the installed plugins and FEDL2P_PLUGINS's after the first call, and whatever `load` added since."""
+    """The catalog lookups answer from: the one the running stage's Runtime carries (`using`, entered at the stage
+    interface), else this context's own, created on first use and filled with the built-ins, the installed plugins and
+    FEDL2P_PLUGINS's, and whatever `load` added since. No process-wide object: a thread or `contextvars` context
+    that sets none starts its own."""
     catalog = _chosen()
     return catalog if catalog.loaded else fill(catalog)
 
 
+def of(runtime: Runtime | None) -> Catalog:
+    """The catalog a run looks up: the one its Runtime carries, else the context's (`current`)."""
+    return runtime.catalog if runtime is not None and runtime.catalog is not None else current()
+
+
 def _chosen() -> Catalog:
-    """The catalog `using` put in place, else the process's, filled or not."""
-    return _USING.get() or _process()
+    """The context's catalog, filled or not (created empty where the context has none)."""
+    catalog = _CURRENT.get()
+    if catalog is None:
+        catalog = Catalog()
+        _CURRENT.set(catalog)
+    return catalog
 
 
 @contextmanager
 def using(catalog: Catalog) -> Iterator[Catalog]:
     """Within it, `current()` is `catalog` (in this thread and context)."""
-    token = _USING.set(catalog)
+    token = _CURRENT.set(catalog)
     try:
         yield catalog
     finally:
-        _USING.reset(token)
+        _CURRENT.reset(token)
 
 
 def owner(kind: str, name: str) -> Plugin | None:
@@ -332,9 +338,10 @@ def load(specs: Sequence[str], how: str = "--plugin") -> list[Plugin]:
     return [load_module(catalog, s, how) for s in specs]
 
 
-def used(names: dict[str, list[str]]) -> list[dict]:
-    """The manifest records of the non-built-in plugins owning any of `names` ({kind: [name, ...]})."""
-    catalog = current()
+def used(names: dict[str, list[str]], catalog: Catalog | None = None) -> list[dict]:
+    """The manifest records of the non-built-in plugins owning any of `names` ({kind: [name, ...]}) in `catalog`
+    (default: the current one)."""
+    catalog = catalog or current()
     out: dict[str, dict] = {}
     for kind, values in names.items():
         for v in values:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .core.config import AT_LEAST_1, FRACTION, NON_NEGATIVE, UNIT, opt
+from .core.config import AT_LEAST_1, FRACTION, INTERNAL, NON_NEGATIVE, UNIT, opt
 from .core.settings import RoundPolicy
 
 ROUNDS = "rounds"  # `scope` of the options that the commands running federated rounds (pretrain, meta-train) take
@@ -62,6 +62,11 @@ class Runtime:
                                       "folder, ./runs or ./mlruns).", cli=False)
     reuse_only: bool = opt(False, "Build nothing: each stage returns the artifact its inputs name, or refuses (how "
                                   "`fedl2p report` finds a pipeline's artifacts).", cli=False)
+    # the pieces this run looks up (a `catalog.Catalog`; None: the context's, `plugins.current()`). It stays in this
+    # process: a worker process or ClientApp builds its own from `plugins` and `allow_import`. Typed Any: the
+    # catalog's entry types (an executor's Job) name the Runtime.
+    catalog: Any = dataclasses.field(default=None, compare=False, repr=False, metadata={
+        "help": "The catalog of pieces this run looks up (plugins.of(runtime)).", "cli": False, INTERNAL: True})
 
     def __post_init__(self) -> None:
         if self.workers == "auto":  # resolved once, here: a worker process or ClientApp receives the number
@@ -99,12 +104,13 @@ class Runtime:
 
     def to_dict(self) -> dict:
         """What a worker process, a ClientApp or a deployment's run config receives: JSON-safe values only."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)}
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)
+                if not f.metadata.get(INTERNAL)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Runtime:
         """The inverse of `to_dict`; keys it does not know are ignored (a run config written by another version)."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if not f.metadata.get(INTERNAL)}
         kw = {k: v for k, v in d.items() if k in known}
         for key in ("plugins", "allow_import"):
             if key in kw:

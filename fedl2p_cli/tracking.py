@@ -131,14 +131,15 @@ def tracked(stage: str, draft: Any, runtime: Runtime) -> Iterator[None]:
     if runtime.track is None:
         yield
         return
-    from .engine.rounds import observing
     run = open_run(stage, draft.id, runtime.track, runtime.track_uri)
     ok = False
+    before = draft.observers
+    draft.observers = (*before, RoundLogger(run))  # the build hands them to its rounds (stages.common.watch)
     try:
-        with observing(RoundLogger(run)):
-            yield
+        yield
         run.log({f"summary/{k}": v for k, v in scalars(draft.metrics).items()}, 0)
         draft.tracking = run.info
         ok = True
     finally:
+        draft.observers = before
         run.close(ok)

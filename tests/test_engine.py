@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedl2p_cli.engine.loop import Checkpoint, LoopState, generator, group_of, nest
-from fedl2p_cli.engine.rounds import in_process, observing, run_rounds
+from fedl2p_cli.engine.rounds import Watch, in_process, run_rounds
 from fedl2p_cli.stages.common import NoProgress
 
 from .helpers import KillAfter, Killed
@@ -96,11 +96,11 @@ class Bar:
 
 
 def test_the_progress_bar_a_tracker_and_a_server_log_observe_one_list(tmp_path):
-    """A stage's progress bar and a tracker added around the build see the same rounds in the same order; a server
-    log given in the bar's place sees a resumed run start after the checkpoint's rounds."""
+    """A stage's progress bar and a tracker its build opened (passed with the bar, as a Watch) see the same rounds in
+    the same order; a server log given in the bar's place sees a resumed run start after the checkpoint's rounds."""
     calls: list = []
-    with observing(Recorder(calls, "tracker")):
-        run_rounds(Toy(), 2, Checkpoint(tmp_path / "c"), Bar(calls), in_process(Toy.client))
+    run_rounds(Toy(), 2, Checkpoint(tmp_path / "c"), Watch(Bar(calls), (Recorder(calls, "tracker"),)),
+               in_process(Toy.client))
     assert calls == [("bar", "start", "toy", 2), ("bar", "advance", 0), ("tracker", "start", "toy", 2, 0),
                      ("bar", "advance", 1), ("tracker", "round", 1, 1), ("bar", "advance", 1), ("tracker", "round", 2, 2),
                      ("bar", "stop"), ("tracker", "stop")]
@@ -228,6 +228,7 @@ def test_an_executor_is_one_registration_and_gives_the_same_artifact(tiny_store,
     from fedl2p_cli.errors import FedL2PError
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import pretrain
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
 
     from .conftest import TINY_PRETRAIN
 
@@ -262,8 +263,11 @@ def test_an_executor_is_one_registration_and_gives_the_same_artifact(tiny_store,
     part = tiny_store["partition"].id
     cfg = pretrain.PretrainConfig(**TINY_PRETRAIN | {"seed": 3})
     local, _ = pretrain.run(cfg, store, part, plot=False)
-    with plugins.using(plugins.build(lambda registry: registry.add_executor(Reversed()))):
-        other, _ = pretrain.run(cfg, store, part, force=True, plot=False, runtime=Runtime(engine="reversed"))
+    # the catalog travels with the runtime: the stage interface looks the executor up in it
+    ctx = StageContext(store, Runtime(engine="reversed", catalog=plugins.build(lambda registry: registry.add_executor(Reversed()))),
+                       force=True, plot=False)
+    other, _ = run_stage(pretrain, cfg, Inputs.given({"partition": part}), ctx)
+    assert plugins.current().find("executor", "reversed") is None  # ... and in no other catalog
     assert opened and other.id == local.id
     assert other.file("model.safetensors").read_bytes() == local.file("model.safetensors").read_bytes()
     with pytest.raises(FedL2PError, match="unknown executor 'nope' \\(--engine\\); choose one of: local, flower"):
@@ -285,6 +289,7 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     from fedl2p_cli.io import weights
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
 
     from .conftest import TINY_META
 
@@ -314,9 +319,12 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     fomaml, _ = meta_train.run(cfg, store, *ids)
     mine = dataclasses.replace(cfg, meta=dataclasses.replace(cfg.meta, meta_grad="half-fomaml"))
     assert mine.variant().startswith("fedl2p-half-fomaml")
-    with plugins.using(plugins.build(lambda registry: registry.add_meta_grad(Half()))):
-        one, _ = meta_train.run(mine, store, *ids)
-        many, _ = meta_train.run(mine, store, *ids, force=True, runtime=Runtime(engine="batched", client_batch=4))
+    catalog = plugins.build(lambda registry: registry.add_meta_grad(Half()))  # travels with the runtime
+    inputs = Inputs.given({"pretrain": ids[0], "stats": ids[1]})
+    one, _ = run_stage(meta_train, mine, inputs, StageContext(store, Runtime(catalog=catalog)))
+    many, _ = run_stage(meta_train, mine, inputs, StageContext(store, Runtime(engine="batched", client_batch=4,
+                                                                             catalog=catalog), force=True))
+    assert plugins.current().find("meta-grad", "half-fomaml") is None
     assert {"one", "many"} <= set(calls) and one.id == many.id != fomaml.id
     assert one.manifest.get("plugins") and not fomaml.manifest.get("plugins")  # the artifact names the plugin
     lam_f, lam_h = weights.load(fomaml.file("lambda.safetensors")), weights.load(one.file("lambda.safetensors"))

@@ -228,12 +228,11 @@ def test_the_stage_list_scan_finds_one(tmp_path):
 PROCESS_STATE = {
     "fedl2p_cli.core.bn._POLICY": "the BN policy of the forward in progress: a context, set and reset around it",
     "fedl2p_cli.core.kernels._PLAIN": "torch's own kernels inside a vmapped call: a context, set and reset around it",
-    "fedl2p_cli.engine.rounds._OBSERVERS": "the round observers of the build in progress: a context",
-    "fedl2p_cli.plugins._USING": "the catalog a `using` block chose: a context",
+    "fedl2p_cli.plugins._CURRENT": "the catalog lookups below a stage answer from: the running stage's Runtime's, "
+                                   "set and reset around it (`using`), else this context's own: a context",
     "fedl2p_cli.engine.workers._CONTEXT": "a worker process's client context, set by its pool initializer",
     "fedl2p_cli.engine.workers._UPDATE": "a worker process's update function, set by its pool initializer",
     # cached module-level functions: what they return lives as long as the process (a singleton)
-    "fedl2p_cli.plugins._process()": "the process's catalog, filled once by `current` (to move into the Runtime)",
     "fedl2p_cli.core.mlp.template()": "shape-only module templates on the meta device: immutable, no memory",
 }
 CACHE_DECORATORS = ("cache", "lru_cache", "functools.cache", "functools.lru_cache")

@@ -25,8 +25,8 @@ def execute(stage: Any, cfg: Any, parents: dict[str, str | list[str] | None], pa
             force: bool, **ctx: Any) -> Any:
     """A command's stage run through the stage interface: the parent ids the command line gave (None: the stage's
     default), the store at `path`, and the rest of the context (progress, resume, plot)."""
-    from ..stages.interface import Inputs, StageContext  # with the stage, so --help stays torch-free
-    return stage.execute(cfg, Inputs.given(parents), StageContext(store(path), rt, force, **ctx))
+    from ..stages.interface import Inputs, StageContext, run_stage  # with the stage, so --help stays torch-free
+    return run_stage(stage, cfg, Inputs.given(parents), StageContext(store(path), rt, force, **ctx))
 
 
 def csv_list(value: str | None, option: str = "a list option") -> list[str] | None:
@@ -80,9 +80,12 @@ StoreRuntime = NewType("StoreRuntime", Runtime)
 
 
 def store_options(ctx: typer.Context) -> dict[str, Any]:
-    """The global options every build reads, whatever it computes on: --lock-timeout, --track, --track-uri."""
+    """What every build reads, whatever it computes on: --lock-timeout, --track, --track-uri, and the catalog of pieces
+    (the built-ins, the installed plugins and --plugin's)."""
     g = ctx.find_root().params
-    return {"lock_timeout": g.get("lock_timeout"), "track": g.get("track"), "track_uri": g.get("track_uri")}
+    from .. import plugins  # the command's catalog: the built-ins, the installed plugins and --plugin's
+    return {"lock_timeout": g.get("lock_timeout"), "track": g.get("track"), "track_uri": g.get("track_uri"),
+            "catalog": plugins.current()}
 
 
 def store_runtime(ctx: typer.Context) -> Runtime:

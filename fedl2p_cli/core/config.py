@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 RANGE = "range"
+INTERNAL = "internal"  # a field that is no option: not validated, not on the command line, not sent to a worker
 
 
 class ConfigError(ValueError):
@@ -183,6 +184,8 @@ def validate(cfg: Any, name: Callable[[dataclasses.Field], str] = option_name) -
     declared range. Nested config dataclasses are validated too."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
+        if f.metadata.get(INTERNAL):
+            continue
         value, tp = getattr(cfg, f.name), hints[f.name]
         allowed = choices(tp)
         if allowed is not None and value not in allowed:

@@ -20,6 +20,7 @@ from .batched import Batched
 from .interface import Executor, Job, Pool, no_gpu_share
 
 if TYPE_CHECKING:
+    from ..catalog import Catalog
     from ..runtime import Runtime
 
 
@@ -79,13 +80,14 @@ def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: 
     within the round timeout comes back as `rounds.Failed`. `update_many`: the stage's group update, for executors
     that batch clients (`engine.batched`)."""
     from .. import plugins
-    catalog = plugins.current()
+    catalog = plugins.of(runtime)
     sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
                            allow_import=tuple(catalog.allowed))
-    return get(runtime.engine).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
+    return get(runtime.engine, catalog).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
 
 
-def get(name: str) -> Executor:
-    """The executor registered as `name` (UnknownName naming the choices, for --engine)."""
+def get(name: str, catalog: Catalog | None = None) -> Executor:
+    """The executor registered as `name` in `catalog` (default: the current one; UnknownName naming the choices, for
+    --engine)."""
     from .. import plugins
-    return plugins.current().get("executor", name)
+    return (catalog or plugins.current()).get("executor", name)

@@ -13,6 +13,7 @@ store, cause not found). Flower is an optional extra: `pip install 'fedl2p[flowe
 
 from __future__ import annotations
 
+import contextvars
 import importlib.util
 import logging
 import queue
@@ -131,8 +132,10 @@ class FlowerPool:
             import torch
             init["num_gpus"] = torch.cuda.device_count()
         backend = {"client_resources": {"num_cpus": 1, "num_gpus": float(gpus_per_client)}, "init_args": init}
-        self._thread = threading.Thread(target=self._simulate, daemon=True,
-                                        args=(run_simulation, server, client_app(build, args, update), nodes, backend))
+        # in this context's copy: the simulation's in-process apps look pieces up in the run's catalog
+        self._thread = threading.Thread(target=contextvars.copy_context().run, daemon=True,
+                                        args=(self._simulate, run_simulation, server, client_app(build, args, update),
+                                              nodes, backend))
         self._thread.start()
 
     def _simulate(self, run_simulation, server, client, nodes: int, backend: dict) -> None:

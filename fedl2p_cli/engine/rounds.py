@@ -9,9 +9,7 @@ never touches the checkpoint file or the terminal.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -34,7 +32,7 @@ TaskT = TypeVar("TaskT", bound=Task)  # a strategy's own task type: it configure
 
 class RoundObserver(Protocol):
     """What watches the round loop, with one signature: the progress bar (a stage's `Progress`, through
-    `ProgressObserver`), an experiment tracker (tracking.py, through `observing`) and a deployment's server log
+    `ProgressObserver`), an experiment tracker (tracking.py, carried by a `Watch`) and a deployment's server log
     (stages/flower_app.py). None of them touches the state or the checkpoint."""
 
     def start(self, label: str, rounds: int, done: int) -> None:
@@ -64,24 +62,29 @@ class ProgressObserver:
         self.progress.stop()
 
 
-_OBSERVERS: ContextVar[tuple[RoundObserver, ...]] = ContextVar("round_observers", default=())
+@dataclass(frozen=True)
+class Watch:
+    """A stage's progress bar with the observers its build opened (an experiment tracker: `Draft.observers`): what a
+    stage hands to `run_rounds` as its `watch`, and to a pFL system's `train` as its progress (start/advance/stop
+    pass through to the bar)."""
+    progress: Any
+    observers: tuple[RoundObserver, ...] = ()
 
+    def start(self, description: str, total: int) -> None:
+        self.progress.start(description, total)
 
-@contextmanager
-def observing(observer: RoundObserver) -> Iterator[None]:
-    """Within it, every run_rounds also reports to `observer` (a tracker, opened around a stage's build)."""
-    token = _OBSERVERS.set(_OBSERVERS.get() + (observer,))
-    try:
-        yield
-    finally:
-        _OBSERVERS.reset(token)
+    def advance(self, n: int = 1, **info: Any) -> None:
+        self.progress.advance(n, **info)
+
+    def stop(self) -> None:
+        self.progress.stop()
 
 
 def observers_of(watch: Any) -> tuple[RoundObserver, ...]:
-    """The one list a run reports to: its caller's `watch` (a RoundObserver, or a stage's Progress) and those
-    `observing` added."""
+    """The one list a run reports to: its caller's `watch` (a RoundObserver, or a stage's Progress) and the observers
+    a `Watch` carries."""
     first = watch if hasattr(watch, "round") else ProgressObserver(watch)
-    return (first, *_OBSERVERS.get())
+    return (first, *getattr(watch, "observers", ()))
 
 
 @dataclass(frozen=True)
@@ -148,9 +151,9 @@ def run_rounds(strategy: RoundStrategy[Any], rounds: int, ckpt: Checkpoint | Non
                policy: RoundPolicy = RoundPolicy()) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
     because every random draw of round t for client c is seeded by (seed, t, c). Clients that fail are handled by
-    `policy`; those that did not answer are named in the round's record (`failed`). `watch` (a stage's Progress, or
-    a RoundObserver) and the observers `observing` added see the start, every finished round after its checkpoint,
-    and the end."""
+    `policy`; those that did not answer are named in the round's record (`failed`). `watch` (a stage's Progress, a
+    RoundObserver, or a `Watch`: a progress with the observers a build opened) sees the start, every finished round
+    after its checkpoint, and the end."""
     st = (ckpt.load() if ckpt else None) or strategy.initial_state()
     observers = observers_of(watch)
     for o in observers:

@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import tracking
+from .. import plugins, tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
 from ..core.config import reference_of, validate
 from ..engine import executors
 from ..engine.progress import NoProgress, Progress  # noqa: F401 (re-exported: the stages' import)
+from ..engine.rounds import Watch
 from ..errors import ArtifactError
 from ..runtime import Runtime
 
@@ -53,9 +54,9 @@ PIECES = {"dataset": ("dataset",), "model": ("model",), "algo": ("pretrain-algo"
           "meta.meta_grad": ("meta-grad",)}  # a dotted key: a nested config's field
 
 
-def plugin_records(store: Store, config: dict, parents: dict[str, str]) -> list[dict]:
-    """The plugins an artifact is made with: those owning a piece its config names, and its parents'."""
-    from .. import plugins
+def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime | None = None) -> list[dict]:
+    """The plugins an artifact is made with: those owning a piece its config names (in the runtime's catalog), and
+    its parents'."""
     names: dict[str, list[str]] = {}
     for key, kinds in PIECES.items():
         values: Any = config
@@ -63,12 +64,17 @@ def plugin_records(store: Store, config: dict, parents: dict[str, str]) -> list[
             values = values.get(part) if isinstance(values, dict) else None
         for kind in kinds:
             names.setdefault(kind, []).extend(v for v in (values if isinstance(values, list) else [values]) if isinstance(v, str))
-    out = {r["module"]: r for r in plugins.used(names)}
+    out = {r["module"]: r for r in plugins.used(names, plugins.of(runtime))}
     for key, aid in parents.items():
         path = store.root / key.split(":")[0] / aid / "manifest.json"
         if path.is_file():
             out |= {r["module"]: r for r in json.loads(path.read_text()).get("plugins", [])}
     return list(out.values())
+
+
+def watch(progress: Progress | None, draft: Draft) -> Watch:
+    """What a build's rounds report to: the stage's progress bar and the observers the build opened (--track)."""
+    return Watch(progress or NoProgress(), draft.observers)
 
 
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],
@@ -87,7 +93,7 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
         if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
             return store.load(stage, aid), True
         draft = store.draft(stage, config, parents)
-        draft.plugins = plugin_records(store, config, parents)
+        draft.plugins = plugin_records(store, config, parents, rt)
         draft.computed_on = rt.describe()
         try:
             t0 = time.perf_counter()
@@ -104,4 +110,4 @@ def check_runtime(runtime: Runtime) -> None:
     """The runtime options of a stage with rounds, valid and consistent: --gpus-per-client goes with --engine flower
     on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
     validate(runtime)
-    executors.get(runtime.engine).check(runtime)  # --engine names a registered executor, which checks its options
+    executors.get(runtime.engine, plugins.of(runtime)).check(runtime)  # --engine names a registered executor, which checks its options

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .. import plugins
 from ..artifacts import Artifact, Store
 from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
 from ..errors import FedL2PError
@@ -58,6 +59,13 @@ class StageContext:
 
 class StageModule(Protocol):
     def execute(self, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]: ...
+
+
+def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """A stage run: its module's `execute`, with the runtime's catalog the one every lookup below it answers from
+    (a model's factory, a dataset, a method: code that has no runtime in reach)."""
+    with plugins.using(plugins.of(ctx.runtime)):
+        return module.execute(cfg, inputs, ctx)
 
 
 @dataclass

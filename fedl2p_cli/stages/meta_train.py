@@ -32,7 +32,7 @@ from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
-from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
+from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch
 from .interface import Inputs, StageContext
 from .pretrain import write_history
 
@@ -366,7 +366,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         else:
             with open_pool(runtime, make_context, (*ids, cfg), client_task, ctx, len(part.pool(False)),
                            client_tasks) as pool:
-                lam, history, extra = federated(ctx, lam0, ckpt, progress or NoProgress(), pool, runtime.policy())
+                lam, history, extra = federated(ctx, lam0, ckpt, watch(progress, draft), pool, runtime.policy())
             # the loop's last state, so that a run with more rounds continues from here (`extend`)
             shutil.copyfile(ckpt.folder / Checkpoint.NAME, draft.path(STATE))
         stored = lam | {f"{NORM_PREFIX}{k}": v for k, v in (norm or {}).items()}

@@ -27,7 +27,7 @@ from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime
 from . import partition as partition_stage
-from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .common import Progress, build_or_reuse, config_dict, watch
 from .interface import Inputs, StageContext
 from .pretrain import write_history
 
@@ -78,10 +78,10 @@ def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: b
             ckpt.clear()
         sys_ = system(cfg.algo)
         if isinstance(sys_, PFLSystem):
-            history, draft.metrics = train(sys_, cfg, part, ckpt, progress or NoProgress(), draft, runtime,
+            history, draft.metrics = train(sys_, cfg, part, ckpt, watch(progress, draft), draft, runtime,
                                            (str(store.root), part_art.id))
         else:  # API 1's module protocol: its own rounds, in this process
-            history, draft.metrics = sys_.train(cfg, part, ckpt, progress or NoProgress(), draft, runtime)
+            history, draft.metrics = sys_.train(cfg, part, ckpt, watch(progress, draft), draft, runtime)
         write_history(draft.path("history.csv"), history)
         draft.metrics |= {k: v for k, v in history[-1].items() if k in ("val_acc", "train_loss", "held_out_loss")}
 

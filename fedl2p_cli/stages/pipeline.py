@@ -20,7 +20,7 @@ from ..runtime import Runtime
 from ..stage_table import SECTIONS, STAGES
 from . import pipeline_files
 from .common import Progress
-from .interface import Inputs, Planned, SectionFile, StageContext, StageModule, default_plan
+from .interface import Inputs, Planned, SectionFile, StageContext, StageModule, default_plan, run_stage
 
 TOP_KEYS = ("store", "name", "description", "device", "plugins")  # a file's keys besides its stage sections
 PLANS = ".pipelines.json"  # in a store: the ids each plan's last run made there (`fedl2p report` without plugins)
@@ -123,7 +123,7 @@ def _step(stage: str, module: StageModule, p: Planned) -> Step:
     def make(r: Run, force: bool) -> tuple[Artifact, bool]:
         inputs = Inputs({name: tuple(r.ids_of(keys)) for name, keys in p.parents.items()})
         ctx = StageContext(r.store, r.runtime.replace(**p.runtime), force, r.progress())
-        return module.execute(copy.deepcopy(p.config), inputs, ctx)  # the stage writes into its config
+        return run_stage(module, copy.deepcopy(p.config), inputs, ctx)  # the stage writes into its config
     return Step(p.key, stage, p.label, p.section, type(p.config), make)
 
 

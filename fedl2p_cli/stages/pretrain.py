@@ -28,7 +28,7 @@ from ..models import guard, registry
 from ..runtime import Runtime
 from ..stage_table import stage
 from . import partition as partition_stage
-from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict
+from .common import Progress, build_or_reuse, check_runtime, config_dict, watch
 from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
 
 
@@ -233,7 +233,7 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
             if not resume:
                 ckpt.clear()
-            state, history = train(cfg, part, ckpt, progress or NoProgress(), (str(store.root), part_art.id), runtime)
+            state, history = train(cfg, part, ckpt, watch(progress, draft), (str(store.root), part_art.id), runtime)
         weights.save(draft.path("model.safetensors"), state, {"model": cfg.model})
         if history:
             write_history(draft.path("history.csv"), history)
