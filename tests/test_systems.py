@@ -132,3 +132,18 @@ def test_personalize_refuses_two_artifacts_of_one_system_and_names_a_missing_plu
     with plugins.using(plugins.build()), pytest.raises(FedL2PError, match="tests.test_systems") as e:  # built-ins only:
         personalize.run(replace(pcfg, methods=["ft-bnc", "toy-fedavg"]), store, *ids)  # another test may have loaded it
     assert "meta-train" not in str(e.value), e.value
+
+
+def test_an_api_1_system_reports_its_rounds_to_the_tracker(tiny_store, store, tmp_path):
+    """A module system of API 1 runs its own rounds with the progress its `train` receives: that progress carries the
+    tracker the build opened (--track), so its rounds reach TensorBoard as a built-in system's do."""
+    pytest.importorskip("tensorboard", reason="the [tensorboard] extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
+    runtime = Runtime(track="tensorboard", track_uri=str(tmp_path / "runs"), catalog=plugins.build("tests.test_systems"))
+    inputs = Inputs.given({"partition": tiny_store["partition"].id})
+    art, _ = run_stage(pfl, cfg_of("toy-fedavg-v1"), inputs, StageContext(store, runtime))
+    acc = EventAccumulator(str(tmp_path / "runs" / "pfl" / art.id))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("round_s")] == [1, 2]
