@@ -84,3 +84,17 @@ def test_a_new_option_is_one_field():
     r = runner.invoke(toy, ["--rounds", "0"])
     assert isinstance(r.exception, ConfigError) and "--rounds must be >= 1" in str(r.exception)
     assert "A boolean added in one place." in runner.invoke(toy, ["--help"]).output
+
+
+def test_every_kind_a_plugin_adds_is_named_in_the_help_of_its_option():
+    """Each kind of piece has its option's `<plugin-KIND>` mark: a plugin's meta-gradient is listed in --meta-grad's
+    help and its executor in --engine's, as its model is in --model's."""
+    from fedl2p_cli.catalog import KINDS
+    from fedl2p_cli.cli.generate import PLUGIN_KINDS, fill_plugin_help
+    assert set(PLUGIN_KINDS.values()) == set(KINDS)
+    root = typer.main.get_command(app)
+    fill_plugin_help(root, {k: [f"my-{k} (mine)"] for k in KINDS})
+    helps = {(c, p.name): p.help for c in ("pretrain", "meta-train") for p in root.commands[c].params}
+    assert "From plugins: my-meta-grad (mine)." in helps[("meta-train", "meta_grad")]
+    assert "From plugins: my-executor (mine)." in helps[("meta-train", "engine")]
+    assert "From plugins: my-model (mine)." in helps[("pretrain", "model")]

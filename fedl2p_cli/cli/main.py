@@ -32,8 +32,8 @@ def _global(ctx: typer.Context,
             version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                          help="Print fedl2p's version and exit."),
             plugin: list[str] | None = typer.Option(None, "--plugin", metavar="MODULE",
-                                                       help="Load a plugin module (repeatable) that adds models, "
-                                                            "datasets, methods or pFL systems. See "
+                                                       help="Load a plugin module (repeatable) that adds pieces: "
+                                                            "models, datasets, methods, pFL systems, executors... See "
                                                             "docs/guide/extending.md."),
             allow_import: list[str] | None = typer.Option(None, "--allow-import", metavar="MODULE",
                                                              help="Trust MODULE where an artifact names it as its "

@@ -58,7 +58,7 @@ class MetaConfig:
     # beta 0.9 ahead: `reference` keeps the paper's values as what ids and variant names are measured against
     # a catalog entry (algorithms/meta_grads.py; the stage checks the name): its name is its tag, so a plugin's names itself
     meta_grad: str = opt("fomaml", "fomaml = FOMAML+ (App. F) | ift = the implicit function theorem (Alg. 2, the "
-                                   "paper's) | a plugin's. See docs/method/fedl2p.md#which-variant.",
+                                   "paper's) | a plugin's. See docs/method/fedl2p.md#which-variant.<plugin-meta-grads>",
                          tag=Tag("{v}", 10), reference="ift")
     hessian: Hessian = opt("fo", "fo = Hessian of CE at theta', inner gradient held constant (~10x an SGD step) | "
                                  "exact = full Hessian of Eq. 9-10 (~30-40x).",
