@@ -27,8 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedl2p_cli.deploy import fleet_routes as fr  # noqa: E402
-from fedl2p_cli.deploy import gateway as gw  # noqa: E402
+from fedl2p_cli.flower import fleet_routes as fr  # noqa: E402
+from fedl2p_cli.flower import gateway as gw  # noqa: E402
 
 BODY = b"\x08\x01"
 

@@ -9,7 +9,9 @@ def register(registry) -> None:
     from .algorithms import local
     from .algorithms.meta_grads import BUILTIN as META_GRADS
     from .data.builtin_sources import SOURCES
-    from .engine.executors import BUILTIN as EXECUTORS
+    from .engine.batched import Batched
+    from .engine.executors import Local
+    from .flower.executor import Flower
     from .methods.builtin import METHODS, SYSTEMS_BUILTIN
     from .models import zoo
 
@@ -30,7 +32,7 @@ def register(registry) -> None:
     registry.add_pretrain_algo("fedbabu", local.sgd_client, "FedBABU: the classifier frozen while training",
                                freeze_head=True, client_many=local.sgd_clients)
     registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps")
-    for executor in EXECUTORS:
+    for executor in (Local(), Flower(), Batched()):
         registry.add_executor(executor)
     for meta_grad in META_GRADS:
         registry.add_meta_grad(meta_grad)

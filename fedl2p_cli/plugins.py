@@ -35,7 +35,9 @@ from .errors import FedL2PError
 
 if TYPE_CHECKING:
     from .algorithms.meta_grads import MetaGradient
+    from .data.sources import Source
     from .engine.interface import Executor
+    from .methods.registry import Method, System
     from .protocols import ModelFactory, PretrainClient, PretrainClients
     from .runtime import Runtime
 
@@ -59,20 +61,20 @@ class Registry:
             raise PluginError(f"{self.plugin.describe()}: model '{name}': its factory is not callable")
         self._add("model", name, ModelSpec(factory, about, head, self.plugin))
 
-    def add_dataset(self, source: Any) -> None:
+    def add_dataset(self, source: Source) -> None:
         """A dataset: an `api.Source` (its loader, channels, classes, normalisation)."""
         if not callable(getattr(source, "load", None)):
             raise PluginError(f"{self.plugin.describe()}: dataset '{getattr(source, 'name', source)}': its load is "
                               "not callable")
         self._add("dataset", source.name, source)
 
-    def add_method(self, method: Any) -> None:
+    def add_method(self, method: Method) -> None:
         """A personalisation method: an `api.HandMade`, `Tuned` or `Learned`."""
         if getattr(method, "kind", None) == "system":
             raise PluginError(f"{self.plugin.describe()}: '{method.name}' is a System; register it with add_system")
         self._add("method", method.name, method)
 
-    def add_system(self, system: Any) -> None:
+    def add_system(self, system: System) -> None:
         """A personalised-FL system: an `api.System` whose `trainer` ("package.module:Class", an `api.PFLSystem`)
         trains and evaluates it (`fedl2p pfl-train --algo NAME`, `personalize --methods NAME`)."""
         if getattr(system, "kind", None) != "system":

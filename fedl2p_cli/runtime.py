@@ -34,7 +34,8 @@ class Runtime:
                                             "auto: one per free core (usable cores less the load average). The same "
                                             "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
     engine: str = opt("local", "Where client updates run: local (--workers processes) | flower (pip install "
-                                  "'fedl2p[flower]') | batched (vmapped groups of --client-batch clients) | a plugin's.<plugin-executors>", scope=ROUNDS)
+                                  "'fedl2p[flower]') | batched (vmapped groups of --client-batch clients) | a "
+                                  "plugin's.<plugin-executors>", scope=ROUNDS)
     client_batch: int | Literal["auto"] = opt("auto", "Clients computed as one vmapped group (--engine batched; "
                                                       "personalize); auto: from a client's GPU memory (1 on the CPU).",
                                               AT_LEAST_1,

@@ -59,7 +59,7 @@ class Loopback:
         self.home.mkdir()
         self.certs = tmp / "certs"
         if secure:
-            from fedl2p_cli.stages import flower_certs
+            from fedl2p_cli.flower import certs as flower_certs
             flower_certs.make(self.certs, sites, ["127.0.0.1", "localhost"])
         self.env = dict(os.environ, FLWR_HOME=str(self.home), PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}")
         self.procs: dict[str, subprocess.Popen] = {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from fedl2p_cli.stages import flower_app
+from fedl2p_cli.flower import app as flower_app
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 

@@ -14,8 +14,8 @@ import torch
 
 from fedl2p_cli.algorithms.fedl2p import ClientResult
 from fedl2p_cli.artifacts import Store
-from fedl2p_cli.engine import wire
 from fedl2p_cli.errors import USER_ERRORS, FedL2PError
+from fedl2p_cli.flower import wire
 from fedl2p_cli.io import weights
 from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages.meta_train import MetaReply, MetaTask
@@ -83,7 +83,7 @@ def test_wire_rebuilds_a_loaded_plugins_dataclass_and_imports_nothing():
 def test_missing_extra_is_one_clear_line(monkeypatch):
     import sys
 
-    from fedl2p_cli.engine import flower
+    from fedl2p_cli.flower import simulation as flower
     monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr -> ImportError
     with pytest.raises(FedL2PError, match=r"pip install 'fedl2p\[flower\]'"):
         flower.require_flower()
@@ -221,7 +221,8 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
 
     from fedl2p_cli.engine.loop import group_of
     from fedl2p_cli.engine.rounds import in_process, run_rounds
-    from fedl2p_cli.stages import flower_app, meta_train, partition
+    from fedl2p_cli.flower import app as flower_app
+    from fedl2p_cli.stages import meta_train, partition
     from fedl2p_cli.stages.common import NoProgress
 
     from .flower_loopback import REPO, Loopback
@@ -246,7 +247,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     (out / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(
         store, tiny_store["pretrain"].id, cfg, len(sites), out, rt, [names[c] for c in sites] if extra else None)))
     fed = Loopback(tmp_path, secure, gateway=secure, database=tmp_path / "state.db" if restarted else None, sites=4)
-    app = REPO / ("tests/flower_rehearsal" if fault in ("nan", "shape", "scale100") else "fedl2p_cli/flower_app")
+    app = REPO / ("tests/flower_rehearsal" if fault in ("nan", "shape", "scale100") else "fedl2p_cli/flower/project")
     run_cmd = [str(fed.bin / "fedl2p"), "flower", "run", str(out), "--app", str(app), "--connection", "loopback"]
     try:
         fed.start_link()
@@ -360,8 +361,8 @@ def test_a_site_that_errs_or_stays_silent_is_a_failed_client():
     last two become `rounds.Failed` (the round's policy decides what follows)."""
     from types import SimpleNamespace as NS
 
-    from fedl2p_cli.engine import flower as fl
     from fedl2p_cli.engine.rounds import Failed
+    from fedl2p_cli.flower import simulation as fl
 
     def reply(i, error=None, content=None):
         return NS(metadata=NS(group_id=str(i)), has_error=lambda: error is not None, error=NS(reason=error),

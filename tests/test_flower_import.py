@@ -9,8 +9,9 @@ import torch
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.cli.main import run_cli
+from fedl2p_cli.flower import app as flower_app
 from fedl2p_cli.io import weights
-from fedl2p_cli.stages import flower_app, meta_train, personalize
+from fedl2p_cli.stages import meta_train, personalize
 
 
 def deployment(tiny_store, out, perturb=0.01):

@@ -15,14 +15,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fedl2p_cli.deploy import fleet_routes as fr
+from fedl2p_cli.flower import fleet_routes as fr
 from tests.flower_loopback import free_ports
 from tests.gateway_attacks import ATTACKS, request
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("h11")
 
-from fedl2p_cli.deploy import gateway as gw  # noqa: E402 - needs httpx and h11
+from fedl2p_cli.flower import gateway as gw  # noqa: E402 - needs httpx and h11
 
 
 class Upstream(ThreadingHTTPServer):
@@ -235,7 +235,7 @@ def test_sites_are_a_closed_list():
     """A node naming a site outside the run's site names is not sampled and is named; two nodes claiming one site
     are one line naming both; without site names, more nodes than sites is refused."""
     from fedl2p_cli.errors import FedL2PError
-    from fedl2p_cli.stages.flower_app import Site, federation
+    from fedl2p_cli.flower.app import Site, federation
     a, b, x = Site(11, 3, "hospital-a"), Site(12, 5, "hospital-b"), Site(99, 7, "stranger")
     said = []
     assert federation([a, x, b], 2, ["hospital-a", "hospital-b"], said.append) == [a, b]
@@ -262,7 +262,7 @@ def test_tls_handshakes_that_fail_are_one_log_line_and_tls_calls_pass(upstream, 
     pytest.importorskip("cryptography")
     import ssl
 
-    from fedl2p_cli.stages import flower_certs
+    from fedl2p_cli.flower import certs as flower_certs
     flower_certs.make(tmp_path, 1, ["127.0.0.1"])
     g = Running(upstream, LIMITS, tls=gw.server_tls(tmp_path / "server.pem", tmp_path / "server.key"))
     try:

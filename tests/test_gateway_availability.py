@@ -19,7 +19,7 @@ from tests.test_gateway import Running, read_all, status
 pytest.importorskip("httpx")
 pytest.importorskip("h11")
 
-from fedl2p_cli.deploy import gateway as gw  # noqa: E402 - needs httpx and h11
+from fedl2p_cli.flower import gateway as gw  # noqa: E402 - needs httpx and h11
 
 
 class Refusing(ThreadingHTTPServer):

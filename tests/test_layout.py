@@ -13,7 +13,7 @@ MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", 
             "__setitem__"}
 CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter"}
 # not registries: per-process caches of something built there, which no lookup of a piece reads
-CACHES = {"fedl2p_cli.engine.flower._CONTEXTS": "a ClientApp process's client context, built on its first message"}
+CACHES = {"fedl2p_cli.flower.simulation._CONTEXTS": "a ClientApp process's client context, built on its first message"}
 
 
 def module_name(path: Path) -> str:

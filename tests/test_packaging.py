@@ -68,7 +68,7 @@ def test_flower_app_is_written_out_or_found(tmp_path, capsys):
     assert run_cli(["flower", "app"]) == 0
     installed = Path(capsys.readouterr().out.strip())
     text = (installed / "pyproject.toml").read_text()
-    assert 'serverapp = "fedl2p_cli.stages.flower_app:server_app"' in text and 'license = "Apache-2.0"' in text
+    assert 'serverapp = "fedl2p_cli.flower.app:server_app"' in text and 'license = "Apache-2.0"' in text
     assert run_cli(["flower", "app", str(tmp_path / "app")]) == 0
     assert (tmp_path / "app" / "pyproject.toml").read_text() == text
     assert run_cli(["flower", "app", str(tmp_path / "app")]) == 0  # again: the same file, nothing to refuse
@@ -97,7 +97,7 @@ def test_the_wheel_works_without_the_source_tree(tmp_path):
     wheel, = (tmp_path / "dist").glob("fedl2p-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"fedl2p_cli/pipelines/quickstart.toml", "fedl2p_cli/pipelines/tiny.toml", "fedl2p_cli/pipelines/_cifar10.toml",
-            "fedl2p_cli/pipelines/bench/fs-0.1.toml", "fedl2p_cli/flower_app/pyproject.toml"} <= set(names)
+            "fedl2p_cli/pipelines/bench/fs-0.1.toml", "fedl2p_cli/flower/project/pyproject.toml"} <= set(names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -180,7 +180,7 @@ def test_a_meta_client_update_reads_train_and_validation_never_test(one_client, 
 
 
 def test_a_flower_site_computes_its_statistics_from_its_own_training_split(one_client, monkeypatch, tmp_path):
-    from fedl2p_cli.stages import flower_app
+    from fedl2p_cli.flower import app as flower_app
     model, theta, lam, _, _, data = one_client
     flower_app.export_site(data, 3, tmp_path / "site")
     folder = tmp_path / "site"

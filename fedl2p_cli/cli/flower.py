@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 
 from ..configs import MetaTrainConfig
-from ..deploy.config import CredentialsConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
 from ..errors import FedL2PError
+from ..flower.config import CredentialsConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
 from ..runtime import Runtime
 from . import options, render
 from .generate import config_command
@@ -20,7 +20,7 @@ app = typer.Typer(help="Deploy FedL2P meta-training with Flower: `fedl2p flower 
                   "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
                   "authentication (`credentials` makes test credentials for a trial); Flower's insecure mode "
                   "(--insecure) sends everything in clear and lets anyone join: loopback only.", no_args_is_help=True)
-flower_app = options.Lazy("fedl2p_cli.stages.flower_app")
+flower_app = options.Lazy("fedl2p_cli.flower.app")
 # what the server and the sites' operators run outside the store: no model, dataset or method, so neither plugins nor
 # torch are loaded (the gateway is a long-lived process facing the network: it stays small)
 NO_PIECES = {"app", "credentials", "keygen", "gateway", "run"}
@@ -34,7 +34,7 @@ def _pieces(ctx: typer.Context) -> None:
 meta_stage = options.Lazy("fedl2p_cli.stages.meta_train")
 
 
-APP = Path(__file__).resolve().parent.parent / "flower_app"  # package data: the app's pyproject.toml
+APP = Path(__file__).resolve().parent.parent / "flower" / "project"  # package data: the app's pyproject.toml
 
 
 @app.command("app")
@@ -123,7 +123,7 @@ def credentials(cfg: CredentialsConfig) -> None:
     SuperNode for Flower's SuperNode authentication (valid 30 days). For a trial only: a real federation takes its
     certificate from an authority its sites trust, and each site makes its own key pair."""
     from ..core.config import validate
-    from ..stages import flower_certs
+    from ..flower import certs as flower_certs
     validate(cfg)
     hosts = options.csv_list(cfg.host, "--host") or []
     if not hosts:
@@ -136,7 +136,7 @@ def credentials(cfg: CredentialsConfig) -> None:
 
 
 def _warn_work_tree(out: Path) -> None:
-    from ..stages import flower_certs
+    from ..flower import certs as flower_certs
     if (text := flower_certs.warning(out)) is not None:
         render.err_console.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
 
@@ -146,7 +146,7 @@ def _warn_work_tree(out: Path) -> None:
 def keygen(cfg: KeygenConfig) -> None:
     """A site's own key pair for SuperNode authentication: the site keeps NAME.key (owner-only) and hands only
     NAME.pub to the server operator, who registers it with `flwr supernode register`."""
-    from ..stages import flower_certs
+    from ..flower import certs as flower_certs
     out = Path(str(cfg.out))
     key, pub = flower_certs.keygen(out, cfg.name)
     render.console.print(f"private key {key} (keep it here; start the SuperNode with --auth-supernode-private-key "
@@ -160,7 +160,7 @@ def gateway(cfg: GatewayConfig) -> None:
     """Expose only the SuperLink's Fleet API to the network: forward the Fleet endpoints a site needs (POST, exact
     paths) to the SuperLink on loopback, and answer everything else here (Control and ServerAppIo APIs included)."""
     from ..core.config import validate
-    from ..deploy import gateway as gw
+    from ..flower import gateway as gw
     validate(cfg)
     path = lambda p: None if p is None else Path(p)  # noqa: E731
     gw.serve(cfg.listen, cfg.superlink, path(cfg.certfile), path(cfg.keyfile), path(cfg.ca), cfg.limits(), cfg.host_name,

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import plugins
 from ..errors import DataError, FedL2PError
 
 if TYPE_CHECKING:
@@ -57,16 +56,21 @@ class Source:
         return self.images_of or self.name
 
 
+# the loader is imported where a lookup is made: the catalog's typed lookups name `Source`, so a module-level import
+# of it would close a type-only circle (catalog -> data.sources -> plugins -> catalog)
 def names() -> tuple[str, ...]:
+    from .. import plugins
     return tuple(plugins.current().names("dataset"))
 
 
 def get(name: str) -> Source:
+    from .. import plugins
     return plugins.current().get("dataset", name)
 
 
 def load(cfg: PartitionConfig, data_dir: Path | None) -> Dataset:
     """The source's dataset, checked against the dataset contract and what the source declares (data/validate.py)."""
+    from .. import plugins
     from . import validate
     src = get(cfg.dataset)
     try:

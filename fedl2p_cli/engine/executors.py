@@ -4,9 +4,9 @@ interface, registered through the plugin registry like a model or a method (`reg
 An executor checks the runtime options it reads (`check`, before anything runs) and opens a pool for one stage run
 (`open`): the pool maps a round's tasks to their results in task order (a client that failed comes back as
 `rounds.Failed`), and is closed when the stage ends. The round loop (engine.rounds) never asks which executor it has.
-The built-ins: `local` (this process, or `--workers` processes), `flower` (Flower's simulation runtime) and
-`batched` (clients in vmapped groups, engine/batched.py). Adding one (Ray, say) is one module with a class like
-these and one registration.
+The built-ins: `local` (this process, or `--workers` processes), `batched` (clients in vmapped groups,
+engine/batched.py) and `flower` (Flower's simulation runtime, fedl2p_cli/flower/executor.py). Adding one (Ray, say)
+is one module with a class like these and one registration.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FedL2PError
-from .batched import Batched
 from .interface import Executor, Job, Pool, no_gpu_share
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ class Local:
 
     def check(self, runtime: Runtime) -> None:
         no_gpu_share(runtime)
-        _no_client_batch(runtime, self.name)
+        no_client_batch(runtime, self.name)
 
     def open(self, job: Job) -> Pool:
         from .workers import ClientPool, on_runtime
@@ -41,36 +40,11 @@ class Local:
                           job.local_context, rt.torch_device, rt.timeout())
 
 
-@dataclass(frozen=True)
-class Flower:
-    """Flower's simulation runtime: `nodes` virtual SuperNodes, `--workers` ClientApps at a time, each given
-    `--gpus-per-client` of a GPU."""
-    name: str = "flower"
-    about: str = "Flower simulation (pip install 'fedl2p[flower]')"
-
-    def check(self, runtime: Runtime) -> None:
-        if runtime.gpus_per_client > 0 and not runtime.on_gpu:
-            raise FedL2PError("--gpus-per-client is for --engine flower with a CUDA --device")
-        if runtime.on_gpu and runtime.gpus_per_client == 0:
-            raise FedL2PError("--engine flower on a GPU needs --gpus-per-client (e.g. 0.25: four ClientApps per GPU)")
-        _no_client_batch(runtime, self.name)
-
-    def open(self, job: Job) -> Pool:
-        from .flower import FlowerPool
-        from .workers import on_runtime
-        rt, sent = job.runtime, job.sent
-        if rt.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
-            sent = sent.replace(device="cuda")
-        return FlowerPool(int(rt.workers), on_runtime, (sent.to_dict(), job.build, *job.args), job.update, job.nodes,
-                          rt.gpus_per_client, rt.timeout())
-
-
-def _no_client_batch(runtime: Runtime, name: str) -> None:
+def no_client_batch(runtime: Runtime, name: str) -> None:
     if runtime.client_batch not in ("auto", 1):
         raise FedL2PError(f"--client-batch is for --engine batched (this run's engine: {name})")
 
 
-BUILTIN: tuple[Executor, ...] = (Local(), Flower(), Batched())
 
 
 def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: Callable[..., Any],

@@ -33,7 +33,7 @@ TaskT = TypeVar("TaskT", bound=Task)  # a strategy's own task type: it configure
 class RoundObserver(Protocol):
     """What watches the round loop, with one signature: the progress bar (a stage's `Progress`, through
     `ProgressObserver`), an experiment tracker (tracking.py, carried by a `Watch`) and a deployment's server log
-    (stages/flower_app.py). None of them touches the state or the checkpoint."""
+    (flower/app.py). None of them touches the state or the checkpoint."""
 
     def start(self, label: str, rounds: int, done: int) -> None:
         """Before the loop: `done` of `rounds` rounds came from the checkpoint."""

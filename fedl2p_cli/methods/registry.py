@@ -10,8 +10,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
-from .. import plugins
-
 if TYPE_CHECKING:
     from torch import nn
 
@@ -287,7 +285,10 @@ class System(Method):
         return Outcome(run.system(row))  # NaN where it has no model for the client
 
 
+# the loader is imported where a lookup is made: the catalog's typed lookups name `Method` and `System`, so a
+# module-level import of it would close a type-only circle (catalog -> methods.registry -> plugins -> catalog)
 def _methods() -> list[Method]:
+    from .. import plugins
     return plugins.current().values(("method", "system"))
 
 
@@ -297,12 +298,14 @@ def names(kind: type = Method) -> tuple[str, ...]:
 
 def get(name: str) -> Method:
     """The method or system registered under `name`; `UnknownName` naming the choices if none."""
+    from .. import plugins
     return plugins.current().get(("method", "system"), name)
 
 
 def find(name: str) -> Method | None:
     """The method or system registered under `name`; None if none (a learned variant's name is not a method: its
     artifact says which method it belongs to, `learned`)."""
+    from .. import plugins
     return plugins.current().find(("method", "system"), name)
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from fedl2p_cli.stages.flower_app import build_client_app
+from fedl2p_cli.flower.app import build_client_app
 
 FAULTS = ("nan", "shape", "scale100")
 

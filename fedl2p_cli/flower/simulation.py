@@ -3,7 +3,7 @@
 Flower is an executor here, like `workers.ClientPool`: the one round loop (`engine.rounds.run_rounds`) stays in
 this process and hands each round's tasks to `FlowerPool.map`. A ServerApp, running in Flower's simulation runtime
 on a background thread, turns each task into a `train` Message (tensors in an ArrayRecord, the rest as a JSON
-skeleton in a ConfigRecord; `engine.wire`, no pickle), sends them with `grid.send_and_receive`, and returns the
+skeleton in a ConfigRecord; `flower.wire`, no pickle), sends them with `grid.send_and_receive`, and returns the
 replies in task order. Each virtual SuperNode's ClientApp builds its read-only context once (the same builder as a
 worker process), runs the stage's own client update with its own generator (seed, round, client), and replies
 with the packed result. So the artifact has the same id as the in-process engine's for the same seed and the same
@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..engine.rounds import Failed
 from ..errors import FedL2PError
 from . import wire
-from .rounds import Failed
 
 _CONTEXTS: dict[tuple, Any] = {}  # per ClientApp process: the built context, keyed by its builder's arguments
 

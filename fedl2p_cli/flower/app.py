@@ -1,4 +1,4 @@
-"""FedL2P meta-training as a deployable Flower app (`flwr run flower_app`): one SuperNode per client site.
+"""FedL2P meta-training as a deployable Flower app (`fedl2p flower app DIR`, then `flwr run DIR`): one SuperNode per client site.
 
 In deployment a site holds only its own data: `site.safetensors` in the folder its SuperNode is started with
 (`--node-config "site-dir='/path'"`), with its normalised train and validation tensors and its client id. Each
@@ -29,7 +29,6 @@ from ..core.finetune import ClientBN
 from ..core.functional import set_state
 from ..core.stats import client_stats
 from ..device import ENV as DEVICE_ENV
-from ..engine.flower import exchange, records, unrecord, wait_nodes
 from ..engine.loop import Checkpoint, generator
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
@@ -37,8 +36,9 @@ from ..errors import FedL2PError
 from ..io import weights
 from ..models import registry
 from ..runtime import Runtime
-from . import meta_train as mt
-from .pretrain import write_history
+from ..stages import meta_train as mt
+from ..stages.pretrain import write_history
+from .simulation import exchange, records, unrecord, wait_nodes
 
 SITE_FILE = "site.safetensors"
 
@@ -60,7 +60,7 @@ def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: 
     the ServerApp sends to every site (written to `out`/model.safetensors)."""
     from ..core.bn import bn_layers
     from ..core.stats import stat_layers
-    from . import pretrain as pretrain_stage
+    from ..stages import pretrain as pretrain_stage
     if cfg.input_norm != "none" or cfg.local:
         raise FedL2PError("a deployment has no central statistics: use --input-norm none, and no --local")
     if site_names is not None and (len(site_names) != sites or len(set(site_names)) != sites):
@@ -84,7 +84,7 @@ def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: 
 def site_input(store, pretrain_art) -> dict:
     """What a site's `site.safetensors` must hold for this model: images [N, C, H, W] float32, standardised per
     channel with the pretraining data's mean and std ((pixel / 255 - mean) / std), labels int64 in 0..classes-1."""
-    from . import partition as partition_stage
+    from ..stages import partition as partition_stage
     _, part = partition_stage.load(store, pretrain_art.parents["partition"])
     return {"shape": list(part.client(part.pool(False)[0]).train[0].shape[1:]), "mean": list(part.mean),
             "std": list(part.std), "classes": int(part.num_classes)}
@@ -202,7 +202,7 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
     import tomllib
 
     from ..artifacts import sha256_file
-    from .common import build_or_reuse
+    from ..stages.common import build_or_reuse
     files = {n: out / n for n in ("run.toml", "lambda.safetensors", "history.csv")}
     missing = [n for n, p in files.items() if not p.is_file()]
     if missing:
