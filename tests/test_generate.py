@@ -98,3 +98,27 @@ def test_every_kind_a_plugin_adds_is_named_in_the_help_of_its_option():
     assert "From plugins: my-meta-grad (mine)." in helps[("meta-train", "meta_grad")]
     assert "From plugins: my-executor (mine)." in helps[("meta-train", "engine")]
     assert "From plugins: my-model (mine)." in helps[("pretrain", "model")]
+
+
+def hand_written_options(cli_dir) -> list[str]:
+    """The typer.Option / typer.Argument calls written in cli/ (the generator's own call excluded): the options not
+    generated from a config dataclass."""
+    import ast
+    out = []
+    for path in sorted(cli_dir.glob("*.py")):
+        if path.name == "generate.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("typer.Option", "typer.Argument"):
+                out.append(f"{path.name}:{node.lineno}")
+    return out
+
+
+def test_few_options_are_written_by_hand(tmp_path):
+    """Options come from config dataclasses (opt(...)); the few written by hand in cli/ (a parent artifact's id, the
+    global options, positional arguments), each shared option declared once in cli/options.py, stay at most 40."""
+    from pathlib import Path
+    found = hand_written_options(Path(configs.__file__).parent / "cli")
+    assert 0 < len(found) <= 40, found
+    (tmp_path / "x.py").write_text("import typer\ndef f(a=typer.Option(1), b=typer.Argument(None)):\n    pass\n")
+    assert hand_written_options(tmp_path) == ["x.py:2", "x.py:2"]

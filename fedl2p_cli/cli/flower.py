@@ -10,7 +10,7 @@ import typer
 
 from ..configs import MetaTrainConfig
 from ..errors import FedL2PError
-from ..flower.config import CredentialsConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
+from ..flower.config import CredentialsConfig, ExportSiteConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
 from ..runtime import Runtime
 from . import options, render
 from .generate import config_command
@@ -59,19 +59,22 @@ def write_app(
 
 
 @app.command("export-site")
+@config_command(ExportSiteConfig)
 def export_site(
-    client: int = typer.Option(..., help="Client id in the partition."),
-    out: Path = typer.Option(..., help="The site's folder (its SuperNode starts with --node-config \"site-dir='OUT'\")."),
-    partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
+    cfg: ExportSiteConfig,
+    partition: str | None = options.PARTITION,
     store: Path | None = options.STORE,
 ) -> None:
     """Write one client's normalised train/validation data as a site folder (site.safetensors): how to try a
     deployment with a partition's clients. A real site writes the same file from its own data."""
+    from ..core.config import validate
     from ..stages import partition as partition_stage
+    validate(cfg)
+    client = int(cfg.client or 0)
     _, part = partition_stage.load(options.store(store), partition)
     if not 0 <= client < len(part.offsets):
         raise FedL2PError(f"--client {client} is not in the partition (0..{len(part.offsets) - 1})")
-    path = flower_app.export_site(part.client(client), client, out)
+    path = flower_app.export_site(part.client(client), client, Path(str(cfg.out)))
     render.console.print(f"site of client {client}: {path}")
 
 
@@ -90,7 +93,7 @@ def run_config(
     sites: int = typer.Option(..., min=1, help="SuperNodes (client sites) the ServerApp waits for."),
     site_names: str | None = typer.Option(None, help="Comma-separated site-names of the run's sites (the "
                                              "SuperNodes' node-config site-name): any other node is not sampled."),
-    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
+    pretrain: str | None = options.PRETRAIN,
     store: Path | None = options.STORE,
 ) -> None:
     """Write OUT/run.toml for `flwr run APP <connection> --run-config OUT/run.toml`; the ServerApp writes

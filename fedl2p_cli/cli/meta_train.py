@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
 from ..configs import MetaTrainConfig
 from ..runtime import Runtime, round_options
 from . import options, render
@@ -16,9 +14,9 @@ stage = options.Lazy("fedl2p_cli.stages.meta_train")
 def meta_train(
     cfg: MetaTrainConfig,
     rt: Runtime,
-    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
-    stats: str | None = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
-    resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
+    pretrain: str | None = options.PRETRAIN,
+    stats: str | None = options.STATS,
+    resume: bool = options.RESUME,
     force: bool = options.FORCE,
     store: Path | None = options.STORE,
 ) -> None:

@@ -15,6 +15,11 @@ from ..runtime import Runtime
 STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", help="Artifact store folder (default: ./artifacts).")
 FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one with the same inputs exists.")
 PERSONALIZE = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest.")
+# the parent artifacts several commands read, and --resume of the commands with rounds: declared once here
+PARTITION = typer.Option(None, "--partition", help="Partition artifact id (prefix); default: the newest.")
+PRETRAIN = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest.")
+STATS = typer.Option(None, "--stats", help="Stats artifact id (prefix); default: the newest for that model.")
+RESUME = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run.")
 
 
 def store(path: Path | None) -> Store:

@@ -20,8 +20,8 @@ def personalize(
     meta: list[str] | None = typer.Option(None, "--meta", help="A meta-train artifact id to compare as well (repeatable)."),
     pfl: list[str] | None = typer.Option(None, "--pfl", help="A pfl-train artifact id to compare as well (repeatable, one "
                                             "per system); default: each system in --methods takes its newest."),
-    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id; default: the newest."),
-    stats: str | None = typer.Option(None, "--stats", help="Stats artifact id; default: the newest for that model."),
+    pretrain: str | None = options.PRETRAIN,
+    stats: str | None = options.STATS,
     force: bool = options.FORCE,
     store: Path | None = options.STORE,
 ) -> None:

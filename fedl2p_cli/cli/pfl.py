@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
 from ..configs import PFLConfig
 from ..runtime import Runtime, round_options
 from . import options, render
@@ -16,8 +14,8 @@ stage = options.Lazy("fedl2p_cli.stages.pfl")
 def pfl_train(
     cfg: PFLConfig,
     rt: Runtime,
-    partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the newest."),
-    resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
+    partition: str | None = options.PARTITION,
+    resume: bool = options.RESUME,
     force: bool = options.FORCE,
     store: Path | None = options.STORE,
 ) -> None:

@@ -17,7 +17,7 @@ def pretrain(
     cfg: PretrainConfig,
     rt: Runtime,
     partition: str | None = typer.Option(None, "--from", help="Partition artifact id (prefix); default: the newest."),
-    resume: bool = typer.Option(True, help="Continue from the last round checkpoint of an interrupted identical run."),
+    resume: bool = options.RESUME,
     force: bool = options.FORCE,
     store: Path | None = options.STORE,
 ) -> None:

@@ -16,7 +16,7 @@ stage = options.Lazy("fedl2p_cli.stages.stats")
 def stats(
     cfg: StatsConfig,
     rt: Runtime,
-    pretrain: str | None = typer.Option(None, "--pretrain", help="Pretrained-model artifact id (prefix); default: the newest."),
+    pretrain: str | None = options.PRETRAIN,
     partition: str | None = typer.Option(None, "--partition", help="Partition artifact id; default: the model's own."),
     force: bool = options.FORCE,
     store: Path | None = options.STORE,

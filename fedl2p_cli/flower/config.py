@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.config import AT_LEAST_1, between, opt
+from ..core.config import AT_LEAST_1, NON_NEGATIVE, between, opt
 
 MiB = 1 << 20
 AT_LEAST_A_TENTH = between(0.1)
@@ -46,6 +46,13 @@ class GatewayConfig:
                       unauth_per_minute=self.unauth_per_minute, body_timeout=self.body_timeout,
                       body_budget=self.body_budget * MiB)
 
+
+
+@dataclass(kw_only=True)
+class ExportSiteConfig:
+    client: int | None = opt(None, "Client id in the partition.", NON_NEGATIVE, required=True)
+    out: str | None = opt(None, "The site's folder (its SuperNode starts with --node-config \"site-dir='OUT'\").",
+                          path=True, required=True)
 
 
 @dataclass(kw_only=True)
