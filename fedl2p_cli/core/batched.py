@@ -127,7 +127,8 @@ def _step_fn(model: nn.Module) -> Callable:
         return loss, (loss.detach(), [pol.moments[i] for i in order])
 
     def step(p: Params, mean: list[Tensor], var: list[Tensor], x: Tensor, y: Tensor, mask: Tensor, beta: Tensor,
-             lr: Tensor, active: Tensor, momentum: float = 0.1):
+             lr: Tensor, active: Tensor,
+             momentum: float = 0.1) -> tuple[Params, list[Tensor], list[Tensor], Tensor, list[Tensor]]:
         g, (loss, moments) = grad(loss_fn, has_aux=True)(p, x, y, mask, beta)
         new = {k: torch.where(active, v - e * g[k], v) for (k, v), e in zip(p.items(), lr)}
         new_mean = [torch.where(active, (1 - momentum) * m + momentum * mb, m) for m, (mb, _, _) in zip(mean, moments)]
@@ -225,7 +226,8 @@ def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[
     def meta_loss(lam: dict, xi: Tensor, xin: Tensor, theta: Params, x: Tensor, y: Tensor, m: Tensor, xv: Tensor,
                   yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor]) -> tuple[Tensor, tuple]:
         beta, eta = hyper(lam, xi, xin)
-        inner_fn = lambda th: masked_ce(model, th, x, y, m, MaskedPolicy(beta, train=True, mask=m))  # noqa: E731
+        inner_fn: Callable[[Params], Tensor] = lambda th: masked_ce(  # noqa: E731
+            model, th, x, y, m, MaskedPolicy(beta, train=True, mask=m))
         inner, g = inner_fn(theta), grad(inner_fn)(theta)
         stepped = {k: v - e * g[k] for (k, v), e in zip(theta.items(), eta)}
         lv = masked_ce(model, stepped, xv, yv, mv, _val_policy(beta, mv, cm, cv, val_stats))
@@ -289,7 +291,8 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     exact, m = s.hessian == "exact", max(s.q, s.psi_power)
 
     def one(lam: dict, xi: Tensor, xin: Tensor, th_v: Params, th_t: Params, ig: list[Tensor], x: Tensor, y: Tensor,
-            mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor]):
+            mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor],
+            cv: list[Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:
         def lv_fn(th: Params, lm: dict) -> Tensor:
             beta, _ = hyper(lm, xi, xin)
             return masked_ce(model, th, xv, yv, mv, _val_policy(beta, mv, cm, cv, s.val_stats))

@@ -10,8 +10,10 @@ pure function of the input, so the layer composes with higher-order autograd.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +72,8 @@ class MixedBatchNorm(torch.autograd.Function):
     Returns (out, mu_B, var_B); the batch moments are for recording only (not differentiable outputs)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, bias: Tensor, b: Tensor, rm: Tensor, rv: Tensor, eps: float):
+    def forward(ctx: Any, x: Tensor, w: Tensor, bias: Tensor, b: Tensor, rm: Tensor, rv: Tensor,
+                eps: float) -> tuple[Tensor, Tensor, Tensor]:
         mean_b, var_b = batch_moments(x)
         mean, var = torch.lerp(rm, mean_b, b), torch.lerp(rv, var_b, b)
         scale = torch.rsqrt(var + eps) * w
@@ -80,7 +83,8 @@ class MixedBatchNorm(torch.autograd.Function):
         return torch.addcmul(_expand(bias - mean * scale, x), x, _expand(scale, x)), mean_b, var_b
 
     @staticmethod
-    def backward(ctx, g: Tensor, _gm: Tensor, _gv: Tensor):
+    def backward(ctx: Any, g: Tensor, _gm: Tensor,
+                 _gv: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None, None, None]:
         x, w, b, rm, rv = ctx.saved_tensors
         dims, n = _dims(x), x.numel() // x.shape[1]
         # a backward that will itself be differentiated needs the moments as functions of x; otherwise reuse them
@@ -147,7 +151,7 @@ class BNPolicy:
             out, cm, cv = MixedBatchNorm.apply(x, m.weight, m.bias, b, m.running_mean, m.running_var, m.eps)
             if self.train:
                 self.recorded[i] = (cm, cv, x.numel() // x.shape[1])
-            return out
+            return cast(Tensor, out)
         cm, cv = self.client_mean[i], self.client_var[i]
         if self.beta is None:
             mean, var = cm, cv
@@ -160,7 +164,7 @@ class BNPolicy:
 
 
 @contextmanager
-def policy(p: BNPolicy | None):
+def policy(p: BNPolicy | None) -> Iterator[BNPolicy | None]:
     token = _POLICY.set(p)
     try:
         yield p

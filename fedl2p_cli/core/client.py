@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ class Timer:
         self.t[name] = self.t.get(name, 0.0) + seconds
 
     @contextmanager
-    def section(self, name: str):
+    def section(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield

@@ -39,7 +39,7 @@ class Tag:
     value (`reference_of`) and `when(owner)` holds (owner: the config holding the field), `word` joins the variant's
     name, placed by `rank` among the other words. `word`: a format of the value (`"binit{v:g}"`), a dict value -> word, or a function
     (value, owner) -> word."""
-    word: str | dict | Callable[[Any, Any], str]
+    word: str | dict[Any, str] | Callable[[Any, Any], str]
     rank: int
     when: Callable[[Any], bool] | None = None
 

@@ -13,7 +13,7 @@ differentiable, so a third derivative (the IFT's `--hessian exact`) still works.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,8 @@ class _ConvGrad(torch.autograd.Function):
     """(g, x, w) -> (gx, gw): the convolution's backward as a node of its own (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, g: Tensor, x: Tensor, w: Tensor, spec: _Spec, want_x: bool, want_w: bool):
+    def forward(ctx: Any, g: Tensor, x: Tensor, w: Tensor, spec: _Spec, want_x: bool,
+                want_w: bool) -> tuple[Tensor | None, Tensor | None]:
         ctx.save_for_backward(g, x, w)
         ctx.spec = spec
         ctx.set_materialize_grads(False)
@@ -52,7 +53,8 @@ class _ConvGrad(torch.autograd.Function):
         return gx, gw
 
     @staticmethod
-    def backward(ctx, ggx: Tensor | None, ggw: Tensor | None):
+    def backward(ctx: Any, ggx: Tensor | None,
+                 ggw: Tensor | None) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None]:
         g, x, w = ctx.saved_tensors
         spec, need = ctx.spec, ctx.needs_input_grad
         dg = dx = dw = None
@@ -69,14 +71,14 @@ class _ConvGrad(torch.autograd.Function):
 
 class _Conv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None, spec: _Spec):
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None, spec: _Spec) -> Tensor:
         ctx.save_for_backward(x, w)
         ctx.spec, ctx.has_bias = spec, b is not None
         y = spec.conv(x, w)
         return y if b is None else y + b.view(1, -1, 1, 1)
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
         x, w = ctx.saved_tensors
         need = ctx.needs_input_grad
         gx = gw = gb = None
@@ -92,8 +94,8 @@ class Conv2d(nn.Conv2d):
 
     def _conv_forward(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         if self.padding_mode != "zeros" or isinstance(self.padding, str) or not custom_allowed():
-            return super()._conv_forward(x, weight, bias)
-        return _Conv.apply(x, weight, bias, _Spec(self))
+            return cast(Tensor, super()._conv_forward(x, weight, bias))  # torch leaves its return unannotated
+        return cast(Tensor, _Conv.apply(x, weight, bias, _Spec(self)))
 
 
 def use_double_backward_convs(model: nn.Module) -> nn.Module:

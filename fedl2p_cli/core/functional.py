@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -14,7 +16,7 @@ Params = dict[str, Tensor]
 
 def forward(model: nn.Module, params: Params, x: Tensor, pol: BNPolicy | None = None) -> Tensor:
     with policy(pol):
-        return functional_call(model, params, (x,))
+        return cast(Tensor, functional_call(model, params, (x,)))
 
 
 def ce_loss(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolicy | None = None) -> Tensor:
@@ -29,7 +31,7 @@ def _on(idx: Tensor, device: torch.device | None) -> Tensor:
 
 def _epoch(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
     perm = torch.randperm(n, generator=gen, device=gen.device)
-    out = list(perm.split(batch_size))
+    out = list(perm.split(batch_size))  # type: ignore[no-untyped-call]  # torch leaves Tensor.split unannotated
     if len(out) > 1 and len(out[-1]) < 2:  # a lone last sample joins the batch before it (pop first, then index)
         last = out.pop()
         out[-1] = torch.cat([out[-1], last])
@@ -47,7 +49,7 @@ def epochs_of_batches(n: int, batch_size: int, gen: torch.Generator, epochs: int
     batches = [b for _ in range(epochs) for b in _epoch(n, batch_size, gen)]
     if device is None or device == batches[0].device:
         return batches
-    return list(_on(torch.cat(batches), device).split([len(b) for b in batches]))
+    return list(_on(torch.cat(batches), device).split([len(b) for b in batches]))  # type: ignore[no-untyped-call]
 
 
 def mean_loss(losses: list[Tensor]) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +45,7 @@ def _leaves(d: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().requires_grad_(True) for k, v in d.items()}
 
 
-def _grad(out: Tensor | Sequence[Tensor], inputs: list[Tensor], **kw) -> list[Tensor]:
+def _grad(out: Tensor | Sequence[Tensor], inputs: list[Tensor], **kw: Any) -> list[Tensor]:
     gs = torch.autograd.grad(out, inputs, allow_unused=True, **kw)
     return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)]
 

@@ -6,6 +6,7 @@ parameters stay plain tensors that second-order code differentiates and the stor
 from __future__ import annotations
 
 from functools import cache
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -48,4 +49,4 @@ def run(params: dict[str, Tensor], x: Tensor, final_relu: bool = False) -> Tenso
     """The MLP whose layers `params` holds ({i}.weight: [out, in]) applied to x."""
     n = sum(1 for k in params if k.endswith(".weight"))
     dims = (params["0.weight"].shape[1], *(params[f"{i}.weight"].shape[0] for i in range(n)))
-    return functional_call(template(dims, final_relu), params, (x,))
+    return cast(Tensor, functional_call(template(dims, final_relu), params, (x,)))

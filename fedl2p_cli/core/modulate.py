@@ -11,7 +11,7 @@ h_x = conv3x3(16)-ReLU-maxpool-conv3x3(32)-ReLU-global-average, h = linear to 10
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -34,8 +34,8 @@ def gate_sites(model: nn.Module, in_channels: int, size: int = 32) -> list[tuple
     found: dict[str, int] = {}
     mods = dict(model.named_modules())
 
-    def record(n: str):
-        def hook(m, i, o) -> None:  # returns None: the output is left as it is
+    def record(n: str) -> Callable[[nn.Module, tuple[Tensor, ...], Tensor], None]:
+        def hook(m: nn.Module, i: tuple[Tensor, ...], o: Tensor) -> None:  # returns None: the output is left as it is
             found.setdefault(n, o.shape[1])
         return hook
 
@@ -59,10 +59,10 @@ def gated(model: nn.Module, sites: list[tuple[str, int]], zeta: Tensor | None) -
     if zeta is None:
         yield
         return
-    gates = torch.sigmoid(zeta).split([c for _, c in sites])
+    gates = torch.sigmoid(zeta).split([c for _, c in sites])  # type: ignore[no-untyped-call]  # torch leaves Tensor.split unannotated
     mods = dict(model.named_modules())
 
-    def hook(g: Tensor):
+    def hook(g: Tensor) -> Callable[[nn.Module, tuple[Tensor, ...], Tensor], Tensor]:
         return lambda m, i, o: o * g.view(1, -1, *([1] * (o.dim() - 2)))
 
     handles = [mods[n].register_forward_hook(hook(g)) for (n, _), g in zip(sites, gates)]

@@ -9,6 +9,9 @@ second derivatives are those of F.max_pool2d, bit for bit."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, Literal, overload
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,8 +23,8 @@ _aten = torch.ops.aten
 
 class _MaxPool(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
-                ceil_mode: bool):
+    def forward(ctx: Any, x: Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
+                ceil_mode: bool) -> tuple[Tensor, Tensor]:
         y, idx = _aten.max_pool2d_with_indices(x.contiguous(memory_format=torch.channels_last), kernel, stride,
                                                padding, dilation, ceil_mode)
         idx = idx.contiguous()
@@ -31,21 +34,31 @@ class _MaxPool(torch.autograd.Function):
         return y.contiguous(), idx
 
     @staticmethod
-    def backward(ctx, g: Tensor, _g_idx: Tensor | None):
+    def backward(ctx: Any, g: Tensor, _g_idx: Tensor | None) -> tuple[Tensor, None, None, None, None, None]:
         x, idx = ctx.saved_tensors
         # a differentiable op: under create_graph its derivative (a gather by idx) is autograd's, as for F.max_pool2d
         return _aten.max_pool2d_with_indices_backward(g, x, *ctx.args, idx), None, None, None, None, None
 
 
-def _pair(v) -> list[int]:
+def _pair(v: int | Sequence[int]) -> list[int]:
     return [v, v] if isinstance(v, int) else list(v)
 
 
-def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
-               return_indices: bool = False):
+@overload
+def max_pool2d(x: Tensor, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+               padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
+               return_indices: Literal[False] = False) -> Tensor: ...
+@overload
+def max_pool2d(x: Tensor, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+               padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]: ...
+def max_pool2d(x: Tensor, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+               padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """F.max_pool2d with the forward on the channels-last kernel, for a batched NCHW CPU tensor."""
     if x.dim() != 4 or x.device.type != "cpu" or not x.is_contiguous() or not custom_allowed():
-        return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)  # type: ignore[call-overload]
+        return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode,  # type: ignore[call-overload,no-any-return]
+                            return_indices)
     stride = kernel_size if stride is None or stride == [] else stride
     y, idx = _MaxPool.apply(x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), ceil_mode)
     return (y, idx) if return_indices else y
@@ -54,7 +67,7 @@ def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_
 class MaxPool2d(nn.MaxPool2d):
     """nn.MaxPool2d (same arguments, no parameters) computed through `max_pool2d`."""
 
-    def forward(self, x: Tensor):
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         return max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
                           self.return_indices)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -70,7 +70,7 @@ class ClientStats:
 
 
 @contextmanager
-def _hooked_eval(model: nn.Module, make_hook: Callable[[int, bool], Callable]):
+def _hooked_eval(model: nn.Module, make_hook: Callable[[int, bool], Callable]) -> Iterator[list[bool]]:
     """Eval mode with a forward pre-hook on every stat layer (hook gets its index and whether it is BN); yields the
     BN flags and restores hooks and mode afterwards."""
     layers = stat_layers(model)
@@ -91,8 +91,8 @@ def layer_statistics(model: nn.Module, x: Tensor, batch_size: int = 512) -> tupl
     """One eval-mode pass: moments of every stat layer's input (all elements) and BN inputs (per channel)."""
     acc: dict[int, Moments] = {}
 
-    def hook(i: int, bn: bool):
-        def fn(_m, inp):
+    def hook(i: int, bn: bool) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def fn(_m: nn.Module, inp: tuple[Tensor, ...]) -> None:
             a = inp[0]
             mo = Moments.of(a, [0] + list(range(2, a.dim())) if bn else None)
             acc[i] = acc[i].merge(mo) if i in acc else mo
@@ -111,8 +111,8 @@ def grouped_statistics(model: nn.Module, xs: list[Tensor]) -> list[tuple[list[Mo
     g, n = len(xs), len(xs[0])
     acc: dict[int, Moments] = {}
 
-    def hook(i: int, bn: bool):
-        def fn(_m, inp):
+    def hook(i: int, bn: bool) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def fn(_m: nn.Module, inp: tuple[Tensor, ...]) -> None:
             if bn:  # [G, n, C, H*W], a view: no copy of the activation
                 a = inp[0].reshape(g, n, inp[0].shape[1], -1)
                 var, mean = torch.var_mean(a, dim=(1, 3), correction=0)

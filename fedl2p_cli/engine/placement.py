@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -42,7 +42,7 @@ class OnDevice:
 
     def many(self, update_many: Callable[[Any, list[Any]], list[Any]], tasks: list[Any]) -> list[Any]:
         """`update_many(context, tasks)` with every task on `dev`, the results back on the host."""
-        return to_host(update_many(self.context, [self.move(t) for t in tasks]))
+        return cast(list[Any], to_host(update_many(self.context, [self.move(t) for t in tasks])))
 
     def move(self, task: Any) -> Any:
         if self.dev.type == "cpu":

@@ -76,8 +76,8 @@ class ClientPool:
         self.update, self.timeout = update, timeout
         self.local = placed(local_context, dev) if workers == 1 else None
         self.workers = workers
-        self._executor = lambda: ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                                     initargs=(build, args, update, str(dev)))
+        self._executor: Callable[[], ProcessPoolExecutor] = lambda: ProcessPoolExecutor(
+            workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=(build, args, update, str(dev)))
         self.pool = self._start() if workers > 1 else None
 
     def _start(self) -> ProcessPoolExecutor:
@@ -135,5 +135,5 @@ class ClientPool:
     def __enter__(self) -> ClientPool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
