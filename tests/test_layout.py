@@ -355,3 +355,51 @@ def test_no_default_device_in_a_signature():
             elif isinstance(node, ast.AnnAssign) and "device" in ast.unparse(node.annotation) and node.value is not None:
                 found.append(f"{p.name}:{node.lineno} {ast.unparse(node.target)}")
     assert not found, f"default devices: {found}"
+
+
+def class_names(package: Path = PACKAGE) -> dict[str, list[tuple[str, bool]]]:
+    """class name -> [(module, whether it is a Protocol), ...] for the module-level classes of `package`."""
+    out: dict[str, list[tuple[str, bool]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                protocol = any(ast.unparse(b).split("[")[0].endswith("Protocol") for b in node.bases)
+                out.setdefault(node.name, []).append((module_name(path), protocol))
+    return out
+
+
+# a Protocol of the plugin API and the one class of fedl2p's own that implements it, under the same name
+IMPLEMENTS = {
+    "Row": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.personalize"),
+    "Setup": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.personalize"),
+    "Client": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.harness"),
+    "Trial": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.harness"),
+}
+
+
+def clashes(names: dict[str, list[tuple[str, bool]]], implements: dict[str, tuple[str, str]]) -> list[str]:
+    """Names two concepts share: a class name defined twice, except a Protocol and its implementation listed in
+    `implements` (name -> (the Protocol's module, the implementing class's module))."""
+    out = []
+    for name, defs in names.items():
+        pair = implements.get(name)
+        if len(defs) > 1 and not (pair and sorted(defs) == sorted([(pair[0], True), (pair[1], False)])):
+            out.append(name)
+    return sorted(out)
+
+
+def test_one_name_per_concept():
+    """A class name names one thing: defined once, or as a Protocol of the plugin API (methods/registry.py's `Row`,
+    `Setup`, ...) and the one class that implements it (stages/personalize.py's)."""
+    found = clashes(class_names(), IMPLEMENTS)
+    assert not found, found
+
+
+def test_the_name_clash_scan_finds_one(tmp_path):
+    (tmp_path / "fedl2p_cli").mkdir()
+    (tmp_path / "fedl2p_cli" / "a.py").write_text("from typing import Protocol\nclass Client(Protocol):\n    pass\n"
+                                                  "class Ctx:\n    pass\n")
+    (tmp_path / "fedl2p_cli" / "b.py").write_text("class Client:\n    pass\nclass Ctx:\n    pass\n")
+    pkg = tmp_path / "fedl2p_cli"
+    assert clashes(class_names(pkg), {}) == ["Client", "Ctx"]
+    assert clashes(class_names(pkg), {"Client": ("fedl2p_cli.a", "fedl2p_cli.b")}) == ["Ctx"]

@@ -96,7 +96,7 @@ class LocalResult:
 
 
 @dataclass
-class PretrainClient:
+class PretrainContext:
     """What a client's local update reads, built once per process (the executor places it on its device)."""
     model: torch.nn.Module
     part: Partition
@@ -162,20 +162,20 @@ def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
     return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]))
 
 
-def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module) -> PretrainClient:
+def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module) -> PretrainContext:
     algo = algorithm(cfg.algo)
-    return PretrainClient(model, part, cfg.algo, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+    return PretrainContext(model, part, cfg.algo, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
                                                             head=registry.head_prefix(model),
                                                             freeze_head=algo.freeze_head, pf_alpha=cfg.pf_alpha), cfg.seed)
 
 
-def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainClient:
+def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainContext:
     """A worker's own client context (model, client data), built once from the store in its initializer."""
     part = partition_stage.load(Store(root), partition_id)[1]
     return client_of(cfg, part, build_model(cfg, part))
 
 
-def client_task(ctx: PretrainClient, task: LocalTask) -> LocalResult:
+def client_task(ctx: PretrainContext, task: LocalTask) -> LocalResult:
     """One client's local update, where the executor placed the context and the task."""
     x, y = ctx.part.client(task.client).train
     new, loss = algorithm(ctx.algo).client(ctx.model, task.state, x, y, task.lr, ctx.local,
@@ -183,7 +183,7 @@ def client_task(ctx: PretrainClient, task: LocalTask) -> LocalResult:
     return LocalResult(new, len(y), loss)
 
 
-def client_tasks(ctx: PretrainClient, tasks: list[LocalTask]) -> list[LocalResult]:
+def client_tasks(ctx: PretrainContext, tasks: list[LocalTask]) -> list[LocalResult]:
     """Several clients' local updates as one computation (the batched executor; the algorithm's `client_many`)."""
     data = [ctx.part.client(t.client).train for t in tasks]
     many = algorithm(ctx.algo).client_many  # the batched executor runs only algorithms that have one
