@@ -73,11 +73,12 @@ def _embedded(d: str, clients: int = 70):
 
 
 def bench_engine() -> dict:
+    from fedl2p_cli.engine.progress import NoProgress
     from fedl2p_cli.stages import pretrain
     with tempfile.TemporaryDirectory() as d:
         _, _, part = _embedded(d)
         cfg = pretrain.PretrainConfig(rounds=6, fraction=0.2, eval_every=1000)
-        _, hist = pretrain.train(cfg, part, None, pretrain.NoProgress())
+        _, hist = pretrain.train(cfg, part, None, NoProgress())
     rows = hist[1:]  # the first round pays one-off costs
     evals = sum(h.get("eval_s", 0.0) for h in rows)  # the scheduled evaluation is reported apart, not as overhead
     round_s = sum(h["round_s"] for h in rows) - evals
