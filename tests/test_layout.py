@@ -403,3 +403,40 @@ def test_the_name_clash_scan_finds_one(tmp_path):
     pkg = tmp_path / "fedl2p_cli"
     assert clashes(class_names(pkg), {}) == ["Client", "Ctx"]
     assert clashes(class_names(pkg), {"Client": ("fedl2p_cli.a", "fedl2p_cli.b")}) == ["Ctx"]
+
+
+# the layers, lowest first: a module may import from its own layer and those below it, never from one above (the
+# pFL systems' strategies in algorithms/systems/ speak the round engine's vocabulary, so engine/ sits below
+# algorithms/); data/, io/, models/, methods/ and the top-level modules are services any layer may use
+LAYERS = ("core", "engine", "algorithms", "stages", "flower", "cli")
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    """`module -> module` for every import (at run time or for the type checker) from a layer into one above it."""
+    def layer(mod: str) -> int | None:
+        part = mod.split(".")[1] if mod.count(".") else ""
+        return LAYERS.index(part) if part in LAYERS else None
+
+    out = set()
+    for graph in (import_graph(package), import_graph(package, types=True)):
+        for a, targets in graph.items():
+            for b in targets:
+                la, lb = layer(a), layer(b)
+                if la is not None and lb is not None and lb > la:
+                    out.add(f"{a} -> {b}")
+    return sorted(out)
+
+
+def test_no_import_runs_up_the_layers():
+    assert not upward_imports(), upward_imports()
+
+
+def test_the_layer_scan_finds_one(tmp_path):
+    pkg = tmp_path / "fedl2p_cli"
+    for folder in ("core", "engine", "stages"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "stages" / "s.py").write_text("from ..engine import e\n")
+    (pkg / "engine" / "e.py").write_text("def f():\n    from ..stages import s\n")
+    (pkg / "core" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import e\n")
+    assert upward_imports(pkg) == ["fedl2p_cli.core.c -> fedl2p_cli.engine.e", "fedl2p_cli.engine.e -> fedl2p_cli.stages.s"]
