@@ -72,6 +72,10 @@ def test_flower_app_is_written_out_or_found(tmp_path, capsys):
     assert run_cli(["flower", "app", str(tmp_path / "app")]) == 0
     assert (tmp_path / "app" / "pyproject.toml").read_text() == text
     assert run_cli(["flower", "app", str(tmp_path / "app")]) == 0  # again: the same file, nothing to refuse
+    older = text.replace("fedl2p_cli.flower.app:", "fedl2p_cli.stages.flower_app:")  # an earlier version's app
+    (tmp_path / "app" / "pyproject.toml").write_text(older)
+    assert run_cli(["flower", "app", str(tmp_path / "app")]) == 0  # rewritten with this version's components
+    assert (tmp_path / "app" / "pyproject.toml").read_text() == text
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     assert run_cli(["flower", "app", str(tmp_path / "other")]) == 2

@@ -49,13 +49,18 @@ def write_app(
         typer.echo(str(APP))
         return
     target = out / "pyproject.toml"
-    if target.exists() and target.read_text() != text:
+    if target.exists() and target.read_text() != text and not _ours(target.read_text()):
         raise FedL2PError(f"{target} exists and is not fedl2p's Flower app: give an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".pyproject.toml.tmp"
     tmp.write_text(text)
     tmp.replace(target)  # atomic: never a half-written app
     render.console.print(f"Flower app: {out} (flwr run {out} <connection> --run-config RUN.toml)")
+
+
+def _ours(text: str) -> bool:
+    """A Flower app project fedl2p wrote (another version's: it is rewritten with this one's component names)."""
+    return 'name = "fedl2p-meta-train"' in text and 'publisher = "fedl2p"' in text
 
 
 @app.command("export-site")
