@@ -38,7 +38,8 @@ class UnknownName(FedL2PError):
     def __init__(self, kind: str, name: str, choices: list[str], hint: str = ""):
         what, option = WHAT.get(kind, (kind, ""))
         super().__init__(f"unknown {what} '{name}'" + (f" ({option})" if option else "")
-                         + f"; choose one of: {', '.join(choices) or 'none loaded'}{hint}")
+                         + f"; choose one of: {', '.join(choices) or 'none loaded'}{hint}"
+                         + " (or load the plugin that adds it: --plugin MODULE)")
         self.kind, self.name, self.choices = kind, name, choices
 
 
