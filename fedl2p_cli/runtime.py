@@ -4,7 +4,8 @@ artifact's id.
 The command line builds it once per command (`fedl2p --device/--deterministic/--threads/--lock-timeout/--track`, a
 pipeline file's `device`, and the command's own runtime options: `--workers`, `--engine`, `--gpus-per-client` and the failure policy) and
 passes it to the stage, which hands it to its executor. A worker process or a Flower ClientApp receives it whole as
-a plain dict (`to_dict`; no pickle) and applies it (`apply`) before building anything. `core/` never sees it: its
+a plain dict (`to_dict`; no pickle; all but its catalog of pieces, which it builds anew from `plugins`) and
+applies it (`apply`) before building anything. `core/` never sees it: its
 functions follow their inputs' device. The artifact's manifest records it (`describe`: `computed_on`).
 
 Torch-free at import, so `fedl2p --help` stays fast; the torch parts are imported where they are used.
