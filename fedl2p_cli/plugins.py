@@ -340,10 +340,8 @@ def load(specs: Sequence[str], how: str = "--plugin") -> list[Plugin]:
     return [load_module(catalog, s, how) for s in specs]
 
 
-def used(names: dict[str, list[str]], catalog: Catalog | None = None) -> list[dict]:
-    """The manifest records of the non-built-in plugins owning any of `names` ({kind: [name, ...]}) in `catalog`
-    (default: the current one)."""
-    catalog = catalog or current()
+def used(names: dict[str, list[str]], catalog: Catalog) -> list[dict]:
+    """The manifest records of the non-built-in plugins owning any of `names` ({kind: [name, ...]}) in `catalog`."""
     out: dict[str, dict] = {}
     for kind, values in names.items():
         for v in values:

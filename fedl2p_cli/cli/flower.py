@@ -49,7 +49,7 @@ def write_app(
         typer.echo(str(APP))
         return
     target = out / "pyproject.toml"
-    if target.exists() and target.read_text() != text and not _ours(target.read_text()):
+    if target.exists() and (old := target.read_text()) != text and not _ours(old):
         raise FedL2PError(f"{target} exists and is not fedl2p's Flower app: give an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".pyproject.toml.tmp"

@@ -87,8 +87,8 @@ StoreRuntime = NewType("StoreRuntime", Runtime)
 def store_options(ctx: typer.Context) -> dict[str, Any]:
     """What every build reads, whatever it computes on: --lock-timeout, --track, --track-uri, and the catalog of pieces
     (the built-ins, the installed plugins and --plugin's)."""
+    from .. import plugins
     g = ctx.find_root().params
-    from .. import plugins  # the command's catalog: the built-ins, the installed plugins and --plugin's
     return {"lock_timeout": g.get("lock_timeout"), "track": g.get("track"), "track_uri": g.get("track_uri"),
             "catalog": plugins.current()}
 

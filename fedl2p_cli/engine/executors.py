@@ -45,8 +45,6 @@ def no_client_batch(runtime: Runtime, name: str) -> None:
         raise FedL2PError(f"--client-batch is for --engine batched (this run's engine: {name})")
 
 
-
-
 def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: Callable[..., Any],
               local_context: Any, nodes: int, update_many: Callable[..., list[Any]] | None = None) -> Pool:
     """The pool of a stage run's client updates, from the executor `runtime.engine` names. Every process computes on

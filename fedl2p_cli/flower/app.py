@@ -73,7 +73,7 @@ def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: 
     c = art.config
     spec = {"model": c["model"], "in_channels": c["in_channels"], "num_classes": c["num_classes"], "seed": c["seed"],
             "params": [n for n, _ in model.named_parameters()], "n_bn": len(bn_layers(model)),
-            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.current().active(),
+            "n_x": 2 * len(stat_layers(model)), "pretrain": art.id, "plugins": plugins.of(runtime).active(),
             "site_input": site_input(store, art)}
     rc = {"meta-train": json.dumps(dataclasses.asdict(cfg)), "runtime": json.dumps(runtime.to_dict()),
           "model": json.dumps(spec),

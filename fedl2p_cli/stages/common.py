@@ -110,4 +110,5 @@ def check_runtime(runtime: Runtime) -> None:
     """The runtime options of a stage with rounds, valid and consistent: --gpus-per-client goes with --engine flower
     on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
     validate(runtime)
-    executors.get(runtime.engine, plugins.of(runtime)).check(runtime)  # --engine names a registered executor, which checks its options
+    # --engine names a registered executor, which checks the options it reads
+    executors.get(runtime.engine, plugins.of(runtime)).check(runtime)
