@@ -252,8 +252,10 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     finally:
         torch.set_num_threads(threads)
     env = dict(os.environ, FEDL2P_STORE=str(kill_root))
-    proc = subprocess.Popen([sys.executable, "-m", "fedl2p_cli", *args], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    err = tmp_path / "stderr.txt"  # what the run said, should it end before it is killed
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "fedl2p_cli", *args], env=env, stdout=subprocess.DEVNULL,
+                                stderr=err_file, start_new_session=True)
     ckpt = Checkpoint(Store(kill_root).workdir("meta-train", ref_id))
     deadline = time.time() + 240
     try:
@@ -262,7 +264,8 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
             if st is not None and st.next_round >= 2:
                 break
             time.sleep(0.05)
-        assert proc.poll() is None, "meta-train finished before it could be killed; raise --rounds"
+        said = err.read_text()[-2000:]
+        assert proc.poll() is None, f"meta-train ended before it could be killed (finished: raise --rounds): {said}"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
