@@ -141,17 +141,17 @@ def test_flower_pretraining_matches_the_in_process_engine(tiny_store, tmp_path):
 
 def _checkpointed(out, timeout: float = 300) -> int:
     """Wait until the ServerApp's checkpoint under OUT has at least one finished round; the rounds it has."""
+    import contextlib
     import time
 
     from fedl2p_cli.engine.loop import Checkpoint
+    from fedl2p_cli.io import weights
     deadline, reached = time.time() + timeout, 0
     while time.time() < deadline and reached < 1:
         for folder in (out / ".checkpoint").glob("*"):
-            try:
-                st = Checkpoint(folder).load()
-                reached = st.next_round if st else 0
-            except Exception:  # noqa: BLE001 - caught mid-write: look again
-                pass
+            path = folder / Checkpoint.NAME  # the published file only: `load` would delete the ServerApp's write in flight
+            with contextlib.suppress(Exception):  # gone between the check and the read: look again
+                reached = weights.load_with_meta(path)[1]["next_round"] if path.is_file() else 0
         time.sleep(0.1)
     return reached
 
