@@ -115,7 +115,7 @@ def _hyper_setup(name: str):
     from fedl2p_cli.models import registry
     ch = 1 if name == "small-cnn" else 3
     m = registry.build(name, ch, 10)
-    theta = registry.get_params(m)
+    theta = {n: p.detach().clone() for n, p in m.named_parameters()}
     n_bn, n_x, n_p = len(bn_layers(m)), 2 * len(stat_layers(m)), len(theta)
     lam = init_lambda(n_bn, n_x, n_p, 1e-3, "both", 0)
     xi, xs = torch.rand(n_bn), torch.randn(n_x)
@@ -258,7 +258,7 @@ def bench_client_round() -> dict:
         _, _, part = _embedded(d)
         data = part.client(0)
     m = registry.build("small-cnn", 1, 10)
-    theta = registry.get_params(m)
+    theta = {n: p.detach().clone() for n, p in m.named_parameters()}
     n_bn, n_x = len(bn_layers(m)), 2 * len(stat_layers(m))
     lam = init_lambda(n_bn, n_x, len(theta), 0.01, "both", 0)
     xi, xs = torch.rand(n_bn), torch.randn(n_x)

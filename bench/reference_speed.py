@@ -124,8 +124,7 @@ def ours(model, data, meta_grad: str):
     from fedl2p_cli.core.metanets import init_lambda
     from fedl2p_cli.core.settings import MetaConfig
     from fedl2p_cli.core.stats import stat_layers
-    from fedl2p_cli.models import registry
-    theta = registry.get_params(model)
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
     n_bn, n_x = len(bn_layers(model)), 2 * len(stat_layers(model))
     lam = init_lambda(n_bn, n_x, len(theta), CFG["base_lr"], "both", 0)
     g = torch.Generator().manual_seed(1)

@@ -28,7 +28,7 @@ from typing import Any
 from . import __version__
 from .errors import ArtifactError
 from .runtime import Runtime
-from .stage_table import NAMES as STAGES  # the store's folders, in pipeline order
+from .stage_table import NAMES  # the store's folders, in pipeline order
 
 SCHEMA_VERSION = 1
 
@@ -298,7 +298,7 @@ class Store:
         return max(hits, key=lambda a: a.age) if hits else None
 
     def iter(self, stage: str | None = None) -> Iterator[Artifact]:
-        for s in [stage] if stage else STAGES:
+        for s in [stage] if stage else NAMES:
             for aid in self.ids(s):
                 yield self.load(s, aid, verify=False)
 

@@ -2,8 +2,8 @@
 executors, meta-gradients), by kind
 and name, with the plugin that registered it. One object, filled by the plugin loader (fedl2p_cli/plugins.py): the
 built-ins and a user's plugins register the same way, and every lookup of every kind behaves the same (`get` raises
-`UnknownName` naming the choices, `find` answers None). Torch-free, and it imports nothing of the package but its
-errors, so any layer may ask it."""
+`UnknownName` naming the choices, `find` answers None). Torch-free; at run time it imports only the package's errors
+(the entries' types below are imported for the type checker only)."""
 
 from __future__ import annotations
 

@@ -175,8 +175,6 @@ class PFLConfig:
             "fedl2p's systems take none).")
 
 
-# what `fedl2p meta-train` makes at its defaults (fedl2p-fomaml-binit0.9)
-DEFAULT_VARIANT = MetaTrainConfig().variant()
 # the hand-made recipes and the newest FedL2P run of the model, whatever its variant (`fedl2p` names the method)
 DEFAULT_METHODS = ["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]
 

@@ -7,7 +7,12 @@ import torch
 from fedl2p_cli.core.finetune import ClientBN
 from fedl2p_cli.core.metanets import hyperparameters, init_lambda
 from fedl2p_cli.core.stats import client_stats
-from fedl2p_cli.models.registry import build, get_params
+from fedl2p_cli.models.registry import build
+
+
+def detached_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A model's parameters, detached copies by name."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def smooth_setup(n: int = 24, classes: int = 3, seed: int = 0, noisy: bool = False):
@@ -24,7 +29,7 @@ def smooth_setup(n: int = 24, classes: int = 3, seed: int = 0, noisy: bool = Fal
     st = client_stats(model, x)
     xi, xs = st.xi.double(), st.x.double()
     bn = ClientBN([m.double() for m in st.bn_mean], [v.double() for v in st.bn_var])
-    theta = {k: v.double() for k, v in get_params(model).items()}
+    theta = {k: v.double() for k, v in detached_params(model).items()}
     n_p = len(theta)
     lam = {k: v.double() for k, v in init_lambda(len(st.xi), len(st.x), n_p, 0.05, "both", seed).items()}
     # perturb lambda so beta and eta differ per layer (the init makes them nearly constant)

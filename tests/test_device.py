@@ -17,9 +17,11 @@ from fedl2p_cli.core.metanets import init_lambda
 from fedl2p_cli.core.modulate import gate_sites, init_modulator
 from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.errors import FedL2PError
-from fedl2p_cli.models.registry import build, get_params
+from fedl2p_cli.models.registry import build
 from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import pretrain as pretrain_stage
+
+from .helpers import detached_params
 
 
 def cpu_tensors(obj) -> list[torch.Tensor]:
@@ -43,7 +45,7 @@ def client():
     y = torch.randint(0, 4, (40,))
     data = ClientData((x[:24], y[:24]), (x[24:32], y[24:32]), (x[32:], y[32:]))
     st = client_stats(model.eval(), data.train[0])
-    theta = get_params(model)
+    theta = detached_params(model)
     return model, theta, data, st
 
 

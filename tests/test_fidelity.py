@@ -14,11 +14,12 @@ from fedl2p_cli.core.finetune import precise_bn
 from fedl2p_cli.core.metanets import ServerAdam, hyperparameters, init_lambda, input_normalizer, normalize_inputs
 from fedl2p_cli.core.selection import candidates, select_by_validation
 from fedl2p_cli.io import results_h5
-from fedl2p_cli.models.registry import build, get_params
+from fedl2p_cli.models.registry import build
 from fedl2p_cli.stages import meta_train, partition, personalize, pipeline, stats
 from fedl2p_cli.stages.common import NoProgress
 
 from .conftest import TINY_META, TINY_PARTITION
+from .helpers import detached_params
 
 
 @torch.no_grad()
@@ -52,7 +53,7 @@ def test_precise_bn_equals_population_statistics_under_beta(chunk):
                 m.running_var.uniform_(0.5, 2.0)
     x = torch.randn(23, 1, 12, 12, dtype=torch.float64) * 2 + 1
     beta = torch.tensor([0.3, 0.8, 0.5], dtype=torch.float64)
-    got = precise_bn(model, {k: v for k, v in get_params(model).items()}, x, beta, chunk=chunk)
+    got = precise_bn(model, {k: v for k, v in detached_params(model).items()}, x, beta, chunk=chunk)
     want_m, want_v = _by_hand_statistics(model, x, beta)
     for g, w in zip(got.mean, want_m):
         assert torch.allclose(g.double(), w, atol=1e-5)

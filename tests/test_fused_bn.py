@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from fedl2p_cli.core.bn import BNPolicy, bn_layers, update_running
 from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
 from fedl2p_cli.core.functional import ce_loss
-from fedl2p_cli.models.registry import build, get_params
+from fedl2p_cli.models.registry import build
+
+from .helpers import detached_params
 
 
 def general_step(model, params, x, y, s, bn):
@@ -29,7 +31,7 @@ def setup():
             m.running_var.uniform_(0.5, 2.0)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 1, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
-    return model, get_params(model), x, y
+    return model, detached_params(model), x, y
 
 
 @pytest.mark.parametrize("beta", ["bnc", "bng", "bni", "mixed", "per-layer"])

@@ -357,14 +357,30 @@ def test_no_default_device_in_a_signature():
     assert not found, f"default devices: {found}"
 
 
+def is_alias(node: ast.stmt) -> bool:
+    """A module-level type alias: `Name = <a type>` (a subscripted type, a union, NewType) or `Name: TypeAlias = ...`."""
+    if isinstance(node, ast.AnnAssign):
+        return ast.unparse(node.annotation).endswith("TypeAlias")
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        return False
+    value = node.value
+    return node.targets[0].id[:1].isupper() and not node.targets[0].id.isupper() and (
+        isinstance(value, ast.Subscript) or (isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitOr))
+        or (isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] == "NewType"))
+
+
 def class_names(package: Path = PACKAGE) -> dict[str, list[tuple[str, bool]]]:
-    """class name -> [(module, whether it is a Protocol), ...] for the module-level classes of `package`."""
+    """name -> [(module, whether it is a Protocol), ...] for the module-level classes and type aliases of `package`:
+    both name a type, so they share one name space."""
     out: dict[str, list[tuple[str, bool]]] = {}
     for path in sorted(package.rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef):
                 protocol = any(ast.unparse(b).split("[")[0].endswith("Protocol") for b in node.bases)
                 out.setdefault(node.name, []).append((module_name(path), protocol))
+            elif is_alias(node):
+                target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+                out.setdefault(ast.unparse(target), []).append((module_name(path), False))
     return out
 
 
@@ -389,20 +405,64 @@ def clashes(names: dict[str, list[tuple[str, bool]]], implements: dict[str, tupl
 
 
 def test_one_name_per_concept():
-    """A class name names one thing: defined once, or as a Protocol of the plugin API (methods/registry.py's `Row`,
-    `Setup`, ...) and the one class that implements it (stages/personalize.py's)."""
+    """A class or type-alias name names one thing: defined once, or as a Protocol of the plugin API
+    (methods/registry.py's `Row`, `Setup`, ...) and the one class that implements it (stages/personalize.py's)."""
     found = clashes(class_names(), IMPLEMENTS)
     assert not found, found
+
+
+# function names several modules define for one protocol they each implement (the name means the same in each)
+INTERFACES = {
+    "client_of": "a round strategy's module: the client context its executor places (engine/workers.py)",
+    "client_task": "a round strategy's module: one client's update from its context (engine/workers.py)",
+    "client_tasks": "a round strategy's module: a group's updates as one computation (the batched executor)",
+    "client_update": "an algorithm's one-client update (algorithms/fedl2p.py, algorithms/cafeme.py)",
+    "method_of": "the personalisation method an artifact belongs to (meta-train's, and personalize's over any stage)",
+}
+
+
+def function_names(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """name -> the modules defining a public module-level function of that name, for compound names (a one-word verb,
+    `load`, `run`, `check`, is each module's own and read qualified by it). The plugin API's wrappers (api.py) and the
+    commands (cli/, named after what they run) repeat a name on purpose, so they are left out."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        mod = module_name(path)
+        if mod.endswith(".api") or ".cli." in mod:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "_" in node.name.strip("_") \
+                    and not node.name.startswith("_"):
+                out.setdefault(node.name, set()).add(mod)
+    return out
+
+
+def function_clashes(names: dict[str, set[str]], interfaces: dict[str, str]) -> list[str]:
+    return sorted(n for n, mods in names.items() if len(mods) > 1 and n not in interfaces)
+
+
+def test_one_meaning_per_function_name():
+    """`meta_gradient` was a catalog lookup in stages/ and the computation in algorithms/: a function name that
+    several modules define is one protocol they implement (INTERFACES), or it names two things."""
+    found = function_clashes(function_names(), INTERFACES)
+    assert not found, {n: sorted(function_names()[n]) for n in found}
+    unused = set(INTERFACES) - {n for n, mods in function_names().items() if len(mods) > 1}
+    assert not unused, f"defined once now, remove from INTERFACES: {unused}"
 
 
 def test_the_name_clash_scan_finds_one(tmp_path):
     (tmp_path / "fedl2p_cli").mkdir()
     (tmp_path / "fedl2p_cli" / "a.py").write_text("from typing import Protocol\nclass Client(Protocol):\n    pass\n"
-                                                  "class Ctx:\n    pass\n")
-    (tmp_path / "fedl2p_cli" / "b.py").write_text("class Client:\n    pass\nclass Ctx:\n    pass\n")
+                                                  "class Ctx:\n    pass\nclass Executor(Protocol):\n    pass\n"
+                                                  "def meta_gradient(name):\n    pass\ndef run():\n    pass\n")
+    (tmp_path / "fedl2p_cli" / "b.py").write_text("class Client:\n    pass\nclass Ctx:\n    pass\n"
+                                                  "Executor = Callable[[list[int]], list[int]]\nMiB = 1 << 20\n"
+                                                  "def meta_gradient(model, ft):\n    pass\ndef run():\n    pass\n")
     pkg = tmp_path / "fedl2p_cli"
-    assert clashes(class_names(pkg), {}) == ["Client", "Ctx"]
-    assert clashes(class_names(pkg), {"Client": ("fedl2p_cli.a", "fedl2p_cli.b")}) == ["Ctx"]
+    assert clashes(class_names(pkg), {}) == ["Client", "Ctx", "Executor"]
+    assert clashes(class_names(pkg), {"Client": ("fedl2p_cli.a", "fedl2p_cli.b")}) == ["Ctx", "Executor"]
+    assert function_clashes(function_names(pkg), {}) == ["meta_gradient"]
+    assert function_clashes(function_names(pkg), {"meta_gradient": "one protocol"}) == []
 
 
 # the layers, lowest first: a module may import from its own layer and those below it, never from one above (the

@@ -97,7 +97,7 @@ def test_a_stage_is_its_module_and_one_table_row(tmp_path, monkeypatch):
     names = tuple(s.name for s in stages)
     sections = tuple(s.name for s in stages if s.section)
     from fedl2p_cli import artifacts
-    for mod, name, value in ((stage_table, "NAMES", names), (artifacts, "STAGES", names), (stage_table, "SECTIONS", sections),
+    for mod, name, value in ((stage_table, "NAMES", names), (artifacts, "NAMES", names), (stage_table, "SECTIONS", sections),
                              (pipeline, "SECTIONS", sections)):
         monkeypatch.setattr(mod, name, value)
     f = tmp_path / "p.toml"

@@ -3,7 +3,6 @@ the nn.Module passed in is only a reusable workspace, built once per run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,9 +23,6 @@ class LocalConfig:
     head: str = ""            # parameter-name prefix of the classifier
     freeze_head: bool = False  # FedBABU
     pf_alpha: float = 0.01     # Per-FedAvg inner step size (alpha in Fallah et al.)
-
-
-ClientFn = Callable[[nn.Module, State, Tensor, Tensor, float, LocalConfig, torch.Generator], tuple[State, float]]
 
 
 def sgd_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,

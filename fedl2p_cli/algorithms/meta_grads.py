@@ -65,7 +65,8 @@ class Fomaml:
     name: str = "fomaml"
     about: str = "FOMAML+ (App. F): the last fine-tuning step differentiated"
 
-    def one(self, model, ft, lam, hyper, data, cfg, gen):  # type: ignore[no-untyped-def]
+    def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any], data: ClientData,
+            cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
         from ..core.functional import random_batch
         from ..core.hypergrad import fomaml_gradient
         (xt, yt), (xv, yv) = data.train, data.val
@@ -73,7 +74,9 @@ class Fomaml:
         return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
                                (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
 
-    def many(self, model, fts, lams, hyper, inputs, datas, cfg, gens):  # type: ignore[no-untyped-def]
+    def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+             inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
+             gens: list[torch.Generator]) -> list[MetaGrad]:
         from ..core.batched import fomaml_many
         val = _val(datas, cfg, gens)
         last = [(d.train[0][ft.last_batch], d.train[1][ft.last_batch]) for d, ft in zip(datas, fts)]
@@ -88,7 +91,8 @@ class Ift:
     name: str = "ift"
     about: str = "the implicit function theorem (Alg. 2, the paper's)"
 
-    def one(self, model, ft, lam, hyper, data, cfg, gen):  # type: ignore[no-untyped-def]
+    def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any], data: ClientData,
+            cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
         from ..core.functional import random_batch
         from ..core.hypergrad import ift_hypergradient
         (xt, yt), (xv, yv) = data.train, data.val
@@ -101,7 +105,9 @@ class Ift:
                                  inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
                                  eta_step=ft.last_grad if cfg.eta_grad == "last-step" else None)
 
-    def many(self, model, fts, lams, hyper, inputs, datas, cfg, gens):  # type: ignore[no-untyped-def]
+    def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+             inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
+             gens: list[torch.Generator]) -> list[MetaGrad]:
         from ..core.batched import IftSettings, ift_many
         from ..core.functional import random_batch
         val = _val(datas, cfg, gens)
@@ -120,9 +126,9 @@ BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())
 
 
 def builtin(name: str) -> MetaGradient:
-    """The built-in meta-gradient `name`; a plugin's comes from the catalog (`stages.meta_train.meta_gradient`), which
+    """The built-in meta-gradient `name`; a plugin's comes from the catalog (`stages.meta_train.meta_grad_entry`), which
     the stage passes to the client update (algorithms/ reads no catalog)."""
     for mg in BUILTIN:
         if mg.name == name:
             return mg
-    raise ValueError(f"'{name}' is not a built-in meta-gradient: pass the catalog's entry (stages.meta_train.meta_gradient)")
+    raise ValueError(f"'{name}' is not a built-in meta-gradient: pass the catalog's entry (stages.meta_train.meta_grad_entry)")

@@ -83,7 +83,7 @@ def bar(values: dict[str, float], title: str, ylabel: str, path: Path) -> None:
     _save(fig, path)
 
 
-def distance_map(m: np.ndarray, names: list[str], title: str, path: Path) -> None:
+def plot_distance_map(m: np.ndarray, names: list[str], title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.2 + 0.55 * len(names), 1.0 + 0.5 * len(names)))
     lim = max(float(np.nanmax(np.abs(m))), 1e-6)
     im = ax.imshow(m, cmap="coolwarm", vmin=-lim, vmax=lim)

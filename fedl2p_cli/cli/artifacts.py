@@ -5,16 +5,16 @@ from pathlib import Path
 
 import typer
 
-from ..artifacts import STAGES
 from ..errors import FedL2PError
+from ..stage_table import NAMES
 from . import options, render
 
 app = typer.Typer(help="See what the store holds and where it came from.", no_args_is_help=True)
 
 
 def _stage(stage: str) -> str:
-    if stage not in STAGES:
-        raise FedL2PError(f"unknown stage '{stage}'; stages are: {', '.join(STAGES)}")
+    if stage not in NAMES:
+        raise FedL2PError(f"unknown stage '{stage}'; stages are: {', '.join(NAMES)}")
     return stage
 
 

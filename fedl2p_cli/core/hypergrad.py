@@ -25,12 +25,12 @@ import torch
 from torch import Tensor, nn
 
 from .bn import BNPolicy
+from .client import Batch
 from .finetune import ClientBN, inference_policy
 from .functional import Params, ce_loss
 from .metanets import Lambda
 
 HyperFn = Callable[[Lambda], tuple[Tensor, Tensor]]  # lambda -> (beta [B], eta [|P|])
-Batch = tuple[Tensor, Tensor]
 
 
 @dataclass
@@ -194,14 +194,24 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
 
 
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,
-                    val_batch: Batch, bn: ClientBN, val_stats: str = "running") -> MetaGrad:
-    """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant."""
+                    val_batch: Batch, bn: ClientBN, val_stats: str = "running",
+                    eta_step: list[Tensor] | None = None) -> MetaGrad:
+    """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant.
+
+    eta_step (--lr-grad trajectory; not in the paper): the fine-tuning's gradients summed, so that theta* = theta_g -
+    eta * eta_step (constant LRs). The LRs then reach L_V along that whole path, dL_V/deta_k = -dL_V/dtheta*_k .
+    eta_step_k, i.e. dL_V/dlog eta_k = dL_V/dtheta*_k . (theta*_k - theta_g,k), in place of the last step's
+    -dL_V/dtheta*_k . g_k (1/steps of it when the gradients agree); beta keeps its last-step path."""
     lam_l, theta = _leaves(lam), _leaves(theta_prev)
     beta, eta = hyper(lam_l)
     x, y = last_batch
     inner = ce_loss(model, theta, x, y, BNPolicy(beta, train=True))
     g = torch.autograd.grad(inner, list(theta.values()), create_graph=True)
-    stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+    if eta_step is None:
+        stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+    else:  # value theta*, LR gradient along the summed path (the second term is 0 in value)
+        stepped = {k: v - e.detach() * gk - (e - e.detach()) * d.detach()
+                   for (k, v), e, gk, d in zip(theta.items(), eta, g, eta_step)}
     lv = val_loss(model, stepped, beta, val_batch, bn, val_stats)
     grads = dict(zip(lam_l, _grad(lv, list(lam_l.values()))))
     return MetaGrad(grads, lv.item(), inner.item())

@@ -19,8 +19,3 @@ def select_by_validation(val_acc: np.ndarray, val_loss: np.ndarray) -> int:
     the earlier candidate. Test results are not an argument: the choice cannot see them."""
     order = np.lexsort((np.arange(len(val_acc)), val_loss, -val_acc))
     return int(order[0])
-
-
-def candidate_label(i: int) -> str:
-    p, f = candidates()[i]
-    return "no fine-tuning" if p == NO_FT else f"{p} lr x{f:g}"

@@ -26,7 +26,7 @@ class Task(Protocol):
     client: int
 
 
-Executor = Callable[[list[Task]], list[Any]]
+RunTasks = Callable[[list[Task]], list[Any]]  # a round's tasks -> their replies, in order (`in_process`, a Pool's run)
 TaskT = TypeVar("TaskT", bound=Task)  # a strategy's own task type: it configures and aggregates the same one
 
 
@@ -114,7 +114,7 @@ class RoundStrategy(Protocol[TaskT]):
         """What the progress bar shows after a round."""
 
 
-def in_process(fn: Callable[..., Any], placed: OnDevice | None = None) -> Executor:
+def in_process(fn: Callable[..., Any], placed: OnDevice | None = None) -> RunTasks:
     """Run every task in this process, in order: `fn(task)`, or with `placed` (an `engine.placement.OnDevice`)
     `fn(context, task)` with the task on the context's device and the result back on the host."""
     if placed is None:
@@ -128,7 +128,7 @@ def client_name(strategy: RoundStrategy[Any], c: int, bare: bool = False) -> str
     return name if name is not None else str(c) if bare else f"client {c}"
 
 
-def answered(strategy: RoundStrategy[Any], st: LoopState, rnd: int, execute: Executor, policy: RoundPolicy
+def answered(strategy: RoundStrategy[Any], st: LoopState, rnd: int, execute: RunTasks, policy: RoundPolicy
              ) -> tuple[list[Task], list[Any], list[str], list[Task]]:
     """Round `rnd`'s tasks and results of the clients that answered, a line per client that did not (this
     attempt's and every earlier attempt's), and every task of the attempt that counted. Too few answers: the round
@@ -147,7 +147,7 @@ def answered(strategy: RoundStrategy[Any], st: LoopState, rnd: int, execute: Exe
                       + "; ".join(failures))
 
 
-def run_rounds(strategy: RoundStrategy[Any], rounds: int, ckpt: Checkpoint | None, watch: Any, execute: Executor,
+def run_rounds(strategy: RoundStrategy[Any], rounds: int, ckpt: Checkpoint | None, watch: Any, execute: RunTasks,
                policy: RoundPolicy = RoundPolicy()) -> LoopState:
     """Rounds next_round..rounds-1 of `strategy`, a checkpoint after each: a killed run resumes bit-identically
     because every random draw of round t for client c is seeded by (seed, t, c). Clients that fail are handled by

@@ -36,7 +36,7 @@ def allowed(module: str) -> bool:
     return any(_within(module, m) for m in [*allowed_modules(), *plugins.active()])
 
 
-def from_artifact(art: Any, ref: str) -> None:
+def check_stored_model(art: Any, ref: str) -> None:
     """Refuse to build the model an artifact names unless its module is allowed (a registered name always is)."""
     from .. import plugins
     if ":" not in ref or plugins.current().find("model", ref) is not None:

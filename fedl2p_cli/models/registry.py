@@ -140,7 +140,3 @@ def head_prefix(model: nn.Module) -> str:
 
 def param_names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_parameters()]
-
-
-def get_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -65,7 +65,7 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
     parents = {"personalize": pers_art.id, "stats": stats_art.id}
 
     def build(draft: Draft) -> None:
-        from ..analysis.plots import distance_map as plot_map
+        from ..analysis.plots import plot_distance_map
         feats, domains, method = features(table, results, cfg.method, metas)
         names = [part.domain_names[d] for d in np.unique(domains)]
         ari = {}
@@ -73,7 +73,7 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
             ari[name], _ = spectral_ari(f.astype(np.float64), domains, cfg.seed)
             m = distance_map(f.astype(np.float64), domains)
             np.savetxt(draft.path(f"distance_map_{name}.csv"), m, delimiter=",", header=",".join(names), fmt="%.6f")
-            plot_map(m, names, f"relative cluster distances of {name} (log scale)", draft.path(f"distance_map_{name}.png"))
+            plot_distance_map(m, names, f"relative cluster distances of {name} (log scale)", draft.path(f"distance_map_{name}.png"))
         sp = spread.spread(results.beta[method], results.eta[method], domains) if method is not None else {}
         draft.path("ari.json").write_text(json.dumps({"method": method, "pool": results.pool, "ari": ari, "spread": sp},
                                                      indent=2))

@@ -42,13 +42,13 @@ NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+
 
 def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
-    meta_gradient(cfg.meta.meta_grad)  # a catalog entry: an unknown name stops here, naming the choices
+    meta_grad_entry(cfg.meta.meta_grad)  # a catalog entry: an unknown name stops here, naming the choices
     if cfg.local and runtime.engine != "local":
         raise FedL2PError(f"--engine {runtime.engine} runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
 
 
-def meta_gradient(name: str) -> MetaGradient:
+def meta_grad_entry(name: str) -> MetaGradient:
     """The meta-gradient registered as `name` (`UnknownName` naming the choices, for --meta-grad)."""
     from .. import plugins
     return plugins.current().get("meta-grad", name)
@@ -72,14 +72,14 @@ class Context:
         """One client's update, where the context and `lam` are (the executor put them there)."""
         xi, x = self.inputs(c)
         return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
-                             self.cfg.meta, gen, timer, meta_gradient(self.cfg.meta.meta_grad))
+                             self.cfg.meta, gen, timer, meta_grad_entry(self.cfg.meta.meta_grad))
 
     def update_many(self, cs: list[int], lams: list[Lambda], gens: list[torch.Generator], timer: Timer
                     ) -> list[ClientResult | Diverged]:
         """Several clients' updates as one batched computation (`client_update_many`): per client as `update`."""
         return client_update_many(self.model, self.theta_g, lams, [self.inputs(c) for c in cs],
                                   [self.stats.client_bn(c) for c in cs], [self.part.client(c) for c in cs],
-                                  self.cfg.meta, gens, timer, meta_gradient(self.cfg.meta.meta_grad))
+                                  self.cfg.meta, gens, timer, meta_grad_entry(self.cfg.meta.meta_grad))
 
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer

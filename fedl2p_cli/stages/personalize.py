@@ -40,7 +40,7 @@ from .harness import ClientRun, Harness
 from .interface import Inputs, Planned, SectionFile, StageContext, parents_of
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
-STAGES = (None, *(s.name for s in table.STAGES if s.method))
+METHOD_STAGES = (None, *(s.name for s in table.STAGES if s.method))
 
 
 def fixed(m: str) -> bool:
@@ -113,11 +113,11 @@ class Setup:
         return Row(name, method, None if art is None else (art.stage, art.id), payload)
 
     def rows(self, refs: dict[str, list[str]]) -> list[Row]:
-        """Every row, in the results' order: per stage (STAGES), the artifacts given by id (--meta, --pfl), then the
+        """Every row, in the results' order: per stage (METHOD_STAGES), the artifacts given by id (--meta, --pfl), then the
         requested methods of that stage no given artifact stands for. A later row of the same name replaces an
         earlier one in its place."""
         out: list[Row] = []
-        for stage in STAGES:
+        for stage in METHOD_STAGES:
             given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
             rows = [_own(method_of(a).prepare(self, a)) for a in given]
             rows += [_own(kind.prepare(self, a)) for a in given for m in self.cfg.methods  # a checked row beside its own
@@ -220,10 +220,10 @@ def _context(run: ClientRun) -> methods.registry.ClientContext:
 
 
 def canonical(rows: list[Row]) -> list[Row]:
-    """Rows in one order whatever order --methods gave: per stage (STAGES), methods needing no artifact in the
+    """Rows in one order whatever order --methods gave: per stage (METHOD_STAGES), methods needing no artifact in the
     registry's order, the others by name (the pipelines' lists are in this order already: their ids are kept)."""
     order = {m: i for i, m in enumerate(methods.names())}
-    return sorted(rows, key=lambda r: (STAGES.index(r.artifact[0] if r.artifact else None),
+    return sorted(rows, key=lambda r: (METHOD_STAGES.index(r.artifact[0] if r.artifact else None),
                                        order.get(r.name, len(order)) if r.artifact is None else 0, r.name))
 
 

@@ -109,7 +109,7 @@ def load(store: Store, ref: str | None) -> Trained:
     art = store.load("pfl", ref)
     c = art.config
     cfg = PFLConfig(**{k: v for k, v in c.items() if k in PFLConfig.__dataclass_fields__})
-    guard.from_artifact(art, c["model"])
+    guard.check_stored_model(art, c["model"])
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
     return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], system(cfg.algo).load(art, cfg, model))
 

@@ -250,7 +250,7 @@ def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict
     """The pretrained artifact, a model built for it (holding its weights) and its state dict."""
     art = store.load("pretrain", ref)
     c = art.config
-    guard.from_artifact(art, c["model"])
+    guard.check_stored_model(art, c["model"])
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
     state = weights.load(art.file("model.safetensors"))
     set_state(model, state)

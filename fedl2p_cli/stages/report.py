@@ -20,9 +20,10 @@ import numpy as np
 from .. import methods
 from ..analysis import report_html as H
 from ..analysis import spread
-from ..artifacts import STAGES, Artifact, Draft, Store
+from ..artifacts import Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
+from ..stage_table import NAMES
 from ..stage_table import stage as stage_of
 from .common import Missing, build_or_reuse, config_dict
 from .personalize import beta_table, fixed, row_cells, spread_lines
@@ -67,7 +68,7 @@ def _no_progress():
 
 def find(store: Store, ref: str) -> Artifact:
     """The artifact of any stage whose id starts with `ref`."""
-    hits = [(s, i) for s in STAGES for i in store.ids(s) if i.startswith(ref)]
+    hits = [(s, i) for s in NAMES for i in store.ids(s) if i.startswith(ref)]
     if not hits:
         raise ArtifactError(f"no artifact with id '{ref}' in {store.root} (see `fedl2p artifacts list`)")
     if len(hits) > 1:
@@ -87,7 +88,7 @@ def lineage(store: Store, art: Artifact) -> list[Artifact]:
         todo += [store.load(k.split(":")[0], v, plugins=False) for k, v in a.parents.items()]
         if a.stage == "partition" and a.config.get("exclude"):
             todo.append(store.load("partition", a.config["exclude"], plugins=False))
-    return sorted(out.values(), key=lambda a: (STAGES.index(a.stage), a.age))
+    return sorted(out.values(), key=lambda a: (NAMES.index(a.stage), a.age))
 
 
 def from_artifact(store: Store, ref: str) -> Section:

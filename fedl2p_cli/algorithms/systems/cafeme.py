@@ -120,7 +120,7 @@ def omega_of(tensors: dict) -> dict:
 
 
 @dataclass
-class Omega:
+class TrainedCAFeMe:
     """A trained CAFeMe: omega and the model's gate sites."""
     omega: dict
     sites: list
@@ -145,8 +145,8 @@ class CAFeMe(PFLSystem):
         weights.save(draft.path(FILE), omega, {"algo": strategy.cfg.algo, "model": strategy.cfg.model})
         return {"algo": strategy.cfg.algo, "params": int(sum(v.numel() for v in omega.values()))}
 
-    def load(self, art, cfg: PFLConfig, model: torch.nn.Module) -> Omega:
-        return Omega(weights.load(art.file(FILE)), gate_sites(model, art.config["in_channels"]))
+    def load(self, art, cfg: PFLConfig, model: torch.nn.Module) -> TrainedCAFeMe:
+        return TrainedCAFeMe(weights.load(art.file(FILE)), gate_sites(model, art.config["in_channels"]))
 
     def accuracy(self, t, c: int, data, seed: int, steps: int) -> float:
         ccfg = cafeme_config(t.cfg, t.num_classes)
