@@ -14,20 +14,19 @@ import pytest
 
 from tests import test_gateway
 from tests.gateway_attacks import request
-from tests.test_gateway import Running, read_all, status
+from tests.test_gateway import Running, limits, read_all, status
 
 pytest.importorskip("httpx")
 pytest.importorskip("h11")
 
-from fedl2p_cli.flower import gateway as gw  # noqa: E402 - needs httpx and h11
 
 
 class Refusing(ThreadingHTTPServer):
-    """A SuperLink that answers every call 401 (an unauthenticated SuperNode's fate), or 200 for `ok_key`'s calls,
-    after `delay` seconds."""
+    """A SuperLink that answers every call `refuse` (401: an unauthenticated SuperNode's fate; the real one also
+    answers strangers 400 and 412), or 200 for `ok_key`'s calls, after `delay` seconds."""
     daemon_threads = True
 
-    def __init__(self, delay: float = 0.0, ok_key: str | None = None):
+    def __init__(self, delay: float = 0.0, ok_key: str | None = None, refuse: int = 401):
         self.calls = 0
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,7 +35,7 @@ class Refusing(ThreadingHTTPServer):
                 self.calls += 1
                 time.sleep(delay)
                 ok = ok_key is not None and h.headers.get("flwr-public-key") == ok_key
-                h.send_response(200 if ok else 401)
+                h.send_response(200 if ok else refuse)
                 h.send_header("content-type", "application/protobuf")
                 h.send_header("content-length", "1")
                 h.end_headers()
@@ -94,45 +93,69 @@ def close_all(socks):
         s.close()
 
 
+SITE = "127.200.0.1"  # a site's address: a /24 of its own, apart from the strangers'
+
+
+def site_send(port: int, raw: bytes | None = None, source: str = SITE) -> bytes:
+    return connect_and_send(port, site_call() if raw is None else raw, source)
+
+
 @pytest.mark.parametrize("peers", [1, 10])
 def test_a_site_gets_in_while_strangers_hold_every_slot(upstream, peers):
-    """127 idle connections from one address (or from 10) fill every slot; a site's call still gets through at once:
-    the oldest unauthenticated connection of the address holding the most is closed for it."""
-    g = Running(upstream, gw.Limits(max_connections=128, max_per_peer=128, header_timeout=30, idle_timeout=30))
+    """127 idle connections from one prefix (or from 10) fill every slot; a site's call still gets through at once:
+    the oldest connection without an accepted call of the prefix holding the most is closed for it."""
+    g = Running(upstream, limits(max_connections=128, max_per_peer=128, header_timeout=30, idle_timeout=30,
+                                 grace=0.1))
     try:
-        strangers = [s for i in range(peers) for s in hold(g.port, -(-128 // peers), f"127.0.0.{2 + i}")]
+        strangers = [s for i in range(peers) for s in hold(g.port, -(-128 // peers), f"127.0.{2 + i}.1")]
         assert len(strangers) >= 120
         t0 = time.monotonic()
-        assert status(g.send(site_call())) == 200 and time.monotonic() - t0 < 2
-        assert "connection closed for a newcomer" in g.out.getvalue()
+        assert status(site_send(g.port)) == 200 and time.monotonic() - t0 < 2
+        assert "connection evicted for a newcomer" in g.out.getvalue()
         close_all(strangers)
     finally:
         g.stop()
 
 
 def test_a_thousand_stranger_connections_never_keep_a_site_out(upstream):
-    g = Running(upstream, gw.Limits(max_connections=64, max_per_peer=64, header_timeout=30, idle_timeout=30))
+    g = Running(upstream, limits(max_connections=64, max_per_peer=64, header_timeout=30, idle_timeout=30,
+                                 grace=0.1))
     try:
         strangers, ok = [], 0
         for i in range(10):  # 1,000 connections in waves, a site's call after each wave
-            strangers += hold(g.port, 100, f"127.0.1.{i + 1}")
-            ok += status(g.send(site_call())) == 200
+            strangers += hold(g.port, 100, f"127.1.{i}.1")
+            ok += status(site_send(g.port)) == 200
         assert ok == 10
         close_all(strangers)
     finally:
         g.stop()
 
 
-def test_one_address_holds_at_most_max_per_peer(upstream):
-    g = Running(upstream, gw.Limits(max_connections=16, max_per_peer=3, header_timeout=30, idle_timeout=30))
+def test_one_prefix_holds_at_most_max_per_peer_and_its_oldest_makes_way(upstream):
+    """A /24 holds at most --max-per-peer connections without an accepted call: a newcomer of that prefix is refused
+    (503) while they are in their grace period, and takes the place of the prefix's oldest after it (a site behind
+    the NAT of a stranger who holds the prefix's share still gets in)."""
+    g = Running(upstream, limits(max_connections=16, max_per_peer=3, header_timeout=30, idle_timeout=30, grace=0.5))
     try:
-        mine = hold(g.port, 3, "127.0.0.7")
-        assert status(connect_and_send(g.port, b"", "127.0.0.7")) == 503
+        mine = hold(g.port, 3, "127.0.7.1")
+        reply = connect_and_send(g.port, b"", "127.0.7.2")  # another address of the same /24
+        assert status(reply) == 503 and b"retry-after: 1" in reply.lower()
         assert "(--max-per-peer)" in g.out.getvalue()
-        assert status(connect_and_send(g.port, site_call(), "127.0.0.8")) == 200  # another address is served
+        assert status(site_send(g.port)) == 200  # another prefix is served
+        time.sleep(0.6)
+        assert status(connect_and_send(g.port, site_call(), "127.0.7.3")) == 200
+        assert "127.0.7.1 connection evicted for a newcomer" in g.out.getvalue()
         close_all(mine)
     finally:
         g.stop()
+
+
+def test_ipv6_addresses_of_one_64_are_one_prefix():
+    from fedl2p_cli.flower.admission import prefix
+    assert prefix("2001:db8:1:2:aaaa::1") == prefix("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert prefix("2001:db8:1:3::1") != prefix("2001:db8:1:2::1")
+    assert prefix("10.1.2.3") == prefix("10.1.2.200") == prefix("::ffff:10.1.2.7") == "10.1.2.0/24"
+    assert prefix("10.1.2.3", v4=32) == "10.1.2.3/32" and prefix("2001:db8::1", v6=48) == "2001:db8::/48"
 
 
 def connect_and_send(port: int, raw: bytes, source: str) -> bytes:
@@ -142,7 +165,7 @@ def connect_and_send(port: int, raw: bytes, source: str) -> bytes:
 
 
 def test_sites_that_made_accepted_calls_are_never_evicted(upstream):
-    g = Running(upstream, gw.Limits(max_connections=2, max_per_peer=2, header_timeout=30, idle_timeout=30))
+    g = Running(upstream, limits(max_connections=2, max_per_peer=2, header_timeout=30, idle_timeout=30))
     try:
         sites = hold(g.port, 2)
         for s in sites:
@@ -157,20 +180,32 @@ def test_sites_that_made_accepted_calls_are_never_evicted(upstream):
         g.stop()
 
 
-def test_unauthenticated_calls_are_limited_per_address():
-    up = Refusing(ok_key="site")
-    g = Running(up, gw.Limits(unauth_per_minute=5, header_timeout=5, idle_timeout=5))
+@pytest.mark.parametrize("refuse", [401, 400, 412])
+def test_refused_calls_are_limited_per_prefix_and_never_a_sites_connection(refuse):
+    """Every answer >= 400 the SuperLink gives a connection without an accepted call counts against its prefix (the
+    real one answers strangers 400 and 412 as well as 401); over the limit, the prefix's newcomers get 503 with
+    Retry-After (which flwr retries; it gives up on a 429), and a site's connection on that prefix (a NAT shared with
+    the stranger) keeps being served."""
+    up = Refusing(ok_key="site", refuse=refuse)
+    g = Running(up, limits(unauth_per_minute=5, header_timeout=5, idle_timeout=5))
     try:
-        got = [status(connect_and_send(g.port, call(), "127.0.0.3")) for _ in range(8)]
-        assert got == [401] * 5 + [429] * 3 and up.calls == 5  # the 429s never reached the SuperLink
-        assert status(connect_and_send(g.port, site_call(), "127.0.0.4")) == 200  # another address is not limited
+        with connect(g.port, "127.0.3.1") as site:  # the site, behind the stranger's NAT, connected first
+            site.sendall(site_call(close=False))
+            assert status(one_response(site)) == 200
+            got = [connect_and_send(g.port, call(), "127.0.3.9") for _ in range(8)]
+            assert [status(r) for r in got] == [refuse] * 5 + [503] * 3 and up.calls == 6  # 503s never reached it
+            assert b"retry-after: " in got[-1].lower() and b"--unauth-per-minute" in got[-1]
+            for _ in range(3):
+                site.sendall(site_call(close=False))
+                assert status(one_response(site)) == 200
+        assert status(site_send(g.port)) == 200  # another prefix is not limited
     finally:
         g.stop()
         up.shutdown()
 
 
 def test_a_trickled_body_ends_at_the_body_timeout_with_an_honest_408(upstream):
-    g = Running(upstream, gw.Limits(body_timeout=1.5, idle_timeout=1.0, header_timeout=5))
+    g = Running(upstream, limits(body_timeout=1.5, idle_timeout=1.0, header_timeout=5))
     try:
         with connect(g.port) as s:
             s.sendall(request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"100"}))
@@ -191,7 +226,7 @@ def test_a_trickled_body_ends_at_the_body_timeout_with_an_honest_408(upstream):
 
 
 def test_a_stalled_body_blames_the_idle_timeout(upstream):
-    g = Running(upstream, gw.Limits(body_timeout=30, idle_timeout=0.5, header_timeout=5))
+    g = Running(upstream, limits(body_timeout=30, idle_timeout=0.5, header_timeout=5))
     try:
         reply = g.send(request(b"/v1/fleet/push-object", body=b"x", headers={b"content-length": b"100"}))
         assert status(reply) == 408 and b"--idle-timeout" in reply
@@ -199,18 +234,58 @@ def test_a_stalled_body_blames_the_idle_timeout(upstream):
         g.stop()
 
 
-def test_buffered_bodies_stay_within_the_budget(upstream):
-    g = Running(upstream, gw.Limits(body_budget=1000, max_body=800, header_timeout=5, idle_timeout=5, body_timeout=5))
+def test_a_declared_length_holds_no_budget(upstream):
+    """Sixteen heads that each declare a body of --max-body and never send it hold nothing: bytes are taken from
+    --body-budget as they arrive, so a site's body still passes (it got 503 for as long as the heads were re-sent)."""
+    g = Running(upstream, limits(body_budget=16 * 800, max_body=800, header_timeout=5, idle_timeout=5, body_timeout=5))
     try:
-        with connect(g.port) as s:  # holds 800 bytes of budget with a body it is still sending
-            s.sendall(request(b"/v1/fleet/push-object", body=b"x", headers={b"content-length": b"800"}))
-            time.sleep(0.2)
-            reply = connect_and_send(g.port, call(b"/v1/fleet/push-object", body=b"y" * 300), "127.0.0.5")
-            assert status(reply) == 503 and b"--body-budget" in reply
-        time.sleep(0.3)  # the first connection is gone: its reservation is released
-        assert status(connect_and_send(g.port, call(b"/v1/fleet/push-object", body=b"y" * 300), "127.0.0.5")) == 200
+        heads = [connect(g.port, f"127.0.5.{i + 1}") for i in range(16)]
+        for s in heads:
+            s.sendall(request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"800"}))
+        time.sleep(0.2)
+        reply = site_send(g.port, site_call() + b"")
+        big = request(b"/v1/fleet/push-object", body=b"y" * 700,
+                      headers={b"flwr-public-key": b"site", b"connection": b"close"})
+        assert status(reply) == 200 and status(site_send(g.port, big)) == 200
+        close_all(heads)
     finally:
         g.stop()
+
+
+def test_strangers_bytes_are_capped_per_prefix_and_sites_keep_their_share(upstream):
+    """Bytes that strangers' bodies hold count against an eighth of --body-budget per prefix and half of it in all;
+    over that, a stranger gets 503 with Retry-After, while a site's connection still has the other half."""
+    g = Running(upstream, limits(body_budget=8000, max_body=4000, header_timeout=5, idle_timeout=5, body_timeout=5))
+    try:
+        with connect(g.port, "127.0.6.1") as s:  # a stranger holding 900 of its prefix's 1000 bytes, still sending
+            s.sendall(request(b"/v1/fleet/push-object", body=b"x" * 900, headers={b"content-length": b"4000"}))
+            time.sleep(0.3)
+            reply = connect_and_send(g.port, call(b"/v1/fleet/push-object", body=b"y" * 300), "127.0.6.2")
+            assert status(reply) == 503 and b"an eighth of --body-budget" in reply and b"retry-after" in reply.lower()
+            assert status(connect_and_send(g.port, call(b"/v1/fleet/push-object", body=b"y" * 300), "127.0.7.2")) == 200
+            with connect(g.port, SITE) as site:
+                site.sendall(site_call(close=False))
+                assert status(one_response(site)) == 200
+                site.sendall(request(b"/v1/fleet/push-object", body=b"z" * 3500, headers={b"flwr-public-key": b"site"}))
+                assert status(one_response(site)) == 200  # more than strangers may hold: a site's own share
+        time.sleep(0.3)  # the stranger is gone: its bytes are given back
+        assert status(connect_and_send(g.port, call(b"/v1/fleet/push-object", body=b"y" * 300), "127.0.6.2")) == 200
+    finally:
+        g.stop()
+
+
+def test_budget_shares():
+    from fedl2p_cli.flower.admission import Budget, Conn
+    b = Budget(800)
+    strangers = [Conn(f"10.0.{i}.1", f"10.0.{i}.0/24", 0.0) for i in range(5)]
+    site = Conn("10.9.0.1", "10.9.0.0/24", 0.0, authed=True)
+    assert b.take(strangers[0], 100) == "" and "an eighth" in b.take(strangers[0], 1)
+    for c in strangers[1:4]:
+        assert b.take(c, 100) == ""
+    assert "half of --body-budget" in b.take(strangers[4], 1)
+    assert b.take(site, 400) == "" and "--body-budget" in b.take(site, 1)
+    b.give(strangers[0], 100, True)
+    assert b.take(site, 100) == "" and b.held == 800 and b.per_prefix.get("10.0.0.0/24") is None
 
 
 def rst(s: socket.socket) -> None:
@@ -222,7 +297,7 @@ def test_every_request_is_one_log_line_even_when_the_client_resets():
     """Requests whose clients reset before the answer (after the SuperLink got them), mid-body and mid-head: one access
     line each, with what happened."""
     up = Refusing(delay=0.3, ok_key="site")
-    g = Running(up, gw.Limits(header_timeout=5, idle_timeout=5, body_timeout=5))
+    g = Running(up, limits(header_timeout=5, idle_timeout=5, body_timeout=5))
     try:
         for _ in range(4):  # reset while the SuperLink works on the call
             s = connect(g.port)
@@ -246,7 +321,7 @@ def test_every_request_is_one_log_line_even_when_the_client_resets():
 
 
 def test_a_request_h11_refuses_is_logged_with_its_escaped_target(upstream):
-    g = Running(upstream, gw.Limits(header_timeout=5, idle_timeout=5))
+    g = Running(upstream, limits(header_timeout=5, idle_timeout=5))
     try:
         reply = g.send(b"POST /v1/fleet/get\x01run\xff HTTP/1.1\r\nhost: g\r\n\r\n")
         assert status(reply) == 400
@@ -256,7 +331,7 @@ def test_a_request_h11_refuses_is_logged_with_its_escaped_target(upstream):
 
 
 def test_small_points_head_limit_reason_phrase_header_bytes_and_length(upstream):
-    g = Running(upstream, gw.Limits(header_timeout=5, idle_timeout=5))
+    g = Running(upstream, limits(header_timeout=5, idle_timeout=5))
     try:
         before = len(upstream.seen)
         big = call(headers={b"x-pad": b"a" * (50 << 10)})
@@ -273,7 +348,7 @@ def test_small_points_head_limit_reason_phrase_header_bytes_and_length(upstream)
 
 
 def test_a_reconnect_storm_of_strangers_leaves_the_site_served(upstream):
-    g = Running(upstream, gw.Limits(max_connections=8, max_per_peer=8, header_timeout=1, idle_timeout=1))
+    g = Running(upstream, limits(max_connections=8, max_per_peer=8, header_timeout=1, idle_timeout=1))
     stop = threading.Event()
 
     def storm():
@@ -290,7 +365,7 @@ def test_a_reconnect_storm_of_strangers_leaves_the_site_served(upstream):
         t.start()
     try:
         time.sleep(0.3)
-        got = [status(connect_and_send(g.port, site_call(), "127.0.0.10")) for _ in range(10)]
+        got = [status(site_send(g.port)) for _ in range(10)]
         assert got.count(200) == 10
     finally:
         stop.set()

@@ -29,9 +29,16 @@ class GatewayConfig:
     body_budget: int = opt(64, "MiB of request bodies held at once, all connections together.", AT_LEAST_1)
     max_connections: int = opt(128, "Connections served at once; when full, a stranger's is closed for a newcomer.",
                                AT_LEAST_1)
-    max_per_peer: int = opt(16, "Connections one address may hold; more are answered 503.", AT_LEAST_1)
-    unauth_per_minute: int = opt(30, "Calls per address and minute the SuperLink may refuse as unauthenticated; then "
-                                     "429.", AT_LEAST_1)
+    max_per_peer: int = opt(16, "Connections without an accepted call one prefix (see --prefix-v4) may hold; a "
+                                "newcomer then takes the place of the prefix's oldest, or gets 503.", AT_LEAST_1)
+    new_per_second: float = opt(20.0, "New connections (so TLS handshakes) per prefix and second; more are refused "
+                                      "(503, or a reset on TLS).", AT_LEAST_A_TENTH)
+    unauth_per_minute: int = opt(30, "Answers of 400 or more per prefix and minute to connections without an accepted "
+                                     "call; then 503 with Retry-After. A site's connection is never limited.",
+                                 AT_LEAST_1)
+    min_body_rate: int = opt(16, "KiB/s a request body must average after its first 2 s.", AT_LEAST_1)
+    prefix_v4: int = opt(24, "Prefix length an IPv4 address is counted in for the per-prefix limits.", between(8, 32))
+    prefix_v6: int = opt(64, "Prefix length an IPv6 address is counted in.", between(16, 128))
     host_name: str | None = opt(None, "Serve only requests whose Host header names this host (the name the sites "
                                       "connect to); others get 400.")
     allow_self_registration: bool = opt(False, "Also forward register-node/unregister-node: only for an insecure "
@@ -44,7 +51,8 @@ class GatewayConfig:
         return Limits(max_body=self.max_body * MiB, header_timeout=self.header_timeout, idle_timeout=self.idle_timeout,
                       max_connections=self.max_connections, max_per_peer=self.max_per_peer,
                       unauth_per_minute=self.unauth_per_minute, body_timeout=self.body_timeout,
-                      body_budget=self.body_budget * MiB)
+                      body_budget=self.body_budget * MiB, new_per_second=self.new_per_second,
+                      min_body_rate=self.min_body_rate * 1024, prefix_v4=self.prefix_v4, prefix_v6=self.prefix_v6)
 
 
 

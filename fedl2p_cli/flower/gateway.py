@@ -10,10 +10,15 @@ the client sent it and can bound every phase of a request:
   upstream is the allowlist's constant; anything else is answered here (400/404/405/415) and never reaches the
   SuperLink;
 - before anything is forwarded: the request head must arrive within `header_timeout`, a body may be at most
-  `max_body` bytes (a larger Content-Length is refused unread) and must keep arriving, an idle kept-alive connection is
-  closed after `idle_timeout`, and at most `max_connections` are served at once;
-- every request is one access-log line (time, peer, method, target, status, bytes in and out, upstream time), and
-  the gateway's own failures are one line each, never a traceback.
+  `max_body` bytes (a larger Content-Length is refused unread) and must keep arriving at `min_body_rate`, an idle
+  kept-alive connection is closed after `idle_timeout`, and at most `max_connections` are served at once;
+- strangers cannot keep a site out (admission.py): a connection on which the SuperLink accepted a call is never
+  evicted, rate-limited or refused budget; the other connections are counted per network prefix (connections, new
+  connections per second, refused calls per minute, bytes of bodies held); load is answered 503 with Retry-After
+  (flwr retries it, and gives up on a 429), or, on the TLS port before any TLS byte, a reset;
+- every site's request is one access-log line (time, peer, method, target, status, bytes in and out, upstream time);
+  lines about strangers are summed up per prefix past a few per interval; the gateway's own failures are one line
+  each, never a traceback.
 
 A SuperNode still authenticates to the SuperLink itself: its signed headers pass through unchanged.
 """
@@ -22,9 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import http
 import ipaddress
+import socket
 import ssl
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +42,7 @@ from typing import TextIO
 
 from ..errors import FedL2PError
 from . import fleet_routes as fr
+from .admission import Budget, Conn, Rate, Slots, Window, prefix
 
 MiB = 1 << 20
 # response headers the gateway recomputes or that belong to one connection
@@ -52,43 +61,68 @@ class Limits:
     upstream_timeout: float = 600.0  # a Fleet call carrying a large object may take a while; a dead SuperLink ends it
     body_timeout: float = 60.0      # a whole body must arrive within this (a trickle at 1 byte / 2 s is ended)
     body_budget: int = 64 * MiB     # bytes of request bodies buffered at once, all connections together
-    max_per_peer: int = 16          # connections one address may hold
-    unauth_per_minute: int = 30     # calls the SuperLink refused as unauthenticated, per address, before 429
-
-
-@dataclass
-class Conn:
-    """One served connection: its address (the peer's IP), its writer (to close it when a site needs the slot), and
-    whether a call on it has been accepted upstream (an authenticated site's: never evicted)."""
-    ip: str
-    writer: asyncio.StreamWriter
-    opened: float
-    authed: bool = False
+    max_per_peer: int = 16          # connections without an accepted call one prefix may hold
+    unauth_per_minute: int = 30     # answers >= 400 per prefix and minute to connections without an accepted call
+    new_per_second: float = 20.0    # new connections (so TLS handshakes) per prefix and second
+    prefix_v4: int = 24             # the network an IPv4 address is counted in
+    prefix_v6: int = 64             # ... and an IPv6 address (one host commonly holds a whole /64)
+    min_body_rate: int = 16 * 1024  # bytes/s a body must average once its first `grace` seconds are over
+    grace: float = 2.0              # a new connection is not closed for a newcomer before this
+    log_interval: float = 10.0      # lines about strangers are summed up per prefix over this
 
 
 class Reject(Exception):
-    """A request answered by the gateway itself; the connection is closed after the answer."""
+    """A request answered by the gateway itself; the connection is closed after the answer. `retry`: seconds for a
+    Retry-After header (load answers are 503, which flwr retries)."""
 
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, retry: int | None = None):
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.retry = status, reason, retry
 
 
 class AccessLog:
-    """One line per request and per gateway failure, flushed at once (an operator tails it)."""
+    """One line per request and per gateway failure, flushed at once (an operator tails it). Lines about connections
+    without an accepted call (refusals, rejected requests, failed handshakes, evictions) are written for the first
+    `per_prefix` of each prefix in each `interval`, then counted and summed up in one line per prefix: a flood costs
+    the log a bounded number of bytes per second and prefix, while every site's call still gets its own line."""
 
-    def __init__(self, out: TextIO):
-        self.out = out
+    def __init__(self, out: TextIO, interval: float = 10.0, per_prefix: int = 5):
+        self.out, self.interval, self.per_prefix = out, interval, per_prefix
+        self.said: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.since = time.monotonic()
 
     def line(self, text: str) -> None:
         self.out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n")
         self.out.flush()
 
+    def stranger(self, pfx: str, text: str) -> None:
+        self.roll()
+        n = self.said.get(pfx, 0)
+        if n < self.per_prefix:
+            self.said[pfx] = n + 1
+            self.line(text)
+        else:
+            self.held[pfx] = self.held.get(pfx, 0) + 1
+
+    def roll(self, force: bool = False) -> None:
+        """At the end of an interval: one line per prefix whose lines were held back."""
+        now = time.monotonic()
+        if not force and now - self.since < self.interval:
+            return
+        for pfx, n in self.held.items():
+            self.line(f"{pfx} {n} more lines about connections without an accepted call in {now - self.since:.0f} s "
+                      "(refused, rejected, evicted or failed handshakes) not written one by one")
+        self.said.clear()
+        self.held.clear()
+        self.since = now
+
     def request(self, peer: str, method: bytes, target: bytes, status: int | str, n_in: int, n_out: int,
-                upstream_ms: float | None, note: str = "") -> None:
+                upstream_ms: float | None, note: str = "", stranger: str | None = None) -> None:
         up = f"{upstream_ms:.1f}" if upstream_ms is not None else "-"
-        self.line(f"{peer} {printable(method, 16)} {printable(target, 200)} {status} in={n_in} out={n_out} "
-                  f"upstream_ms={up}" + (f" {note}" if note else ""))
+        text = (f"{peer} {printable(method, 16)} {printable(target, 200)} {status} in={n_in} out={n_out} "
+                f"upstream_ms={up}" + (f" {note}" if note else ""))
+        self.stranger(stranger, text) if stranger is not None else self.line(text)
 
 
 def printable(raw: bytes, limit: int) -> str:
@@ -97,132 +131,184 @@ def printable(raw: bytes, limit: int) -> str:
     return text + ("..." if len(raw) > limit else "")
 
 
+class Hold:
+    """The body-budget bytes one request holds, taken as they arrive and given back once it is answered."""
+
+    def __init__(self, budget: Budget, c: Conn):
+        self.budget, self.c, self.as_stranger, self.as_site = budget, c, 0, 0
+
+    def take(self, n: int) -> None:
+        why = self.budget.take(self.c, n)
+        if why:
+            raise Reject(503, f"{why}; try again", retry=1)
+        if self.c.authed:
+            self.as_site += n
+        else:
+            self.as_stranger += n
+
+    def release(self) -> None:
+        self.budget.give(self.c, self.as_stranger, True)
+        self.budget.give(self.c, self.as_site, False)
+        self.as_stranger = self.as_site = 0
+
+
 class Gateway:
-    """Serves connections: parse with h11, decide on the raw target, forward allowlisted calls with httpx."""
+    """Serves connections: parse heads with h11, decide on the raw target, forward allowlisted calls with httpx."""
 
     def __init__(self, upstream: str, verify: ssl.SSLContext | bool, routes: dict[bytes, str], limits: Limits,
                  log: AccessLog, host_name: str | None = None):
         import httpx
         self.routes, self.limits, self.log, self.host_name = routes, limits, log, host_name
         self.client = httpx.AsyncClient(base_url=upstream, verify=verify, timeout=limits.upstream_timeout)
-        self.conns: list[Conn] = []
-        self.buffered = 0  # request-body bytes held now (reserved by declared length before reading)
-        self.refused: dict[str, list[float]] = {}  # per address: times the SuperLink answered 401/403 (last minute)
+        self.slots = Slots(limits.max_connections, limits.max_per_peer, limits.grace)
+        self.new = Rate(limits.new_per_second)
+        self.refused = Window(limits.unauth_per_minute)  # answers >= 400 to connections without an accepted call
+        self.budget = Budget(limits.body_budget)
         self.tls: ssl.SSLContext | None = None  # set by `run`: the handshake happens here, so it is bounded and logged
+        self.tls_closed = 0  # TLS connections closed since the last collection of their buffers
 
     @property
     def active(self) -> int:
-        return len(self.conns)
+        return len(self.slots)
 
-    def admit(self, ip: str, writer) -> tuple[Conn | None, str]:
-        """A slot for a new connection from `ip`, or why not. An address over --max-per-peer is refused; when every
-        slot is taken, the oldest connection no call has authenticated is closed for it (a stranger's, never a site's
-        that has made an accepted call), and only if there is none is the newcomer refused."""
-        mine = sum(c.ip == ip for c in self.conns)
-        if mine >= self.limits.max_per_peer:
-            return None, f"{mine} connections from this address (--max-per-peer)"
-        if self.active >= self.limits.max_connections:
-            strangers = [c for c in self.conns if not c.authed]
-            if not strangers:
-                return None, f"{self.active} connections open, all authenticated (--max-connections)"
-            victim = max(strangers, key=lambda c: (sum(d.ip == c.ip for d in self.conns), -c.opened))
-            self.conns.remove(victim)
-            self.log.line(f"{victim.ip} connection closed for a newcomer: no authenticated call on it, all "
-                          f"{self.limits.max_connections} slots taken")
-            victim.writer.transport.abort()
-        c = Conn(ip, writer, time.monotonic())
-        self.conns.append(c)
-        return c, ""
+    @property
+    def buffered(self) -> int:
+        return self.budget.held
 
-    def limited(self, ip: str) -> bool:
-        """Whether `ip` has had --unauth-per-minute calls refused as unauthenticated in the last minute."""
-        now = time.monotonic()
-        times = [t for t in self.refused.pop(ip, []) if now - t < 60.0]
-        if times:  # an address with none in the last minute is forgotten
-            self.refused[ip] = times
-        return len(times) >= self.limits.unauth_per_minute
+    def prefix(self, ip: str) -> str:
+        return prefix(ip, self.limits.prefix_v4, self.limits.prefix_v6)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
-        c, why = self.admit(peer.rpartition(":")[0] or peer, writer)
+        ip = peer.rpartition(":")[0] or peer
+        pfx = self.prefix(ip)
+        if not self.new.take(pfx):
+            return await self._refuse(writer, peer, pfx, f"over --new-per-second ({self.limits.new_per_second:g}) "
+                                                         f"new connections from {pfx}")
+        c, victim, why = self.slots.admit(ip, pfx)
+        if victim is not None:
+            self._evict(victim)
         if c is None:
-            self.log.line(f"{peer} refused: {why}")
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-            await _close(writer)
-            return
+            return await self._refuse(writer, peer, pfx, why)
+        c.handle = asyncio.current_task()
         try:
-            if self.tls is not None and not await self._handshake(writer, peer):
+            if self.tls is not None and not await self._handshake(writer, peer, pfx):
                 return
             await self._serve(reader, writer, peer, c)
+        except asyncio.CancelledError:
+            if not c.evicted:  # the gateway stopping: not ours to swallow
+                raise
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
             pass  # the peer went away or stalled: nothing to answer
         except Exception as e:  # noqa: BLE001 - the gateway's own failure: one line, the connection closed
             self.log.line(f"{peer} gateway error: {type(e).__name__}: {e}")
         finally:
-            if c in self.conns:
-                self.conns.remove(c)
-            await _close(writer)
+            self.slots.drop(c)
+            if self.tls is not None:
+                self.tls_closed += 1
+            if c.evicted:
+                _reset(writer)
+            else:
+                await _close(writer)
 
-    async def _handshake(self, writer, peer: str) -> bool:
+    def _evict(self, victim: Conn) -> None:
+        """Close a stranger's connection for a newcomer: its handler is cancelled and the connection reset."""
+        self.log.stranger(victim.prefix, f"{victim.ip} connection evicted for a newcomer: no accepted call on it, "
+                                         f"open {time.monotonic() - victim.opened:.1f} s")
+        if victim.handle is not None:
+            victim.handle.cancel()
+
+    async def _refuse(self, writer, peer: str, pfx: str, why: str) -> None:
+        """A connection not admitted: a 503 with Retry-After (plain HTTP), or a reset before any TLS byte (flwr gives up
+        on an error that names TLS, and retries a reset)."""
+        self.log.stranger(pfx, f"{peer} refused: {why}")
+        if self.tls is not None:
+            return _reset(writer)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\n"
+                     b"connection: close\r\n\r\n")
+        await _close(writer)
+
+    async def _handshake(self, writer, peer: str, pfx: str) -> bool:
         """TLS on the accepted connection, within `header_timeout`; a failure (plain HTTP on the TLS port, a client
-        that never speaks, a bad client hello) is one log line."""
+        that never speaks, a bad client hello) is one log line (summed up per prefix under a flood)."""
         try:
             await writer.start_tls(self.tls, ssl_handshake_timeout=self.limits.header_timeout)
             return True
         except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as e:
             why = getattr(e, "reason", None)
-            self.log.line(f"{peer} TLS handshake failed: {type(e).__name__}" + (f": {why}" if why else ""))
+            self.log.stranger(pfx, f"{peer} TLS handshake failed: {type(e).__name__}" + (f": {why}" if why else ""))
             return False
 
     async def _serve(self, reader, writer, peer: str, c: Conn) -> None:
-        """Requests on one connection, in turn: the head, the decision (before a byte of the body is read), the body,
-        the forward. Anything answered here closes the connection."""
+        """Requests on one connection, in turn: the head (parsed by a fresh h11 connection each), the decision (before
+        a byte of the body is read), the body (read here, into one buffer), the forward. Anything answered here closes
+        the connection."""
         import h11
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header)
-        first = True
+        pending, first = b"", True  # bytes after the previous request's body; the first request of the connection
         while True:
-            raw: list[bytes] = []
-            req, reserved = None, 0
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header)
+            if pending:  # (receive_data(b"") would mean the peer closed)
+                conn.receive_data(pending)
+            raw: list[bytes] = [pending[:self.limits.max_header]] if pending else []
+            req, hold = None, Hold(self.budget, c)
             try:
                 req = await self._head(conn, reader, first, raw)
                 if req is None:
                     return
                 first = False
-                if head_size(req) > self.limits.max_header:  # a whole head in one read escapes h11's own bound
-                    raise Reject(431, f"request head over {self.limits.max_header} bytes")
-                verdict = fr.decide(req.method, req.target, _header(req, b"host"), self.routes, self.host_name)
-                for v in (verdict, framing(req)):
-                    if v.status:
-                        raise Reject(v.status, v.reason)
-                if self.limited(c.ip):
-                    raise Reject(429, f"too many unauthenticated calls from this address (--unauth-per-minute "
-                                      f"{self.limits.unauth_per_minute})")
-                reserved = self.reserve(int(_header(req, b"content-length") or 0))
-                body = await self._body(conn, reader, req)
+                path, n = self._decide(req, c)
+                body, pending = await self._body(reader, conn.trailing_data[0], n, hold)
             except h11.RemoteProtocolError as e:
-                self.buffered -= reserved
-                return await self._reject(conn, writer, peer, req or first_line(raw), Reject(e.error_status_hint,
-                                                                                          f"bad request: {e}"))
+                hold.release()
+                return await self._reject(conn, writer, peer, req or first_line(raw), c,
+                                          Reject(e.error_status_hint, f"bad request: {e}"))
             except Reject as r:
-                self.buffered -= reserved
-                return await self._reject(conn, writer, peer, req or first_line(raw), r)
+                hold.release()
+                return await self._reject(conn, writer, peer, req or first_line(raw), c, r)
             except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError) as e:
-                self.buffered -= reserved
+                hold.release()
                 line = req or first_line(raw)
                 if line is not None:  # a request begun, then the peer went away: its line
-                    self.log.request(peer, line.method, line.target, "-", 0, 0, None, f"client gone: {type(e).__name__}")
+                    self.log.request(peer, line.method, line.target, "-", 0, 0, None,
+                                     f"client gone: {type(e).__name__}", None if c.authed else c.prefix)
                 raise
+            status = None
+            self.slots.busy(c, True)
             try:
-                status = await self._forward(conn, writer, peer, req, verdict.path, body)
+                status = await self._forward(conn, writer, peer, req, path, body, c)
             finally:
-                self.buffered -= reserved
-            if status in (401, 403):
-                self.refused.setdefault(c.ip, []).append(time.monotonic())
-            elif status is not None and status < 400:
-                c.authed = True  # the SuperLink accepted a call on this connection: a site's, kept when slots run out
+                hold.release()
+                self._account(c, status)
+                self.slots.busy(c, False)
             if conn.our_state is h11.MUST_CLOSE:
                 return
-            conn.start_next_cycle()
+
+    def _decide(self, req, c: Conn) -> tuple[str, int]:
+        """The path to forward to and the body's length, or the Reject that answers the request."""
+        if head_size(req) > self.limits.max_header:  # a whole head in one read escapes h11's own bound
+            raise Reject(431, f"request head over {self.limits.max_header} bytes")
+        verdict = fr.decide(req.method, req.target, _header(req, b"host"), self.routes, self.host_name)
+        for v in (verdict, framing(req)):
+            if v.status:
+                raise Reject(v.status, v.reason)
+        wait = 0.0 if c.authed else self.refused.over(c.prefix)  # a site's connection is never limited
+        if wait:
+            raise Reject(503, f"{self.limits.unauth_per_minute} calls from {c.prefix} refused in a minute "
+                              "(--unauth-per-minute); try again later", retry=int(wait) + 1)
+        n = int(_header(req, b"content-length") or 0)
+        if n > self.limits.max_body:
+            raise Reject(413, f"body of {n} bytes is over --max-body ({self.limits.max_body})")
+        return verdict.path, n
+
+    def _account(self, c: Conn, status: int | None) -> None:
+        """An answer the SuperLink gave: an accepted call makes the connection a site's; a refusal (>= 400) to a
+        connection without one counts against its prefix (401, 403, but also 400 and 412: what strangers get)."""
+        if status is None:
+            return
+        if status < 400:
+            self.slots.accepted(c)
+        elif not c.authed:
+            self.refused.add(c.prefix)
 
     async def _head(self, conn, reader, first: bool, raw: list[bytes]):
         """The next request's head, or None when the peer closed an idle connection. The first byte of a request
@@ -235,6 +321,8 @@ class Gateway:
                 return ev
             if ev is h11.PAUSED or isinstance(ev, h11.ConnectionClosed):
                 return None
+            if raw and deadline is None:  # pipelined bytes of the next request already here
+                deadline = time.monotonic() + self.limits.header_timeout
             wait = self.limits.idle_timeout if deadline is None else deadline - time.monotonic()
             if wait <= 0:
                 raise Reject(408, "request head too slow (--header-timeout)")
@@ -250,76 +338,93 @@ class Gateway:
                 raw.append(data[:self.limits.max_header])
             conn.receive_data(data)
 
-    async def _body(self, conn, reader, req) -> bytes:
-        """The request body, refused unread when its declared length exceeds `max_body`, and as soon as it does."""
-        import h11
-        declared = _header(req, b"content-length")
-        if declared is not None and int(declared) > self.limits.max_body:
-            raise Reject(413, f"body of {int(declared)} bytes is over --max-body ({self.limits.max_body})")
-        chunks, size = [], 0
-        deadline = time.monotonic() + self.limits.body_timeout
-        while True:
-            ev = conn.next_event()
-            if isinstance(ev, h11.Data):
-                size += len(ev.data)
-                if size > self.limits.max_body:
-                    raise Reject(413, f"body over --max-body ({self.limits.max_body})")
-                chunks.append(bytes(ev.data))
-            elif isinstance(ev, h11.EndOfMessage):
-                return b"".join(chunks)
-            elif ev is h11.NEED_DATA:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Reject(408, f"request body not complete within --body-timeout ({self.limits.body_timeout:g} s)")
-                try:
-                    data = await asyncio.wait_for(reader.read(65536), min(self.limits.idle_timeout, left))
-                except TimeoutError:
-                    if left <= self.limits.idle_timeout:
-                        raise Reject(408, "request body not complete within --body-timeout "
-                                          f"({self.limits.body_timeout:g} s)") from None
-                    raise Reject(408, f"request body stalled: no byte for --idle-timeout ({self.limits.idle_timeout:g} s)") from None
-                if not data:
-                    raise ConnectionError("peer closed mid-body")
-                conn.receive_data(data)
-            else:
-                raise ConnectionError(f"unexpected {type(ev).__name__}")
+    async def _body(self, reader, leftover: bytes, n: int, hold: Hold) -> tuple[bytearray, bytes]:
+        """The body's `n` bytes, read into one buffer, each read's bytes taken from the budget as they arrive; and the
+        bytes after it (a pipelined request). It must arrive within `body_timeout`, with no gap of `idle_timeout`,
+        and at `min_body_rate` on average once `grace` seconds are over."""
+        lim = self.limits
+        body = bytearray()
+        first, pending = leftover[:n], leftover[n:]
+        if first:
+            hold.take(len(first))
+            body += first
+        t0 = last = time.monotonic()
+        while len(body) < n:
+            now = time.monotonic()
+            if now - t0 >= lim.body_timeout:
+                raise Reject(408, f"request body not complete within --body-timeout ({lim.body_timeout:g} s)")
+            if now - last >= lim.idle_timeout:
+                raise Reject(408, f"request body stalled: no byte for --idle-timeout ({lim.idle_timeout:g} s)")
+            if now - t0 > lim.grace and len(body) < lim.min_body_rate * (now - t0 - lim.grace):
+                raise Reject(408, f"request body slower than --min-body-rate ({lim.min_body_rate >> 10} KiB/s)")
+            wait = min(lim.body_timeout - (now - t0), lim.idle_timeout - (now - last), 1.0)
+            try:
+                data = await asyncio.wait_for(reader.read(min(65536, n - len(body))), wait)
+            except TimeoutError:
+                continue
+            if not data:
+                raise ConnectionError("peer closed mid-body")
+            hold.take(len(data))
+            body += data
+            last = time.monotonic()
+        return body, pending
 
-    def reserve(self, n: int) -> int:
-        """Reserve `n` bytes of --body-budget for a body about to be read (503 when the budget is spent)."""
-        if n > self.limits.max_body:
-            raise Reject(413, f"body of {n} bytes is over --max-body ({self.limits.max_body})")
-        if self.buffered + n > self.limits.body_budget:
-            raise Reject(503, f"the gateway holds {self.buffered} bytes of bodies (--body-budget); try again")
-        self.buffered += n
-        return n
-
-    async def _forward(self, conn, writer, peer: str, req, path: str, body: bytes) -> int | None:
+    async def _forward(self, conn, writer, peer: str, req, path: str, body: bytearray, c: Conn) -> int | None:
         """Forward one call and answer it; the SuperLink's status (None: it did not answer)."""
         import httpx
         t0 = time.perf_counter()
+        headers = [*fr.passed_headers(list(req.headers)), (b"content-length", str(len(body)).encode())]
+        request = self.client.build_request("POST", path, headers=headers)
+        # the buffer itself, not a copy of it: httpcore writes any bytes-like
+        request.stream = httpx.ByteStream(body)  # type: ignore[arg-type]
         try:
-            r = await self.client.post(path, content=body, headers=fr.passed_headers(list(req.headers)))
+            r = await self.client.send(request)
         except httpx.HTTPError as e:
-            await self._reject(conn, writer, peer, req, Reject(502, "the SuperLink did not answer"), len(body),
-                               f"upstream error: {type(e).__name__}")
+            await self._reject(conn, writer, peer, req, c, Reject(502, "the SuperLink did not answer", retry=1),
+                               len(body), f"upstream error: {type(e).__name__}")
             return None
         ms = 1e3 * (time.perf_counter() - t0)
-        headers = [(k, v) for k, v in r.headers.raw if k.lower() not in HOP]
+        quiet = None if c.authed or r.status_code < 400 else c.prefix
+        out = [(k, v) for k, v in r.headers.raw if k.lower() not in HOP]
         try:
-            await _send(conn, writer, r.status_code, headers, r.content)
+            await _send(conn, writer, r.status_code, out, r.content)
         except (ConnectionError, OSError) as e:  # forwarded, answered upstream, the client gone before our answer
             self.log.request(peer, req.method, req.target, r.status_code, len(body), 0, ms,
-                             f"client gone before the answer: {type(e).__name__}")
+                             f"client gone before the answer: {type(e).__name__}", quiet)
             raise
-        self.log.request(peer, req.method, req.target, r.status_code, len(body), len(r.content), ms)
+        self.log.request(peer, req.method, req.target, r.status_code, len(body), len(r.content), ms, "", quiet)
         return r.status_code
 
-    async def _reject(self, conn, writer, peer: str, req, r: Reject, n_in: int = 0, note: str = "") -> None:
+    async def _reject(self, conn, writer, peer: str, req, c: Conn, r: Reject, n_in: int = 0, note: str = "") -> None:
+        """Answer a request here. A site's connection never gets a 4xx for load or slowness: those become 503 with
+        Retry-After, which flwr retries (it gives up on any other 4xx)."""
+        status, retry = r.status, r.retry
+        if c.authed and status in (408, 429):
+            status, retry = 503, retry or 1
         text = f"{r.reason}\n".encode()
+        headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
+        if retry is not None:
+            headers.append((b"retry-after", str(retry).encode()))
         with contextlib.suppress(Exception):  # h11 refuses to answer in some states (e.g. a head never completed)
-            await _send(conn, writer, r.status, [(b"content-type", b"text/plain"), (b"connection", b"close")], text)
+            await _send(conn, writer, status, headers, text)
         method, target = (req.method, req.target) if req is not None else (b"-", b"-")
-        self.log.request(peer, method, target, r.status, n_in, len(text), None, note)
+        self.log.request(peer, method, target, status, n_in, len(text), None, note, None if c.authed else c.prefix)
+
+    async def housekeeping(self) -> None:
+        """Once a second: collect the closed TLS connections' buffers (asyncio's SSL protocol keeps 256 KiB buffers
+        in reference cycles that only the cyclic collector frees); once per log interval: sum up the held-back log
+        lines and forget idle prefixes."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            if self.tls_closed:
+                self.tls_closed = 0
+                gc.collect()
+            if time.monotonic() - last >= self.limits.log_interval:
+                last = time.monotonic()
+                self.log.roll()
+                self.new.sweep()
+                self.refused.sweep()
 
 
 def reason_phrase(status: int) -> bytes:
@@ -392,6 +497,16 @@ def _peer(writer) -> str:
     return f"{info[0]}:{info[1]}" if info else "-"
 
 
+def _reset(writer) -> None:
+    """Close at once with a TCP reset (SO_LINGER 0): nothing more is sent, and a TLS client sees a reset, which flwr
+    retries, rather than an end of file inside a handshake, which it does not."""
+    sock = writer.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
 async def _close(writer) -> None:
     try:
         writer.close()
@@ -409,10 +524,15 @@ def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
 async def run(host: str, port: int, gateway: Gateway, tls: ssl.SSLContext | None,
               ready: Callable[[], None] = lambda: None) -> None:
     gateway.tls = tls
-    server = await asyncio.start_server(gateway.connection, host, port, limit=gateway.limits.max_header)
+    server = await asyncio.start_server(gateway.connection, host, port, limit=gateway.limits.max_header,
+                                        backlog=1024)  # a burst of connections waits in the queue, not refused
+    chores = asyncio.ensure_future(gateway.housekeeping())
     ready()
-    async with server:
-        await server.serve_forever()
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        chores.cancel()
 
 
 def open_log(path: Path | None) -> TextIO:
