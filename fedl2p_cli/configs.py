@@ -101,7 +101,8 @@ class StatsConfig:
 
 
 Nets = Literal["both", "bnnet", "lrnet"]
-InputNorm = Literal["none", "standardize"]
+InputNorm = Literal["none", "standardize", "robust"]
+ClientWeights = Literal["samples", "equal"]
 Keep = Literal["best", "last"]
 MetaOpt = Literal["fedavg", "fedadam"]
 NETS, INPUT_NORMS, KEEPS, META_OPTS = (get_args(t) for t in (Nets, InputNorm, Keep, MetaOpt))
@@ -117,7 +118,8 @@ class MetaTrainConfig:
     local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
     patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
     input_norm: InputNorm = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored "
-                                        "over the seen clients (stored with lambda).", tag=Tag("std", 80))
+                                        "over the seen clients (stored with lambda) | robust = z-scored with an SD "
+                                        "floor and |z| <= 3.", tag=Tag({"standardize": "std", "robust": "rstd"}, 80))
     meta_opt: MetaOpt = opt("fedavg", "Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
                             "Adam on the mean client change (Reddi et al. 2021; not in the paper).", tag=Tag("adam", 90))
     server_lr: float = opt(1e-3, "Step size of --meta-opt fedadam.", POSITIVE)
@@ -130,6 +132,9 @@ class MetaTrainConfig:
     norm_bound: float = opt(0.0, "Drop a client whose lambda moved more than K times the round's median move (0: no "
                                  "bound). Not in the paper.", NON_NEGATIVE, identity_default=True,
                            tag=Tag("nb{v:g}", 230))
+    client_weights: ClientWeights = opt("samples", "Weights of the clients' lambdas in the server's mean: samples = "
+                                                   "by training size (the paper) | equal = one vote per client.",
+                                        identity_default=True, tag=Tag({"equal": "eqw"}, 225))
     aggregator: Aggregator = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | "
                                          "median | trimmed-mean (20% cut at each end).", option="--aggregate",
                                  identity_default=True, tag=Tag({"median": "median", "trimmed-mean": "trim"}, 220))

@@ -17,7 +17,7 @@ from fedl2p_cli.core.bn import bn_layers, index_bn_layers
 from fedl2p_cli.core.client import ClientData
 from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, precise_bn
 from fedl2p_cli.core.hypergrad import fomaml_gradient
-from fedl2p_cli.core.metanets import hyperparameters, init_lambda
+from fedl2p_cli.core.metanets import hyperparameters, init_lambda, init_log_lambda
 from fedl2p_cli.engine.batched import BatchedPool, auto_size
 from fedl2p_cli.engine.executors import Job
 from fedl2p_cli.errors import FedL2PError
@@ -67,6 +67,7 @@ def test_batched_fine_tuning_equals_one_client_at_a_time(setup, client_bn):
         assert all(close(a.params[k], b.params[k]) for k in theta)
         assert all(close(a.prev_params[k], b.prev_params[k]) for k in theta)
         assert all(close(u, v) for u, v in zip(a.last_grad, b.last_grad))
+        assert all(close(u, v) for u, v in zip(a.grad_sum, b.grad_sum))  # --lr-grad trajectory's path
         assert all(close(u, v) for u, v in zip(a.bn.mean + a.bn.var, b.bn.mean + b.bn.var))
         assert torch.equal(a.last_batch, b.last_batch)
         assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5)
@@ -94,9 +95,11 @@ def test_batched_precise_bn_equals_one_client_at_a_time(setup):
 
 
 @pytest.mark.parametrize("val_stats", ["running", "test-batch"])
-def test_batched_fomaml_gradient_equals_one_client_at_a_time(setup, val_stats):
+@pytest.mark.parametrize("trajectory", [False, True], ids=["last-step", "trajectory"])
+def test_batched_fomaml_gradient_equals_one_client_at_a_time(setup, val_stats, trajectory):
     """FOMAML+'s meta-gradient (a second-order graph through the last step) w.r.t. every meta-net tensor, with a
-    short last batch and a short validation batch."""
+    short last batch and a short validation batch; with --lr-grad trajectory, the LRs' path along each client's own
+    summed gradient."""
     model, theta, xs, ys, bns, _ = setup
     n_bn, n_p = len(bns[0].mean), len(theta)
     lams = [init_lambda(n_bn, 5, n_p, 0.01, "both", s, gain=1.0) for s in range(3)]
@@ -105,10 +108,11 @@ def test_batched_fomaml_gradient_equals_one_client_at_a_time(setup, val_stats):
     prev = [{k: v + 0.01 * torch.randn_like(v) for k, v in theta.items()} for _ in range(3)]
     last = [(x[:n], y[:n]) for x, y, n in zip(xs, ys, (16, 9, 16))]
     val = [(x[-n:], y[-n:]) for x, y, n in zip(xs, ys, (16, 16, 5))]
-    many = fomaml_many(model, hyper, lams, inputs, prev, last, val, bns, val_stats)
+    dirs = [[torch.randn_like(v) for v in theta.values()] for _ in range(3)] if trajectory else None
+    many = fomaml_many(model, hyper, lams, inputs, prev, last, val, bns, val_stats, eta_dirs=dirs)
     for c in range(3):
         one = fomaml_gradient(model, prev[c], lams[c], lambda lam, c=c: hyper(lam, *inputs[c]), last[c], val[c],
-                              bns[c], val_stats)
+                              bns[c], val_stats, eta_step=dirs[c] if dirs else None)
         assert all(close(one.grads[k], many.grads[c][k], 1e-4) for k in lams[c])
         assert one.val_loss == pytest.approx(many.val_loss[c], rel=1e-5)
         assert one.train_loss == pytest.approx(many.train_loss[c], rel=1e-5)
@@ -121,7 +125,8 @@ def both_ways(setup, **settings):
     cfg = dataclasses.replace(TINY_META, batch_size=16, **settings)
     datas = [ClientData((x, y), (x[:12], y[:12]), (x[:4], y[:4])) for x, y in zip(xs, ys)]
     inputs = [(torch.rand(n_bn), torch.rand(5)) for _ in range(3)]
-    lam = init_lambda(n_bn, 5, n_p, cfg.base_lr, "both", 0, gain=1.0)
+    lam = (init_log_lambda(n_bn, 5, n_p, cfg.base_lr, "both", 0) if cfg.head == "log"
+           else init_lambda(n_bn, 5, n_p, cfg.base_lr, "both", 0, gain=1.0))
     one = [client_update(model, theta, lam, xi, x, b, d, cfg, g) for (xi, x), b, d, g in zip(inputs, bns, datas, gens())]
     return lam, one, client_update_many(model, theta, [lam] * 3, inputs, bns, datas, cfg, gens())
 
@@ -142,10 +147,14 @@ def test_batched_ift_meta_gradient_equals_one_client_at_a_time(setup, settings):
         assert a.report["gnorm_bnnet"] == pytest.approx(b.report["gnorm_bnnet"], rel=1e-3)
 
 
+LOG_HEAD = {"head": "log", "lr_grad": "trajectory"}  # the log head, its LRs' meta-gradient along the whole fine-tuning
+
+
 @pytest.mark.parametrize("meta_grad", ["fomaml", "ift"])
-def test_a_group_of_client_updates_equals_one_at_a_time(setup, meta_grad):
+@pytest.mark.parametrize("head", [{}, LOG_HEAD], ids=["paper", "log"])
+def test_a_group_of_client_updates_equals_one_at_a_time(setup, meta_grad, head):
     """FedL2P's client update, K = 2 iterations, for a ragged group: lambda, the first validation loss, beta, eta."""
-    lam, one, many = both_ways(setup, meta_grad=meta_grad, iterations=2)
+    lam, one, many = both_ways(setup, meta_grad=meta_grad, iterations=2, **head)
     for a, b in zip(one, many):
         assert all(close(a.lam[k], b.lam[k], 1e-4) for k in lam)
         assert a.val_loss == pytest.approx(b.val_loss, rel=1e-5) and a.n == b.n

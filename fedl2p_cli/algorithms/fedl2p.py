@@ -18,7 +18,7 @@ from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params
 from ..core.hypergrad import MetaGrad
-from ..core.metanets import Lambda, grad_report, hyperparameters, sgd_update
+from ..core.metanets import Lambda, grad_report, hyperparameters, log_hyperparameters, sgd_update
 from ..core.settings import MetaConfig
 from . import meta_grads
 from .meta_grads import MetaGradient
@@ -39,8 +39,17 @@ class ClientResult:
     report: dict  # per-block meta-gradient norms before clipping and share clipped, mean over the K iterations
 
 
+def head_fn(n_params: int, cfg: MetaConfig):
+    """(lambda, xi, x) -> (beta, eta) under cfg's --head: the paper's (App. E) or the log head."""
+    if cfg.head == "log":
+        return lambda lam, xi, x: log_hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta)
+    return lambda lam, xi, x: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg,
+                                              cfg.beta_output)
+
+
 def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
-    return lambda lam: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg, cfg.beta_output)
+    head = head_fn(n_params, cfg)
+    return lambda lam: head(lam, xi, x)
 
 
 def _finite(lam: Lambda) -> bool:
@@ -161,8 +170,7 @@ def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: lis
                     cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int,
                     entry: MetaGradient | None = None) -> dict[int, MetaGrad]:
     """Each live client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
-    hyper = lambda lam, xi, x: hyperparameters(lam, xi, x, n_p, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg,  # noqa: E731
-                                               cfg.beta_output)
+    hyper = head_fn(n_p, cfg)
     out = (entry or meta_grads.builtin(cfg.meta_grad)).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
                                              [inputs[c] for c in live], [datas[c] for c in live], cfg,
                                              [gens[c] for c in live])

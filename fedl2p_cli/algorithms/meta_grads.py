@@ -72,7 +72,7 @@ class Fomaml:
         (xt, yt), (xv, yv) = data.train, data.val
         vi = random_batch(len(yv), cfg.batch_size, gen)
         return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                               (xv[vi], yv[vi]), ft.bn, cfg.val_stats)
+                               (xv[vi], yv[vi]), ft.bn, cfg.val_stats, eta_step=_trajectory(ft, cfg))
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
@@ -80,8 +80,10 @@ class Fomaml:
         from ..core.batched import fomaml_many
         val = _val(datas, cfg, gens)
         last = [(d.train[0][ft.last_batch], d.train[1][ft.last_batch]) for d, ft in zip(datas, fts)]
+        traj = [_trajectory(ft, cfg) for ft in fts]
         return _results(fomaml_many(model, hyper, lams, inputs, [ft.prev_params for ft in fts], last, val,
-                                    [ft.bn for ft in fts], cfg.val_stats))
+                                    [ft.bn for ft in fts], cfg.val_stats,
+                                    eta_dirs=None if traj[0] is None else traj))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class Ift:
                                  cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
                                  theta_train=ft.prev_params if last else None,
                                  inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
-                                 eta_step=ft.last_grad if cfg.eta_grad == "last-step" else None)
+                                 eta_step=_eta_path(ft, cfg))
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
@@ -115,11 +117,29 @@ class Ift:
         tis = [ft.last_batch if last else random_batch(len(d.train[1]), cfg.batch_size, g)
                for d, ft, g in zip(datas, fts, gens)]
         train = [(d.train[0][ti], d.train[1][ti]) for d, ti in zip(datas, tis)]
-        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last, cfg.eta_grad == "last-step",
+        paths = [_eta_path(ft, cfg) for ft in fts]
+        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last, paths[0] is not None,
                         cfg.val_stats)
         return _results(ift_many(model, hyper, lams, inputs, [ft.params for ft in fts],
                                  [ft.prev_params if last else ft.params for ft in fts], [ft.last_grad for ft in fts],
-                                 train, val, [ft.bn for ft in fts], s))
+                                 train, val, [ft.bn for ft in fts], s,
+                                 eta_dirs=paths if paths[0] is not None else None))  # type: ignore[arg-type]
+
+
+def _trajectory(ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:
+    """--lr-grad trajectory: the fine-tuning's summed gradient, the path along which its LRs moved theta*."""
+    if cfg.lr_grad != "trajectory":
+        return None
+    if ft.grad_sum is None:
+        raise ValueError("--lr-grad trajectory needs the fine-tuning's summed gradient (FinetuneResult.grad_sum)")
+    return ft.grad_sum
+
+
+def _eta_path(ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:
+    """The IFT's LR path: the whole run's (--lr-grad trajectory), the last step's (--eta-grad last-step), or none
+    (--eta-grad ift: Alg. 2's implicit term)."""
+    traj = _trajectory(ft, cfg)
+    return traj if traj is not None else (ft.last_grad if cfg.eta_grad == "last-step" else None)
 
 
 BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())

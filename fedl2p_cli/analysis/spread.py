@@ -17,12 +17,37 @@ PERSONAL_OPTIONS = "--input-norm standardize --init-gain 1 --keep last --beta-in
 
 
 def _eta_ratio(means: np.ndarray) -> float:
-    """The largest ratio between two groups' mean LR of one tensor (tensors whose LR is 0 in some group are left out:
-    a frozen tensor has no ratio)."""
+    """The largest ratio between two groups' mean LR of one tensor, over the tensors whose LR is above 0 in every
+    group (a frozen tensor has no ratio: `frozen` counts those)."""
     pos = means[:, (means > 0).all(axis=0)]
     if pos.shape[1] == 0 or pos.shape[0] < 2:
         return 1.0
     return float((pos.max(axis=0) / pos.min(axis=0)).max())
+
+
+def frozen(eta: np.ndarray) -> int:
+    """Tensors whose LR is 0 or below for at least one client: frozen (or trained by ascent) there, so left out of
+    the LR ratios and counted here instead of dropped silently."""
+    return int((eta <= 0).any(axis=0).sum())
+
+
+def by_kind(beta: np.ndarray, eta: np.ndarray, domain: np.ndarray, names: list[str], base_lr: float) -> dict[str, float]:
+    """Per kind (domain) of client, its mean β per BN layer and its mean LR multiplier (η / base LR over its clients
+    and every tensor); and the split between kinds: the largest β split in a layer, the largest LR ratio of a tensor,
+    the frozen tensors. What meta-train records per round (round 1 is the initial lambda: the round-0 control)."""
+    out: dict[str, float] = {}
+    kinds = [d for d in np.unique(domain)]
+    for d in kinds:
+        name = names[int(d)]
+        if beta.size:
+            out |= {f"beta_{name}_{i}": float(b) for i, b in enumerate(beta[domain == d].mean(0))}
+        out[f"lrx_{name}"] = float(eta[domain == d].mean() / base_lr)
+    if len(kinds) > 1:
+        if beta.size:
+            out["split_beta"] = float(np.ptp(np.stack([beta[domain == d].mean(0) for d in kinds]), axis=0).max())
+        out["split_lr"] = _eta_ratio(np.stack([eta[domain == d].mean(0) for d in kinds]))
+    out["frozen"] = frozen(eta)
+    return out
 
 
 def spread(beta: np.ndarray, eta: np.ndarray, domain: np.ndarray) -> dict[str, float]:
@@ -35,7 +60,7 @@ def spread(beta: np.ndarray, eta: np.ndarray, domain: np.ndarray) -> dict[str, f
         return {}
     groups = [d for d in np.unique(domain)]
     out = {"eta_ratio_domains": _eta_ratio(np.stack([eta[domain == d].mean(0) for d in groups])),
-           "eta_ratio_clients": _eta_ratio(eta)}
+           "eta_ratio_clients": _eta_ratio(eta), "frozen_tensors": float(frozen(eta))}
     if beta.size and not np.isnan(beta).any():
         dmeans = np.stack([beta[domain == d].mean(0) for d in groups])
         out |= {"beta_sd_clients": float(beta.std(axis=0).max()), "beta_split_domains": float(np.ptp(dmeans, axis=0).max())}

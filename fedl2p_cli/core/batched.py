@@ -157,12 +157,14 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
     mean, var = stack_bn(bns)
     step = _plain(vmap(_step_fn(model)))
     prev, grads, losses = p, [torch.zeros_like(v) for v in p.values()], []
+    gsum = [torch.zeros_like(v) for v in p.values()]
     for t in range(sched.idx.shape[1]):
         act = sched.active[:, t]
         new, mean, var, loss, g = step(p, mean, var, _gather(px, sched.idx[:, t]), _gather(py, sched.idx[:, t]),
                                        sched.mask[:, t], beta, lr, act)
         prev = {k: _where(act, p[k], prev[k]) for k in p}
         grads = [_where(act, a, b) for a, b in zip(g, grads)]
+        gsum = [_where(act, b + a, b) for a, b in zip(g, gsum)]
         p = new
         losses.append(torch.where(act, loss, 0.0).double())
     steps = sched.active.sum(1).clamp_min(1)
@@ -170,7 +172,7 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
     out_bn = [ClientBN([m[c] for m in mean], [v[c] for v in var]) for c in range(n)]
     if client_bn == "precise" and not any(none):
         out_bn = precise_bn_many(model, unstack(p, n), xs, list(beta))
-    return [FinetuneResult(pc, bc, prc, last, loss, [g_[c] for g_ in grads])
+    return [FinetuneResult(pc, bc, prc, last, loss, [g_[c] for g_ in grads], [g_[c] for g_ in gsum])
             for c, (pc, bc, prc, last, loss) in enumerate(zip(unstack(p, n), out_bn, unstack(prev, n), sched.last,
                                                              train_loss))]
 
@@ -215,21 +217,29 @@ class FomamlOut:
 def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
                 lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], prev: list[Params],
                 last: list[tuple[Tensor, Tensor]], val: list[tuple[Tensor, Tensor]], bns: list[ClientBN],
-                val_stats: str = "running") -> FomamlOut:
+                val_stats: str = "running", eta_dirs: list[list[Tensor]] | None = None) -> FomamlOut:
     """`hypergrad.fomaml_gradient` for N clients in one vmapped second-order computation. `hyper(lam, xi, x)` ->
-    (beta, eta) is the meta-nets' map (the same for every client; xi, x are each client's inputs)."""
+    (beta, eta) is the meta-nets' map (the same for every client; xi, x are each client's inputs). `eta_dirs`
+    (--lr-grad trajectory): each client's summed fine-tuning gradient, the LRs' path into L_V
+    (`hypergrad.fomaml_gradient`'s eta_step)."""
     n = len(lams)
     (lx, ly), lmask = _padded_batches(last)
     (vx, vy), vmask = _padded_batches(val)
     mean, var = stack_bn(bns)
 
+    traj = eta_dirs is not None
+
     def meta_loss(lam: dict, xi: Tensor, xin: Tensor, theta: Params, x: Tensor, y: Tensor, m: Tensor, xv: Tensor,
-                  yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor]) -> tuple[Tensor, tuple]:
+                  yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor], ed: list[Tensor]) -> tuple[Tensor, tuple]:
         beta, eta = hyper(lam, xi, xin)
         inner_fn: Callable[[Params], Tensor] = lambda th: masked_ce(  # noqa: E731
             model, th, x, y, m, MaskedPolicy(beta, train=True, mask=m))
         inner, g = inner_fn(theta), grad(inner_fn)(theta)
-        stepped = {k: v - e * g[k] for (k, v), e in zip(theta.items(), eta)}
+        if traj:  # the LRs move theta* along -sum of the run's gradients: first order, a straight line from theta_g
+            stepped = {k: v - e.detach() * g[k] - (e - e.detach()) * d.detach()
+                       for (k, v), e, d in zip(theta.items(), eta, ed)}
+        else:
+            stepped = {k: v - e * g[k] for (k, v), e in zip(theta.items(), eta)}
         lv = masked_ce(model, stepped, xv, yv, mv, _val_policy(beta, mv, cm, cv, val_stats))
         return lv, (lv.detach(), inner.detach())
 
@@ -237,8 +247,10 @@ def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[
         hyper(lams[0], *inputs[0])
     xi = torch.stack([i[0] for i in inputs])
     xin = torch.stack([i[1] for i in inputs])
+    eds = ([torch.stack([d[k] for d in eta_dirs]) for k in range(len(eta_dirs[0]))] if eta_dirs is not None
+           else [torch.zeros(n, device=xi.device)])
     g, (lv, lt) = _plain(vmap(grad(meta_loss, has_aux=True)))(stack(lams), xi, xin, stack(prev), lx, ly, lmask, vx, vy, vmask,
-                                                      mean, var)
+                                                      mean, var, eds)
     return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist())
 
 
@@ -276,11 +288,13 @@ class IftSettings:
 def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
              lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], theta_star: list[Params],
              theta_train: list[Params], inner_grads: list[list[Tensor]], train: list[tuple[Tensor, Tensor]],
-             val: list[tuple[Tensor, Tensor]], bns: list[ClientBN], s: IftSettings) -> FomamlOut:
+             val: list[tuple[Tensor, Tensor]], bns: list[ClientBN], s: IftSettings,
+             eta_dirs: list[list[Tensor]] | None = None) -> FomamlOut:
     """`hypergrad.ift_hypergradient` for N clients in one vmapped computation: the Hessian-vector products are
     `torch.func.vjp`s of the training loss's gradient, the Krylov basis and Neumann series are per client. With
     `s.last_step` theta_train and inner_grads are the weights before the last step and that step's gradient (else
-    theta_train is theta_star); `inner_grads` is also the last step's gradient that `s.eta_step` reads."""
+    theta_train is theta_star); `s.eta_step` reads `eta_dirs` (--lr-grad trajectory: the summed gradients), else
+    `inner_grads` (the last step's gradient)."""
     from torch.func import vjp
 
     from .hypergrad import PSI_MARGIN, krylov, neumann_coefficients, spectral_radius_estimate
@@ -290,8 +304,8 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     mean, var = stack_bn(bns)
     exact, m = s.hessian == "exact", max(s.q, s.psi_power)
 
-    def one(lam: dict, xi: Tensor, xin: Tensor, th_v: Params, th_t: Params, ig: list[Tensor], x: Tensor, y: Tensor,
-            mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor],
+    def one(lam: dict, xi: Tensor, xin: Tensor, th_v: Params, th_t: Params, ig: list[Tensor], ed: list[Tensor],
+            x: Tensor, y: Tensor, mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor],
             cv: list[Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:
         def lv_fn(th: Params, lm: dict) -> Tensor:
             beta, _ = hyper(lm, xi, xin)
@@ -329,7 +343,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
         c = (norm * neumann_coefficients(h, psi_t, s.q) * (psi_t if s.scale_by_psi else 1.0)).to(v0[0].dtype)
         p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(keys))]
         if s.eta_step:  # the LRs' path into L_V through the last step (hypergrad.ift_hypergradient's eta_step)
-            d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, ig)])
+            d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, ed)])
             eta_vjp = vjp(lambda lm: hyper(lm, xi, xin)[1], lam)[1]
             direct = {k: direct[k] + d for k, d in eta_vjp(d_eta)[0].items()}
         mixed = products(dict(zip(keys, p)))[1]
@@ -340,6 +354,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     xi = torch.stack([i[0] for i in inputs])
     xin = torch.stack([i[1] for i in inputs])
     igs = [torch.stack([g[k] for g in inner_grads]) for k in range(len(inner_grads[0]))]
-    g, lv, lt, psi = _plain(vmap(one))(stack(lams), xi, xin, stack(theta_star), stack(theta_train), igs, tx, ty, tmask,
-                                       vx, vy, vmask, mean, var)
+    eds = igs if eta_dirs is None else [torch.stack([d[k] for d in eta_dirs]) for k in range(len(eta_dirs[0]))]
+    g, lv, lt, psi = _plain(vmap(one))(stack(lams), xi, xin, stack(theta_star), stack(theta_train), igs, eds, tx, ty,
+                                       tmask, vx, vy, vmask, mean, var)
     return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist(), psi.tolist())

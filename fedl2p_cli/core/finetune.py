@@ -39,6 +39,7 @@ class FinetuneResult:
     last_batch: Tensor
     train_loss: float    # mean over the steps, read from the device once
     last_grad: list[Tensor]  # that step's gradient: params = prev_params - lr * last_grad
+    grad_sum: list[Tensor] | None = None  # every step's gradient summed: params = start - lr * grad_sum (constant lr)
 
 
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
@@ -70,15 +71,17 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
     bn = bn.copy()
     prev, last, losses = params, torch.arange(min(batch_size, len(y)), device=y.device), []
     grad = [torch.zeros_like(v) for v in params.values()]
+    gsum = [torch.zeros_like(v) for v in params.values()]
     s = Strategy(None if s.beta is None else s.beta.detach(), s.lr.detach())
     levels = None if s.beta is None else s.beta.tolist()  # the fused-kernel choice per layer, read once
     for idx in epochs_of_batches(len(y), batch_size, gen, epochs, x.device):
         prev, last = params, idx
         params, l, grad = step_with_grad(model, params, x[idx], y[idx], s, bn, levels)
+        gsum = [a + b for a, b in zip(gsum, grad)]
         losses.append(l)
     if client_bn == "precise" and s.beta is not None:
         bn = precise_bn(model, params, x, s.beta)
-    return FinetuneResult(params, bn, prev, last, mean_loss(losses), grad)
+    return FinetuneResult(params, bn, prev, last, mean_loss(losses), grad, gsum)
 
 
 class _Stop(Exception):

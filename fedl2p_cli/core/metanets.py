@@ -14,7 +14,9 @@ from .settings import BetaOutput, HiddenBias
 Lambda = dict[str, Tensor]
 HIDDEN = 100
 BETA_RANGE, LR_RANGE = (0.0, 1.0), (0.0, 1000.0)
-GROUPS = ("bnnet", "lrnet", "eta")
+GROUPS = ("bnnet", "lrnet", "eta", "logeta")
+# --head log: LRNet's output is a log-multiplier of eta~, soft-bounded to +-ln 100 (x0.01 .. x100 of eta~)
+LOG_LR_RANGE = math.log(100.0)
 
 HIDDEN_BIAS = get_args(HiddenBias)  # App. E: every bias is the constant; "zero": hidden biases 0 (an ablation)
 
@@ -71,6 +73,51 @@ def init_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, s
         lam |= init_mlp("lrnet", n_x, n_params, 1.0, gen, gain, hidden_bias)
         lam["eta"] = torch.full((n_params,), float(base_lr), device=gen.device)
     return lam
+
+
+def init_log_mlp(prefix: str, d_in: int, d_out: int, out_bias: float, gen: torch.Generator) -> Lambda:
+    """--head log's MLP: hidden layers He-normal (std sqrt(2 / fan_in)) with zero biases, so standardised inputs reach
+    the last hidden layer at unit scale; the output layer's weights are 0, so every client starts at the same output
+    (`out_bias`) and any difference between clients has to be learned."""
+    out: Lambda = {}
+    layers = list(mlp.shapes(dims(d_in, d_out), prefix).items())
+    for i in range(0, len(layers), 2):
+        (wk, (b, a)), (bk, _) = layers[i], layers[i + 1]
+        last = i == len(layers) - 2
+        out[wk] = (torch.zeros(b, a, device=gen.device) if last
+                   else torch.randn(b, a, generator=gen, device=gen.device) * math.sqrt(2.0 / a))
+        out[bk] = torch.full((b,), float(out_bias) if last else 0.0, device=gen.device)
+    return out
+
+
+def init_log_lambda(n_bn: int, n_x: int, n_params: int, base_lr: float, nets: str, seed: int,
+                    beta_init: float = 0.5) -> Lambda:
+    """--head log's lambda: BNNet -> logit(beta), LRNet -> log-multiplier of eta~, and log eta~ ("logeta"), every
+    client's strategy at init exactly (beta_init, base_lr)."""
+    gen = torch.Generator().manual_seed(seed)
+    lam: Lambda = {}
+    if nets in ("both", "bnnet"):
+        lam |= init_log_mlp("bnnet", n_bn, n_bn, logit(beta_init), gen)
+    if nets in ("both", "lrnet"):
+        lam |= init_log_mlp("lrnet", n_x, n_params, 0.0, gen)
+        lam["logeta"] = torch.full((n_params,), math.log(base_lr), device=gen.device)
+    return lam
+
+
+def log_hyperparameters(lam: Lambda, xi: Tensor, x: Tensor, n_params: int, base_lr: float,
+                        fixed_beta: float) -> tuple[Tensor, Tensor]:
+    """--head log (not in the paper): beta = sigmoid(BNNet(xi)); eta = exp(log eta~ + R tanh(LRNet(x) / R)),
+    R = ln 100. The LR is positive and multiplicative, so a meta-step moves it by a share of itself at any base LR, and
+    LRNet's gradient is d L_V / d log eta (not eta~ times d L_V / d eta, ~1e-3 of it); tanh bounds the multiplier
+    smoothly (no straight-through runaway past a clamp)."""
+    has_bnnet = "bnnet.0.weight" in lam
+    beta = torch.sigmoid(mlp.run(mlp.group(lam, "bnnet"), xi)) if has_bnnet else xi.new_full((xi.numel(),), float(fixed_beta))
+    if "lrnet.0.weight" in lam:
+        raw = mlp.run(mlp.group(lam, "lrnet"), x)
+        eta = torch.exp(lam["logeta"] + LOG_LR_RANGE * torch.tanh(raw / LOG_LR_RANGE))
+    else:
+        eta = x.new_full((n_params,), float(base_lr))
+    return beta, eta
 
 
 def logit(p: float, eps: float = 1e-3) -> float:
@@ -151,14 +198,29 @@ def adam_step(params: dict[str, Tensor], grads: dict[str, Tensor], state: dict[s
     return new, new_state
 
 
-def input_normalizer(xi: Tensor, x: Tensor) -> dict[str, Tensor]:
+def input_normalizer(xi: Tensor, x: Tensor, robust: bool = False) -> dict[str, Tensor]:
     """Per-feature mean and SD over the seen clients' (xi, x), for `--input-norm standardize` (not in the paper:
-    xi spans 0.02-1.5 across layers and x spans orders of magnitude, against weights of ~0.01)."""
-    return {"xi_mean": xi.mean(0), "xi_sd": xi.std(0, unbiased=False).clamp_min(1e-6),
-            "x_mean": x.mean(0), "x_sd": x.std(0, unbiased=False).clamp_min(1e-6)}
+    xi spans 0.02-1.5 across layers and x spans orders of magnitude, against weights of ~0.01). robust
+    (`--input-norm robust`): each SD floored at SD_FLOOR of the feature's scale (mean |value|), so a feature that
+    barely varies over the seen pool does not blow an unseen client up, and z clipped to +-Z_CLIP (`z_clip`, stored
+    with the rest)."""
+    out = {"xi_mean": xi.mean(0), "xi_sd": xi.std(0, unbiased=False).clamp_min(1e-6),
+           "x_mean": x.mean(0), "x_sd": x.std(0, unbiased=False).clamp_min(1e-6)}
+    if robust:
+        for k, v in (("xi", xi), ("x", x)):
+            out[f"{k}_sd"] = torch.maximum(out[f"{k}_sd"], SD_FLOOR * v.abs().mean(0))
+        out["z_clip"] = xi.new_tensor(Z_CLIP)
+    return out
+
+
+SD_FLOOR, Z_CLIP = 0.05, 3.0  # --input-norm robust: SD >= 5% of the feature's mean |value|; |z| <= 3
 
 
 def normalize_inputs(norm: dict[str, Tensor] | None, xi: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     if not norm:
         return xi, x
-    return (xi - norm["xi_mean"]) / norm["xi_sd"], (x - norm["x_mean"]) / norm["x_sd"]
+    zi, zx = (xi - norm["xi_mean"]) / norm["xi_sd"], (x - norm["x_mean"]) / norm["x_sd"]
+    if "z_clip" in norm:
+        c = norm["z_clip"]  # a tensor: no host read
+        zi, zx = torch.clamp(zi, -c, c), torch.clamp(zx, -c, c)
+    return zi, zx

@@ -18,8 +18,11 @@ ClientBNMode = Literal["precise", "running"]      # how the client's statistics 
 EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes with the pretrained statistics at test time
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
+Head = Literal["paper", "log"]                      # how the meta-nets' outputs become beta and eta (core.metanets)
+LrGrad = Literal["last-step", "trajectory"]         # the learned LRs' meta-gradient: the last step's, or the whole run's
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
+DEFAULT_LOGETA_LR = 0.05  # --head log: SGD step of log eta~ (a 0.05 step moves every client's LR of a tensor by ~5%)
 DEFAULT_PSI_POWER = 3  # Krylov products for psi = min(psi, 0.5/lambda_max), shared with the Q = 3 series (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
 DEFAULT_ETA_GRAD = "last-step"  # the learned LRs' meta-gradient through the last fine-tuning step (not in the paper)
@@ -95,9 +98,21 @@ class MetaConfig:
                                                "straight-through gradient (App. E) | sigmoid = a logistic output.",
                                                identity_default=True, tag=Tag("sigmoid", 180))
 
+    head: Head = opt("paper", "How the meta-nets' outputs become beta and eta: paper = clamp(BNNet), clamp(LRNet) x "
+                              "eta~ (App. E) | log = sigmoid(BNNet), eta~ x exp(LRNet), zero-initialised outputs (every "
+                              "client starts equal). See docs/method/fedl2p.md#the-log-head.",
+                     identity_default=True, tag=Tag("log", 105))
+    lr_logeta: float = opt(DEFAULT_LOGETA_LR, "--head log: SGD learning rate of log eta~ (a relative step).",
+                           NON_NEGATIVE, identity_default=True,
+                           tag=Tag("logetalr{v:g}", 215, lambda m: m.head == "log"))
+    lr_grad: LrGrad = opt("last-step", "The learned LRs' meta-gradient: last-step = through the last fine-tuning step "
+                                       "(App. F; the IFT's --eta-grad last-step) | trajectory = dL_V/d log eta from the "
+                                       "whole fine-tuning, grad L_V(theta*) . (theta* - theta_g) (not in the paper).",
+                          identity_default=True, tag=Tag("traj", 75))
+
     @property
     def meta_lrs(self) -> dict[str, float]:
-        return {"bnnet": self.lr_bnnet, "lrnet": self.lr_lrnet, "eta": self.lr_eta}
+        return {"bnnet": self.lr_bnnet, "lrnet": self.lr_lrnet, "eta": self.lr_eta, "logeta": self.lr_logeta}
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ import torch
 from .. import methods
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..algorithms.meta_grads import MetaGradient
+from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
 from ..configs import MetaTrainConfig
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from ..core.config import stored, validate
-from ..core.metanets import Lambda, ServerAdam, init_lambda, input_normalizer, normalize_inputs
+from ..core.metanets import Lambda, ServerAdam, init_lambda, init_log_lambda, input_normalizer, normalize_inputs
 from ..core.settings import LEGACY_IFT, RoundPolicy
 from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
@@ -91,12 +92,10 @@ class Context:
         with torch.no_grad():
             outs = [hyper_fn(*self.inputs(c), n_p, self.cfg.meta)(lam) for c in seen]
         beta = torch.stack([o[0] for o in outs])
-        eta = torch.stack([o[1] for o in outs]).mean(0)
-        dom = torch.as_tensor(self.part.domain[seen])
-        rec: dict[str, float] = {}
-        for d, name in enumerate(self.part.domain_names):
-            if (dom == d).any():
-                rec |= {f"beta_{name}_{i}": float(b) for i, b in enumerate(beta[dom == d].mean(0))}
+        etas = torch.stack([o[1] for o in outs])
+        eta = etas.mean(0)
+        rec: dict[str, float] = spread.by_kind(beta.numpy(), etas.numpy(), np.asarray(self.part.domain[seen]),
+                                              list(self.part.domain_names), self.cfg.meta.base_lr)
         groups: dict[str, list[float]] = {}
         kinds = {n: m.__class__.__name__ for n, m in self.model.named_children()}
         for name, e in zip(self.theta_g, eta):
@@ -107,6 +106,8 @@ class Context:
         rec["eta_x"] = float(eta.mean()) / base
         if "eta" in lam:
             rec["etatilde_x"] = float(lam["eta"].mean()) / base
+        elif "logeta" in lam:
+            rec["etatilde_x"] = float(lam["logeta"].exp().mean()) / base
         return rec
 
 
@@ -135,9 +136,9 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
         _, table = stats_stage.load(store, stats_id)
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     norm = None
-    if cfg.input_norm == "standardize":
+    if cfg.input_norm != "none":
         rows = [table.row(c) for c in part.pool(False)]
-        norm = input_normalizer(table.xi[rows], table.x[rows])
+        norm = input_normalizer(table.xi[rows], table.x[rows], robust=cfg.input_norm == "robust")
     return Context(model, theta_g, part, table, cfg, norm)
 
 
@@ -250,7 +251,8 @@ class MetaStrategy:
         else:
             st.extra["stale"] += 1
         with timer.section("aggregate"):
-            new = robust_average([r.lam for r in results], [r.n for r in results], self.cfg.aggregator)
+            weights = [1.0 if self.cfg.client_weights == "equal" else float(r.n) for r in results]
+            new = robust_average([r.lam for r in results], weights, self.cfg.aggregator)
             if self.cfg.meta_opt == "fedadam":
                 state = group_of(st.tensors, "opt")
                 new, state = ServerAdam(self.cfg.server_lr).step(lam, new, state, rnd + 1)
@@ -383,6 +385,9 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if not cfg.local:
             draft.metrics["kept_round"] = kept_round(cfg, extra, len(curve))
             draft.metrics["kept"] = kept_round_text(cfg, extra, len(curve))
+            # the split between kinds of client that training made, beside the one the initial lambda already had
+            draft.metrics["split"] = {"round 0": by_kind_summary(ctx.snapshot(lam0)),
+                                      "kept": by_kind_summary(ctx.snapshot(lam))}
         if not curve:
             return
         from ..analysis.plots import learning_curves, meta_curves
@@ -391,6 +396,12 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
             learning_curves(curve, part.domain_names, draft.path("learning.png"))
 
     return build_or_reuse(store, "meta-train", config, parents, build, force, runtime)
+
+
+def by_kind_summary(snap: dict) -> dict:
+    """A snapshot's per-kind strategy and split (`spread.by_kind`'s keys), rounded for the manifest."""
+    keep = ("beta_", "lrx_", "split_", "frozen")
+    return {k: round(float(v), 4) for k, v in snap.items() if k.startswith(keep)}
 
 
 STATE = "state.safetensors"  # a federated meta-train artifact's last loop state (lambda, best, history, counters)
@@ -427,6 +438,8 @@ def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: 
 
 
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
+    if cfg.meta.head == "log":
+        return init_log_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.beta_init)
     return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init,
                        cfg.meta.init_gain, cfg.meta.beta_output)
 

@@ -1,0 +1,127 @@
+"""Does the learned LRs' meta-gradient see the whole fine-tuning? `python bench/lr_gradient.py CELL [CELL ...]`.
+
+On real clients of a bench cell (pipelines/bench/CELL.toml: its partition, pretrained model and statistics, built or
+reused), at every client's initial strategy (--head log at init: beta_init and the base LR for every client), one
+number per client: dL_V / d log s, the validation loss's slope in a common scale s of every LR, three ways:
+- finite differences over the whole fine-tuning (the truth): fine-tune at s = e^{+-h} with the same batches;
+- `last-step`: FOMAML+'s and the IFT's default LR path, -dL_V/dtheta* . eta * g_last (the last step only);
+- `trajectory` (--lr-grad trajectory): dL_V/dtheta* . (theta* - theta_g), read from the code path meta-train runs
+  (the sum of log eta~'s meta-gradient under --head log).
+L_V is the client's whole validation set here (meta-train draws one batch of it), so the three differ only by the
+path. Prints one row per client and the ratio of each estimate to the finite difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import search  # noqa: E402  (the cells' pipeline files, through its `accuracy`)
+
+
+def _val_loss(model, params, s, bn, xv, yv) -> torch.Tensor:
+    from fedl2p_cli.core.finetune import eval_policy
+    from fedl2p_cli.core.functional import ce_loss
+    return ce_loss(model, params, xv, yv, eval_policy(s, bn))
+
+
+def client_row(ctx, c: int, cfg, h: float, seed: int) -> dict:
+    """The three slopes for client c at the log head's initial lambda."""
+    from fedl2p_cli.algorithms import meta_grads
+    from fedl2p_cli.algorithms.fedl2p import hyper_fn
+    from fedl2p_cli.core.finetune import Strategy, finetune
+    from fedl2p_cli.engine.loop import generator
+    from fedl2p_cli.stages.meta_train import initial_lambda
+    n_p = len(ctx.theta_g)
+    xi, x = ctx.inputs(c)
+    lam = initial_lambda(ctx.cfg, len(xi), len(x), n_p)
+    hyper = hyper_fn(xi, x, n_p, cfg)
+    data, bn0 = ctx.part.client(c), ctx.stats.client_bn(c)
+    (xt, yt), (xv, yv) = data.train, data.val
+    with torch.no_grad():
+        beta, eta = hyper(lam)
+
+    def tune(scale: float):
+        s = Strategy(beta, eta * scale)
+        return s, finetune(ctx.model, ctx.theta_g, xt, yt, s, bn0, cfg.epochs, cfg.batch_size, generator(seed, 0, c),
+                           cfg.client_bn)
+
+    up, down = tune(math.exp(h)), tune(math.exp(-h))
+    with torch.no_grad():
+        lp = float(_val_loss(ctx.model, *_pair(up), xv, yv))
+        lm = float(_val_loss(ctx.model, *_pair(down), xv, yv))
+    s, ft = tune(1.0)
+    with torch.no_grad():  # the same, with the client's BN statistics held at the unscaled run's (what the estimates hold)
+        fp = float(_val_loss(ctx.model, up[1].params, s, ft.bn, xv, yv))
+        fm = float(_val_loss(ctx.model, down[1].params, s, ft.bn, xv, yv))
+    theta = {k: v.detach().requires_grad_(True) for k, v in ft.params.items()}
+    lv = _val_loss(ctx.model, theta, s, ft.bn, xv, yv)
+    v = torch.autograd.grad(lv, list(theta.values()))
+    last = sum(float(-(a * e * g).sum()) for a, e, g in zip(v, eta, ft.last_grad))
+    traj_formula = sum(float((a * (t - t0)).sum()) for a, t, t0 in zip(v, ft.params.values(), ctx.theta_g.values()))
+    # the code path: FOMAML+ with --lr-grad trajectory, its validation batch the whole validation set
+    full = type(cfg)(**{**cfg.__dict__, "batch_size": max(cfg.batch_size, len(yv))})
+    mg = meta_grads.Fomaml().one(ctx.model, ft, lam, hyper, data, full, generator(seed, 1, c))
+    code = float(mg.grads["logeta"].sum())
+    fd = (lp - lm) / (2 * h)
+    return {"client": c, "domain": ctx.part.domain_names[int(ctx.part.domain[c])], "fd": fd,
+            "fd_fixed_bn": (fp - fm) / (2 * h), "last_step": last,
+            "trajectory": traj_formula, "trajectory_code": code}
+
+
+def _pair(st):
+    s, ft = st
+    return ft.params, s, ft.bn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cells", nargs="+")
+    ap.add_argument("--clients", type=int, default=4, help="seen clients per kind")
+    ap.add_argument("--h", type=float, default=0.05, help="finite-difference step in log s")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from fedl2p_cli.configs import MetaTrainConfig
+    from fedl2p_cli.core.settings import MetaConfig
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import meta_train
+    rows = []
+    for cell in args.cells:
+        ids = search.accuracy.prerequisites(cell)
+        sec = search.accuracy.sections(cell)["meta-train"][0]
+        meta = MetaConfig(head="log", lr_grad="trajectory", epochs=sec.get("epochs", 5), base_lr=sec["base_lr"],
+                          batch_size=sec.get("batch_size", 32), beta_init=0.5)
+        cfg = MetaTrainConfig(meta=meta, input_norm="robust")
+        ctx = meta_train.make_context(str(search.accuracy.STORE), _id(ids, "pretrain"), _id(ids, "partition"),
+                                      _id(ids, "stats"), cfg, Runtime())
+        seen = ctx.part.pool(False)
+        picked = [c for d in range(len(ctx.part.domain_names))
+                  for c in [c for c in seen if int(ctx.part.domain[c]) == d][:args.clients]]
+        for c in picked:
+            r = {"cell": cell} | client_row(ctx, c, meta, args.h, 0)
+            rows.append(r)
+            print(f"{cell:16s} client {c:3d} {r['domain']:9s} FD {r['fd']:+.4f} (BN held {r['fd_fixed_bn']:+.4f})  "
+                  f"last-step {r['last_step']:+.4f} "
+                  f"(x{_ratio(r['last_step'], r['fd'])})  trajectory {r['trajectory']:+.4f} "
+                  f"(x{_ratio(r['trajectory'], r['fd'])})  code path {r['trajectory_code']:+.4f}", flush=True)
+    if args.json:
+        args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _id(ids: dict, stage: str) -> str:
+    return ids[stage]
+
+
+def _ratio(est: float, fd: float) -> str:
+    return f"{est / fd:.2f}" if fd else "nan"
+
+
+if __name__ == "__main__":
+    main()

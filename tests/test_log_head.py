@@ -1,0 +1,160 @@
+"""The log head (--head log) and the LRs' trajectory meta-gradient (--lr-grad trajectory): every client starts at the
+same strategy, a split between clients can be learned, the LR gradient sees the whole fine-tuning (checked against
+finite differences), and the robust input standardisation, the per-kind split and equal client weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedl2p_cli.algorithms import meta_grads
+from fedl2p_cli.algorithms.fedl2p import hyper_fn
+from fedl2p_cli.analysis import spread
+from fedl2p_cli.core.client import ClientData
+from fedl2p_cli.core.finetune import Strategy, eval_policy, finetune
+from fedl2p_cli.core.functional import ce_loss
+from fedl2p_cli.core.metanets import (
+    LOG_LR_RANGE,
+    Z_CLIP,
+    init_lambda,
+    init_log_lambda,
+    input_normalizer,
+    log_hyperparameters,
+    normalize_inputs,
+)
+from fedl2p_cli.core.settings import MetaConfig
+
+from .helpers import smooth_setup
+
+
+def test_the_log_head_starts_every_client_at_the_same_strategy():
+    """Zero output layers: beta_init and the base LR exactly, whatever the inputs (the paper's head at gain 1 does
+    not: its split at init is noise of the draw)."""
+    lam = init_log_lambda(3, 14, 10, 1e-3, "both", seed=5, beta_init=0.3)
+    outs = [log_hyperparameters(lam, torch.randn(3) * 3, torch.randn(14) * 3, 10, 1e-3, 1.0) for _ in range(4)]
+    for beta, eta in outs:
+        assert torch.allclose(beta, torch.full((3,), 0.3), atol=1e-6)
+        assert torch.allclose(eta, torch.full((10,), 1e-3), rtol=1e-6)
+    paper = init_lambda(3, 14, 10, 1e-3, "both", seed=5, gain=1.0)
+    from fedl2p_cli.core.metanets import hyperparameters
+    betas = [hyperparameters(paper, torch.randn(3) * 3, torch.randn(14) * 3, 10, 1e-3, 1.0)[0] for _ in range(4)]
+    assert max(float((a - b).abs().max()) for a in betas for b in betas) > 0.01
+
+
+def test_a_split_between_clients_can_be_learned_from_the_zero_start():
+    """At init the outputs ignore the inputs, yet the gradient of the gap between two clients' beta and log LR
+    is not 0: a meta-step can open a split (hidden layers pass the inputs on)."""
+    lam = {k: v.requires_grad_(True) for k, v in init_log_lambda(3, 14, 10, 1e-3, "both", seed=0).items()}
+    xa, xb = (torch.randn(3), torch.randn(14)), (torch.randn(3), torch.randn(14))
+    (ba, ea), (bb, eb) = (log_hyperparameters(lam, *x, 10, 1e-3, 1.0) for x in (xa, xb))
+    gap = (ba - bb).sum() + (ea.log() - eb.log()).sum()
+    assert float(gap.detach().abs()) < 1e-6
+    grads = torch.autograd.grad(gap, [lam["bnnet.2.weight"], lam["lrnet.2.weight"]])
+    assert all(float(g.abs().max()) > 1e-3 for g in grads)
+
+
+def test_the_log_heads_lr_is_positive_and_bounded():
+    """exp of a tanh-bounded log multiplier: within eta~ / 100 .. eta~ x 100 even for a runaway raw output."""
+    lam = init_log_lambda(3, 14, 10, 1e-3, "both", seed=0)
+    lam["lrnet.2.bias"] = torch.linspace(-1e3, 1e3, 10)
+    _, eta = log_hyperparameters(lam, torch.zeros(3), torch.zeros(14), 10, 1e-3, 1.0)
+    assert float(eta.min()) >= 1e-3 * math.exp(-LOG_LR_RANGE) * 0.999
+    assert float(eta.max()) <= 1e-3 * math.exp(LOG_LR_RANGE) * 1.001
+
+
+def _val_loss(model, params, s, bn, xv, yv) -> float:
+    with torch.no_grad():
+        return float(ce_loss(model, params, xv, yv, eval_policy(s, bn)))
+
+
+def test_the_trajectory_lr_gradient_matches_finite_differences_over_the_whole_fine_tuning():
+    """dL_V / d log s for a common LR scale s, on a smooth float64 model fine-tuned for 6 steps: the meta-gradient
+    of log eta~ under --lr-grad trajectory (the code path meta-train runs) against central differences of the whole
+    fine-tuning (same batches; the client's BN statistics held, as the estimate holds them). The last-step path is
+    about 1/steps of it; the trajectory estimate is within x1.5."""
+    model, theta, _, _, (x, y), bn0 = smooth_setup(n=48)
+    n_p = len(theta)
+    cfg = MetaConfig(head="log", lr_grad="trajectory", meta_grad="fomaml", epochs=2, batch_size=16, base_lr=0.05,
+                     beta_init=0.5)
+    xi, xs = torch.zeros(len(bn0.mean), dtype=torch.float64), torch.zeros(2 * n_p, dtype=torch.float64)
+    lam = {k: v.double() for k, v in init_log_lambda(len(bn0.mean), 2 * n_p, n_p, cfg.base_lr, "both", 0).items()}
+    hyper = hyper_fn(xi, xs, n_p, cfg)
+    data = ClientData((x, y), (x[:16], y[:16]), (x[:4], y[:4]))
+    with torch.no_grad():
+        beta, eta = hyper(lam)
+
+    def tune(scale: float):
+        s = Strategy(beta, eta * scale)
+        return s, finetune(model, theta, x, y, s, bn0, cfg.epochs, cfg.batch_size, torch.Generator().manual_seed(3),
+                           cfg.client_bn)
+
+    s, ft = tune(1.0)
+    h = 1e-3
+    fd = (_val_loss(model, tune(math.exp(h))[1].params, s, ft.bn, *data.val)
+          - _val_loss(model, tune(math.exp(-h))[1].params, s, ft.bn, *data.val)) / (2 * h)
+    traj = meta_grads.Fomaml().one(model, ft, lam, hyper, data, cfg, torch.Generator().manual_seed(4))
+    last = meta_grads.Fomaml().one(model, ft, lam, hyper, data, dataclasses.replace(cfg, lr_grad="last-step"),
+                                   torch.Generator().manual_seed(4))
+    est, est_last = float(traj.grads["logeta"].sum()), float(last.grads["logeta"].sum())
+    assert abs(fd) > 1e-3
+    assert 1 / 1.5 < est / fd < 1.5, (est, fd)
+    assert abs(est_last / fd) < 0.5, (est_last, fd)  # the last of 6 steps: a fraction of the slope
+    # beta's meta-gradient does not depend on the LR path
+    assert torch.allclose(traj.grads["bnnet.2.bias"], last.grads["bnnet.2.bias"])
+
+
+def test_robust_standardisation_floors_the_sd_and_clips_z():
+    """A feature that is constant over the seen pool gets an SD of 5% of its scale, not 1e-6; an unseen client far
+    out reaches |z| = 3, not thousands."""
+    xi = torch.tensor([[1.0, 0.2], [1.0, 0.4], [1.0, 0.6]])
+    x = torch.tensor([[10.0], [12.0], [14.0]])
+    plain, robust = input_normalizer(xi, x), input_normalizer(xi, x, robust=True)
+    far = (torch.tensor([1.5, 0.4]), torch.tensor([200.0]))
+    zi, zx = normalize_inputs(plain, *far)
+    assert float(zi[0]) > 1e4
+    zi, zx = normalize_inputs(robust, *far)
+    assert float(robust["xi_sd"][0]) == pytest.approx(0.05)
+    assert float(zi[0]) == Z_CLIP and float(zx[0]) == Z_CLIP and float(zi[1]) == pytest.approx(0.0)
+
+
+def test_the_split_by_kind_counts_frozen_tensors_and_reads_the_round_0_control():
+    """Per kind: mean beta per layer and LR multiplier; the split between kinds over the tensors every kind trains,
+    and the frozen tensors counted, not dropped."""
+    beta = np.array([[0.1, 0.5], [0.1, 0.5], [0.9, 0.5]])
+    eta = np.array([[1e-3, 0.0, 2e-3], [1e-3, 1e-3, 2e-3], [4e-3, 1e-3, 2e-3]])
+    out = spread.by_kind(beta, eta, np.array([0, 0, 1]), ["clean", "invert"], 1e-3)
+    assert out["split_beta"] == pytest.approx(0.8)
+    assert out["split_lr"] == pytest.approx(4.0)
+    assert out["frozen"] == 1
+    assert out["lrx_invert"] == pytest.approx((4 + 1 + 2) / 3)
+    same = spread.by_kind(beta[:, :1] * 0 + 0.5, eta * 0 + 1e-3, np.array([0, 0, 1]), ["clean", "invert"], 1e-3)
+    assert same["split_beta"] == 0.0 and same["split_lr"] == 1.0 and same["frozen"] == 0
+
+
+def test_meta_train_under_the_log_head_records_its_round_0_control(tiny_store, tmp_path):
+    """A meta-train artifact's metrics hold the split by kind at round 0 (the initial lambda: exactly 0 under the
+    log head) beside the kept lambda's; history.csv has the per-kind LR multipliers per round; equal client
+    weights and robust inputs name the variant."""
+    import shutil
+
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.stages import meta_train
+
+    from .conftest import TINY_META
+    root = tmp_path / "s"
+    shutil.copytree(tiny_store["store"].root, root)
+    meta = dataclasses.replace(TINY_META, head="log", lr_grad="trajectory", meta_grad="fomaml", lr_bnnet=0.05,
+                               lr_lrnet=0.05)
+    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=meta, input_norm="robust", client_weights="equal",
+                                     keep="last")
+    art, _ = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id)
+    assert art.metrics["variant"] == "fedl2p-fomaml-traj-rstd-last-log-bnnetlr0.05-lrnetlr0.05-eqw"
+    split = art.metrics["split"]
+    assert split["round 0"]["split_beta"] == 0.0 and split["round 0"]["split_lr"] == 1.0
+    assert split["kept"]["split_beta"] > 0.0 and split["kept"]["split_lr"] > 1.0
+    header = art.file("history.csv").read_text().splitlines()[0].split(",")
+    assert {"lrx_clean", "lrx_invert", "split_beta", "split_lr", "frozen"} <= set(header)
