@@ -26,32 +26,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import imports
-from .algorithms.meta_grads import MetaGradient
 from .algorithms.systems.base import PFLSystem
 from .catalog import API_VERSION, ModelSpec, Plugin, PluginError, UnknownName
 from .data.sources import Source
-from .engine.interface import Executor, Job, Pool
 from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
-from .methods.registry import POOLS, HandMade, Learned, Method, Outcome, System, Tuned
+from .methods.registry import POOLS, HandMade, Learned, Method, System, Tuned
 from .plugins import Registry
-from .protocols import DatasetLoader, ModelFactory, PretrainClient, PretrainClients
+from .protocols import Dataset, DatasetLoader, Executor, Job, MetaGradient, ModelFactory, Outcome, Pool, PretrainClient, PretrainClients
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-    from .algorithms.local import LocalConfig, sgd_client
+    from .algorithms.local import sgd_client
     from .algorithms.meta_grads import Fomaml, Ift
     from .algorithms.systems.base import Trained as TrainedSystem
     from .artifacts import Artifact, Draft
     from .configs import PartitionConfig, PFLConfig
     from .core.aggregate import weighted_average
-    from .core.client import ClientData, Timer
+    from .core.client import ClientData, LocalConfig, Timer
     from .core.finetune import FinetuneResult
     from .core.functional import epochs_of_batches, evaluate, get_state, mean_loss, random_batch, set_state
     from .core.hypergrad import MetaGrad
-    from .data.datasets import Dataset, channel_stats
+    from .data.datasets import channel_stats
     from .device import to_host
     from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
     from .engine.placement import OnDevice
@@ -62,7 +60,7 @@ if TYPE_CHECKING:
 
 # the torch-side names, imported when first asked for (module, name there)
 _LAZY = {
-    "LocalConfig": ("algorithms.local", "LocalConfig"), "sgd_client": ("algorithms.local", "sgd_client"),
+    "LocalConfig": ("core.client", "LocalConfig"), "sgd_client": ("algorithms.local", "sgd_client"),
     "Artifact": ("artifacts", "Artifact"), "Draft": ("artifacts", "Draft"),
     "PartitionConfig": ("configs", "PartitionConfig"), "PFLConfig": ("configs", "PFLConfig"),
     "weighted_average": ("core.aggregate", "weighted_average"),
@@ -70,7 +68,7 @@ _LAZY = {
     "epochs_of_batches": ("core.functional", "epochs_of_batches"), "evaluate": ("core.functional", "evaluate"),
     "get_state": ("core.functional", "get_state"), "mean_loss": ("core.functional", "mean_loss"),
     "set_state": ("core.functional", "set_state"),
-    "Dataset": ("data.datasets", "Dataset"), "channel_stats": ("data.datasets", "channel_stats"),
+    "channel_stats": ("data.datasets", "channel_stats"),
     "to_host": ("device", "to_host"),
     "Checkpoint": ("engine.loop", "Checkpoint"), "LoopState": ("engine.loop", "LoopState"),
     "generator": ("engine.loop", "generator"), "group_of": ("engine.loop", "group_of"), "nest": ("engine.loop", "nest"),

@@ -1,31 +1,39 @@
 """The catalog: every piece a process knows (models, datasets, methods, pFL systems, pretraining algorithms,
-executors, meta-gradients), by kind
-and name, with the plugin that registered it. One object, filled by the plugin loader (fedl2p_cli/plugins.py): the
-built-ins and a user's plugins register the same way, and every lookup of every kind behaves the same (`get` raises
-`UnknownName` naming the choices, `find` answers None). Torch-free; at run time it imports only the package's errors
-(the entries' types below are imported for the type checker only)."""
+executors, meta-gradients), by kind and name, with the plugin that registered it. One object, filled by the plugin
+loader (fedl2p_cli/plugins.py): the built-ins and a user's plugins register the same way, and every lookup of every
+kind behaves the same (`get` raises `UnknownName` naming the choices, `find` answers None). A lookup names its kind by
+a typed key (`get(MODEL, name)` is a `ModelSpec`, `get(EXECUTOR, name)` an `Executor`): a misspelt kind does not
+type-check. Torch-free, on the bottom floor: it imports the entries' Protocols (fedl2p_cli/protocols.py) and the
+package's errors, nothing else (tests/test_layout.py checks)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Generic, TypeVar, cast
 
 from .errors import FedL2PError
-
-if TYPE_CHECKING:  # the entries' types, for `get` and `find` typed per kind
-    from .algorithms.meta_grads import MetaGradient
-    from .data.sources import Source
-    from .engine.interface import Executor
-    from .methods.registry import Method, System
+from .protocols import Executor, MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
 BUILTIN = "fedl2p_cli.builtin"
-KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad")
-# what a kind is called where a lookup fails, and the option that names it
-WHAT = {"model": ("model", "--model"), "dataset": ("dataset", "--dataset"), "method": ("method", "--methods"),
-        "system": ("pFL system", "--algo"), "pretrain-algo": ("algorithm", "--algo"), "executor": ("executor", "--engine"),
-        "meta-grad": ("meta-gradient", "--meta-grad")}
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class Kind(Generic[T_co]):
+    """A kind of piece, typed by what its entries are. `what` and `option`: what a failed lookup calls it and the
+    option that names it. `among`: the kinds one lookup searches (methods and systems: `personalize --methods` names
+    both); by default its own."""
+    name: str
+    what: str
+    option: str
+    among: tuple[str, ...] = ()
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.among or (self.name,)
 
 
 class PluginError(FedL2PError):
@@ -35,12 +43,11 @@ class PluginError(FedL2PError):
 class UnknownName(FedL2PError):
     """A name no loaded plugin registered under the kind asked for; the message names the choices."""
 
-    def __init__(self, kind: str, name: str, choices: list[str], hint: str = ""):
-        what, option = WHAT.get(kind, (kind, ""))
-        super().__init__(f"unknown {what} '{name}'" + (f" ({option})" if option else "")
+    def __init__(self, kind: Kind[object], name: str, choices: list[str], hint: str = ""):
+        super().__init__(f"unknown {kind.what} '{name}' ({kind.option})"
                          + f"; choose one of: {', '.join(choices) or 'none loaded'}{hint}"
                          + " (or load the plugin that adds it: --plugin MODULE)")
-        self.kind, self.name, self.choices = kind, name, choices
+        self.kind, self.name, self.choices = kind.name, name, choices
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ class Plugin:
 class ModelSpec:
     """A registered model: `factory(in_channels=, num_classes=)` returns an nn.Module with BatchNorm layers. `head`:
     the classifier's module name (None: the last nn.Linear)."""
-    factory: Callable[..., Any]
+    factory: ModelFactory
     about: str = ""
     head: str | None = None
     plugin: Plugin | None = None
@@ -82,18 +89,29 @@ class PretrainAlgo:
     sample count. `freeze_head`: the classifier is not trained (FedBABU). `client_many(model, states, xs, ys, lrs,
     local_config, generators) -> [(state, loss)]`: several clients' updates as one computation (the batched executor;
     None: one at a time there)."""
-    client: Callable[..., Any]
+    client: PretrainClient
     about: str = ""
     freeze_head: bool = False
     plugin: Plugin | None = None
-    client_many: Callable[..., Any] | None = None
+    client_many: PretrainClients | None = None
+
+
+MODEL: Kind[ModelSpec] = Kind("model", "model", "--model")
+DATASET: Kind[Source] = Kind("dataset", "dataset", "--dataset")
+METHOD: Kind[Method] = Kind("method", "method", "--methods")
+SYSTEM: Kind[System] = Kind("system", "pFL system", "--algo")
+METHODS: Kind[Method] = Kind("method", "method", "--methods", ("method", "system"))  # a method or a system
+PRETRAIN_ALGO: Kind[PretrainAlgo] = Kind("pretrain-algo", "algorithm", "--algo")
+EXECUTOR: Kind[Executor] = Kind("executor", "executor", "--engine")
+META_GRAD: Kind[MetaGradient] = Kind("meta-grad", "meta-gradient", "--meta-grad")
+KINDS = tuple(k.name for k in (MODEL, DATASET, METHOD, SYSTEM, PRETRAIN_ALGO, EXECUTOR, META_GRAD))
 
 
 @dataclass(frozen=True)
 class Entry:
     kind: str
     name: str
-    value: Any
+    value: object  # of the type its kind's key names: `Registry` adds it through a typed `add_*`
     plugin: Plugin
 
 
@@ -119,7 +137,7 @@ class Catalog:
         if module and module not in self.allowed:
             self.allowed.append(module)
 
-    def add(self, plugin: Plugin, pieces: list[tuple[str, str, Any]]) -> None:
+    def add(self, plugin: Plugin, pieces: list[tuple[str, str, object]]) -> None:
         """Register a plugin's pieces ((kind, name, value) each) all together, or none of them: a name already taken
         (in this catalog or twice in `pieces`) is refused naming both plugins."""
         seen: set[tuple[str, str]] = set()
@@ -138,61 +156,25 @@ class Catalog:
         for ns in dict.fromkeys(namespace(k) for k in kinds):
             yield from (e for e in self.entries[ns].values() if e.kind in kinds)
 
-    @overload
-    def find(self, kind: Literal["model"], name: str) -> ModelSpec | None: ...
-    @overload
-    def find(self, kind: Literal["pretrain-algo"], name: str) -> PretrainAlgo | None: ...
-    @overload
-    def find(self, kind: Literal["executor"], name: str) -> Executor | None: ...
-    @overload
-    def find(self, kind: Literal["meta-grad"], name: str) -> MetaGradient | None: ...
-    @overload
-    def find(self, kind: Literal["dataset"], name: str) -> Source | None: ...
-    @overload
-    def find(self, kind: Literal["system"], name: str) -> System | None: ...
-    @overload
-    def find(self, kind: Literal["method"] | tuple[Literal["method"], Literal["system"]], name: str) -> Method | None: ...
-    @overload
-    def find(self, kind: str | tuple[str, ...], name: str) -> Any: ...
+    def find(self, kind: Kind[T], name: str) -> T | None:
+        """The piece registered as `name` under `kind` (or any of the kinds it looks among); None if none."""
+        return next((cast(T, e.value) for e in self._of(kind.kinds) if e.name == name), None)
 
-    def find(self, kind: str | tuple[str, ...], name: str) -> Any:
-        """The piece registered as `name` under `kind` (or any of several kinds); None if none."""
-        kinds = (kind,) if isinstance(kind, str) else kind
-        return next((e.value for e in self._of(kinds) if e.name == name), None)
-
-    @overload
-    def get(self, kind: Literal["model"], name: str, hint: str = "") -> ModelSpec: ...
-    @overload
-    def get(self, kind: Literal["pretrain-algo"], name: str, hint: str = "") -> PretrainAlgo: ...
-    @overload
-    def get(self, kind: Literal["executor"], name: str, hint: str = "") -> Executor: ...
-    @overload
-    def get(self, kind: Literal["meta-grad"], name: str, hint: str = "") -> MetaGradient: ...
-    @overload
-    def get(self, kind: Literal["dataset"], name: str, hint: str = "") -> Source: ...
-    @overload
-    def get(self, kind: Literal["system"], name: str, hint: str = "") -> System: ...
-    @overload
-    def get(self, kind: Literal["method"] | tuple[Literal["method"], Literal["system"]], name: str, hint: str = "") -> Method: ...
-    @overload
-    def get(self, kind: str | tuple[str, ...], name: str, hint: str = "") -> Any: ...
-
-    def get(self, kind: str | tuple[str, ...], name: str, hint: str = "") -> Any:
+    def get(self, kind: Kind[T], name: str, hint: str = "") -> T:
         """The piece registered as `name` under `kind`; `UnknownName` naming the choices if none."""
         value = self.find(kind, name)
         if value is None:
-            kinds = (kind,) if isinstance(kind, str) else kind
-            raise UnknownName(kinds[0], name, self.names(kind), hint)
+            raise UnknownName(kind, name, self.names(kind), hint)
         return value
 
-    def names(self, kind: str | tuple[str, ...]) -> list[str]:
-        return [e.name for e in self._of((kind,) if isinstance(kind, str) else kind)]
+    def names(self, kind: Kind[object]) -> list[str]:
+        return [e.name for e in self._of(kind.kinds)]
 
-    def values(self, kind: str | tuple[str, ...]) -> list[Any]:
-        return [e.value for e in self._of((kind,) if isinstance(kind, str) else kind)]
+    def values(self, kind: Kind[T]) -> list[T]:
+        return [cast(T, e.value) for e in self._of(kind.kinds)]
 
-    def owner(self, kind: str, name: str) -> Plugin | None:
-        entry = self.entries[namespace(kind)].get(name)
+    def owner(self, kind: Kind[object], name: str) -> Plugin | None:
+        entry = self.entries[namespace(kind.name)].get(name)
         return entry.plugin if entry is not None else None
 
     def active(self) -> list[str]:

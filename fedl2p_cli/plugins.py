@@ -27,19 +27,34 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import imports
-from .catalog import API_VERSION, BUILTIN, KINDS, Catalog, ModelSpec, Plugin, PluginError, PretrainAlgo
+from .catalog import (
+    API_VERSION,
+    BUILTIN,
+    DATASET,
+    EXECUTOR,
+    KINDS,
+    META_GRAD,
+    METHOD,
+    MODEL,
+    PRETRAIN_ALGO,
+    SYSTEM,
+    Catalog,
+    Kind,
+    ModelSpec,
+    Plugin,
+    PluginError,
+    PretrainAlgo,
+)
 from .errors import FedL2PError
 
 if TYPE_CHECKING:
-    from .algorithms.meta_grads import MetaGradient
-    from .data.sources import Source
-    from .engine.interface import Executor
-    from .methods.registry import Method, System
-    from .protocols import ModelFactory, PretrainClient, PretrainClients
+    from .protocols import Executor, MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
     from .runtime import Runtime
+
+T = TypeVar("T")
 
 GROUP = "fedl2p.plugins"
 ENV = "FEDL2P_PLUGINS"
@@ -51,7 +66,7 @@ class Registry:
     """What a plugin's `register(registry)` receives. Each `add_*` names one piece; the pieces are registered together
     once `register` returns (a clash or an error registers none of them)."""
     plugin: Plugin
-    pending: list[tuple[str, str, Any]] = field(default_factory=list)
+    pending: list[tuple[str, str, object]] = field(default_factory=list)
 
     def add_model(self, name: str, factory: ModelFactory, about: str = "", head: str | None = None) -> None:
         """A model: `factory(in_channels=, num_classes=)` (each passed when the factory takes it) returns an nn.Module
@@ -59,53 +74,53 @@ class Registry:
         FedBABU freezes); default: the last nn.Linear."""
         if not callable(factory):
             raise PluginError(f"{self.plugin.describe()}: model '{name}': its factory is not callable")
-        self._add("model", name, ModelSpec(factory, about, head, self.plugin))
+        self._add(MODEL, name, ModelSpec(factory, about, head, self.plugin))
 
     def add_dataset(self, source: Source) -> None:
         """A dataset: an `api.Source` (its loader, channels, classes, normalisation)."""
         if not callable(getattr(source, "load", None)):
             raise PluginError(f"{self.plugin.describe()}: dataset '{getattr(source, 'name', source)}': its load is "
                               "not callable")
-        self._add("dataset", source.name, source)
+        self._add(DATASET, source.name, source)
 
     def add_method(self, method: Method) -> None:
         """A personalisation method: an `api.HandMade`, `Tuned` or `Learned`."""
         if getattr(method, "kind", None) == "system":
             raise PluginError(f"{self.plugin.describe()}: '{method.name}' is a System; register it with add_system")
-        self._add("method", method.name, method)
+        self._add(METHOD, method.name, method)
 
     def add_system(self, system: System) -> None:
         """A personalised-FL system: an `api.System` whose `trainer` ("package.module:Class", an `api.PFLSystem`)
         trains and evaluates it (`fedl2p pfl-train --algo NAME`, `personalize --methods NAME`)."""
         if getattr(system, "kind", None) != "system":
             raise PluginError(f"{self.plugin.describe()}: add_system takes an api.System")
-        self._add("system", system.name, system)
+        self._add(SYSTEM, system.name, system)
 
     def add_pretrain_algo(self, name: str, client: PretrainClient, about: str = "", freeze_head: bool = False,
                           client_many: PretrainClients | None = None) -> None:
         """A pretraining algorithm (`fedl2p pretrain --algo NAME`): `client(model, state, x, y, lr, local_config,
         generator) -> (new state, mean loss)`, one client's local update; the server averages by samples.
         `client_many` (optional): the same for a list of clients at once, for `--engine batched`."""
-        self._add("pretrain-algo", name, PretrainAlgo(client, about, freeze_head, self.plugin, client_many))
+        self._add(PRETRAIN_ALGO, name, PretrainAlgo(client, about, freeze_head, self.plugin, client_many))
 
     def add_executor(self, executor: Executor) -> None:
         """Where a round's client updates run (`--engine NAME`): an `api.Executor` (its `name`, `about`,
         `check(runtime)` and `open(job)` returning a pool whose `map(tasks)` gives the results in task order)."""
         if not all(hasattr(executor, a) for a in ("name", "about", "check", "open")):
             raise PluginError(f"{self.plugin.describe()}: add_executor takes an api.Executor (name, about, check, open)")
-        self._add("executor", executor.name, executor)
+        self._add(EXECUTOR, executor.name, executor)
 
     def add_meta_grad(self, meta_grad: MetaGradient) -> None:
         """A FedL2P meta-gradient (`--meta-grad NAME`, and its tag in variant names): an `api.MetaGradient` (its
         `name`, `about`, `one(...)` for one client and `many(...)` for a group)."""
         if not all(hasattr(meta_grad, a) for a in ("name", "about", "one", "many")):
             raise PluginError(f"{self.plugin.describe()}: add_meta_grad takes an api.MetaGradient (name, about, one, many)")
-        self._add("meta-grad", meta_grad.name, meta_grad)
+        self._add(META_GRAD, meta_grad.name, meta_grad)
 
-    def _add(self, kind: str, name: str, value: Any) -> None:
+    def _add(self, kind: Kind[T], name: str, value: T) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-            raise PluginError(f"{self.plugin.describe()} registers a {kind} named {name!r}: use letters, digits, '.', '_' or '-'")
-        self.pending.append((kind, name, value))
+            raise PluginError(f"{self.plugin.describe()} registers a {kind.name} named {name!r}: use letters, digits, '.', '_' or '-'")
+        self.pending.append((kind.name, name, value))
 
 
 def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], Any]) -> None:
@@ -119,10 +134,11 @@ def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], Any]) ->
         raise PluginError(f"{plugin.describe()} failed in register(): {e.__class__.__name__}: {e}") from None
     catalog.add(plugin, reg.pending)
     for kind, name, value in reg.pending:
-        if kind == "system" and ":" not in value.trainer:  # API 1's module protocol: still trains, in this process
-            catalog.notes.append(f"pFL system '{name}' ({plugin.describe()}) is a module of functions ({value.trainer}), "
+        trainer = getattr(value, "trainer", ":") if kind == SYSTEM.name else ":"
+        if ":" not in trainer:  # API 1's module protocol: still trains, in this process
+            catalog.notes.append(f"pFL system '{name}' ({plugin.describe()}) is a module of functions ({trainer}), "
                                  "which trains in this process only: make it an api.PFLSystem class and register "
-                                 f"trainer=\"{value.trainer}:ClassName\" to run it under --workers and --engine flower")
+                                 f"trainer=\"{trainer}:ClassName\" to run it under --workers and --engine flower")
 
 
 def _import(module: str, how: str) -> Any:
@@ -324,7 +340,7 @@ def using(catalog: Catalog) -> Iterator[Catalog]:
         _CURRENT.reset(token)
 
 
-def owner(kind: str, name: str) -> Plugin | None:
+def owner(kind: Kind[object], name: str) -> Plugin | None:
     """The plugin that registered `name` as a `kind` in the current catalog (None: nobody)."""
     return current().owner(kind, name)
 
@@ -340,7 +356,7 @@ def load(specs: Sequence[str], how: str = "--plugin") -> list[Plugin]:
     return [load_module(catalog, s, how) for s in specs]
 
 
-def used(names: dict[str, list[str]], catalog: Catalog) -> list[dict]:
+def used(names: dict[Kind[object], list[str]], catalog: Catalog) -> list[dict]:
     """The manifest records of the non-built-in plugins owning any of `names` ({kind: [name, ...]}) in `catalog`."""
     out: dict[str, dict] = {}
     for kind, values in names.items():
@@ -348,7 +364,7 @@ def used(names: dict[str, list[str]], catalog: Catalog) -> list[dict]:
             p = catalog.owner(kind, v)
             if p is not None and not p.builtin:
                 out[p.module] = p.record()
-            elif p is None and kind == "model" and ":" in v:  # a `package.module:factory` model from an installed package
+            elif p is None and kind == MODEL and ":" in v:  # a `package.module:factory` model from an installed package
                 dist, version = _dist_of(v.partition(":")[0])
                 if dist:
                     out[v] = {"module": v.partition(":")[0], "dist": dist, "version": version, "model": v}

@@ -1,33 +1,38 @@
-"""The callables a plugin registers, as Protocols: what `registry.add_model` and `add_pretrain_algo` take (and
-`Source.load`). Torch-free and below the registry (fedl2p_cli/plugins.py), which types its `add_*` parameters with
-them; the plugin API re-exports them."""
+"""The plugin-facing types, on the package's bottom floor: what the catalog stores per kind (a dataset's `Source`, a
+`Method` or `System`, an `Executor`, a `MetaGradient`, the callables `ModelFactory`, `PretrainClient`), what those
+are handed (`Job`, `Setup`, `Row`, `ClientContext`, a loader's `Dataset`) and what they return (`Pool`, `Outcome`).
+The classes fedl2p registers (data/sources.py's `Source`, methods/registry.py's methods, the executors and
+meta-gradients) implement them; the catalog and the plugin loader type their entries with them, so neither imports
+the layers above. Torch-free; it imports only core/ and errors, and for the type checker the values every layer shares
+(configs.py's configs, runtime.py's Runtime), which import only core/ (tests/test_layout.py checks)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-    from .algorithms.local import LocalConfig
-    from .configs import PartitionConfig
-    from .data.datasets import Dataset
+    from .configs import PartitionConfig, PersonalizeConfig
+    from .core.client import ClientData, LocalConfig
+    from .core.finetune import FinetuneResult, Strategy
+    from .core.hypergrad import MetaGrad
+    from .core.metanets import Lambda
+    from .core.settings import MetaConfig
+    from .runtime import Runtime
 
 
+# -- models and pretraining ------------------------------------------------------------------------------------
 class ModelFactory(Protocol):
     """What `registry.add_model` takes: an nn.Module for this many input channels and classes (either parameter may
     be left out). Its BatchNorm1d/2d layers become fedl2p's mixing BN; FedL2P differentiates through it twice, so
     every layer must be twice differentiable (checked when the model is built)."""
 
     def __call__(self, in_channels: int, num_classes: int) -> nn.Module: ...
-
-
-class DatasetLoader(Protocol):
-    """`Source.load`: the dataset of a partition's config, `data_dir` being --data-dir (or FEDL2P_DATA; None if
-    neither). Images uint8 [N, C, H, W], labels, class names, normalisation, optionally a domain per image."""
-
-    def __call__(self, cfg: PartitionConfig, data_dir: Any) -> Dataset: ...
 
 
 class PretrainClient(Protocol):
@@ -44,3 +49,254 @@ class PretrainClients(Protocol):
 
     def __call__(self, model: nn.Module, states: list[dict[str, Tensor]], xs: list[Tensor], ys: list[Tensor],
                  lrs: list[float], cfg: LocalConfig, gens: list[torch.Generator]) -> list[tuple[dict[str, Tensor], float]]: ...
+
+
+# -- datasets -----------------------------------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """A dataset as a source loads it: uint8 images [N, C, H, W], int64 labels, class names, normalisation constants,
+    and optionally a domain per image (each domain gets its own clients) or a group per image (a client each)."""
+    name: str
+    images: torch.Tensor  # uint8 [N, C, H, W]
+    labels: torch.Tensor  # int64 [N]
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    domains: torch.Tensor | None = None  # int64 [N], only for multi-domain sources
+    domain_names: list[str] | None = None
+    groups: torch.Tensor | None = None  # int64 [N]: naturally partitioned sources (a speaker per clip), one client each
+    group_names: list[str] | None = None
+    note: str | None = None  # what loading did that the user should hear of (image-folder: kept or resized)
+
+    def __len__(self) -> int:
+        return int(self.labels.numel())
+
+
+class DatasetLoader(Protocol):
+    """`Source.load`: the dataset of a partition's config, `data_dir` being --data-dir (or FEDL2P_DATA; None if
+    neither). Images uint8 [N, C, H, W], labels, class names, normalisation, optionally a domain per image."""
+
+    def __call__(self, cfg: PartitionConfig, data_dir: Path | None) -> Dataset: ...
+
+
+class Source(Protocol):
+    """A dataset as the catalog holds it (data/sources.py's `Source` is the one a plugin builds): its loader and what
+    the partition stage asks of it."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def load(self) -> DatasetLoader: ...
+    @property
+    def about(self) -> str: ...
+    @property
+    def channels(self) -> int | None: ...
+    @property
+    def classes(self) -> int | None: ...
+    @property
+    def mean(self) -> tuple[float, ...] | None: ...
+    @property
+    def std(self) -> tuple[float, ...] | None: ...
+    @property
+    def domains(self) -> tuple[str, ...] | None: ...
+    @property
+    def corruptible(self) -> bool: ...
+    @property
+    def corruption_files(self) -> tuple[str, ...]: ...
+    @property
+    def speakers(self) -> bool: ...
+    @property
+    def options(self) -> tuple[str, ...]: ...
+    @property
+    def images_of(self) -> str | None: ...
+    @property
+    def resized_before(self) -> int | None: ...
+    def read_paths(self, cfg: PartitionConfig, data_dir: Path | None) -> list[Path]: ...
+    def generates(self, corruptions: list[str] | None) -> bool: ...
+    def base(self) -> str: ...
+
+
+# -- methods and systems: what a method is handed in `personalize` ----------------------------------------------
+class Row(Protocol):
+    """One row of a personalisation: its name in the results, its method, what the method prepared for it (a learned
+    variant's meta-nets, a system's trained models)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def method(self) -> Method: ...
+    @property
+    def payload(self) -> Any: ...
+
+
+class Setup(Protocol):
+    """The personalisation being prepared: its config and the artifacts it reads. A method asks it for rows
+    (`row`, `meta_row`, `pfl_row`) and the artifacts they come from (`newest_learned`, `newest_meta`, `newest_pfl`)."""
+    cfg: PersonalizeConfig
+    model: nn.Module | None       # the harness's model, once built (a hand-made method's `tensors` reads it)
+
+    @property
+    def n_bn(self) -> int: ...
+    @property
+    def n_params(self) -> int: ...
+    def row(self, name: str, method: Method, art: Any = None, payload: Any = None) -> Row: ...
+    def newest_learned(self, family: str) -> Any: ...
+    def newest_meta(self, variant: str) -> Any: ...
+    def meta_row(self, method: Any, art: Any) -> Row: ...
+    def learned_strategy(self, row: Row, c: int) -> Strategy | None: ...
+    def newest_pfl(self, algo: str) -> Any: ...
+    def pfl_row(self, method: Any, art: Any) -> Row: ...
+
+
+class Trial(Protocol):
+    """One fine-tuning of a client under a strategy and seed; its scores are computed when asked."""
+
+    def evaluate(self, split: str, stats: str = "running") -> tuple[float, float]:
+        """(loss, accuracy) on the client's `split` (val, test) under `stats` (running, test-batch)."""
+        ...
+
+
+class Client(Protocol):
+    """A client on the harness's device: its id and its data (train, val, test splits)."""
+    id: int
+    data: ClientData
+
+
+class ClientContext(Protocol):
+    """One client and seed of a personalisation, what `Method.personalize` gets: every fine-tuning it asks for draws
+    the client's batch stream for the seed, so every method's row of a client and seed sees the same batches."""
+    setup: Setup
+    client: Client
+    seed: int
+    strategies: dict[str, Strategy | None]  # each row's strategy for this client, by row name
+
+    def handmade(self, method: Method, factor: float) -> Trial:
+        """Fine-tuning under a hand-made method's strategy at `factor` x its LR (computed once, shared)."""
+        ...
+
+    def handmade_strategy(self, method: Method, factor: float) -> Strategy:
+        """The Strategy `handmade(method, factor)` fine-tunes under (for `Method.wants`)."""
+        ...
+
+    def unadapted(self, split: str) -> tuple[float, float]:
+        """(loss, accuracy) of the pretrained parameters on `split`, without fine-tuning."""
+        ...
+
+    def learned(self, row: Row) -> Trial | None:
+        """Fine-tuning under the row's learned strategy for this client (None: it has none)."""
+        ...
+
+    def finetune(self, strategy: Strategy) -> Trial:
+        """Fine-tuning under any strategy (a learned one changed, say), on the client's batches for the seed."""
+        ...
+
+    def system(self, row: Row) -> float:
+        """A pFL system's test accuracy on this client (NaN where it has no model for it)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One client's result under one method and seed: test accuracy, and a tuned method's candidate scores (rows
+    [val_loss, val_acc, test_acc] in its candidates' order)."""
+    acc: float
+    candidates: Any = None
+
+
+class Method(Protocol):
+    """A personalisation method as the catalog holds it (methods/registry.py's `Method` and its kinds implement it):
+    `resolve` finds the artifact a requested name needs, `prepare` turns it into a row, `strategy` is the (beta, eta)
+    the row records for a client, `personalize` its result for one client and seed."""
+    trained_by: ClassVar[str | None]
+    kind: ClassVar[str]
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def pools(self) -> tuple[str, ...]: ...
+    def supports(self, pool: str) -> bool: ...
+    def resolve(self, setup: Setup, name: str) -> Any: ...
+    def prepare(self, setup: Setup, art: Any) -> Row: ...
+    def strategy(self, row: Row, setup: Setup, c: int) -> Strategy | None: ...
+    def personalize(self, row: Row, run: ClientContext) -> Outcome: ...
+    def wants(self, row: Row, run: ClientContext) -> list[Strategy]: ...
+
+
+class System(Method, Protocol):
+    """A personalised-FL system as the catalog holds it: a method whose `trainer` ("package.module:Class", an
+    `api.PFLSystem`) trains it (`fedl2p pfl-train --algo NAME`)."""
+    @property
+    def trainer(self) -> str: ...
+
+
+# -- executors ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """What a pool runs: `update(context, task)` for each task, on a context each process builds once as
+    `build(*args, runtime)` (worker processes, ClientApps; `sent` is the runtime they receive, with the parent's
+    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all.
+    `update_many(context, tasks)`, where the stage has one, computes a group of tasks at once (the batched
+    executor's path; per task the same results as `update`)."""
+    runtime: Runtime
+    sent: Runtime
+    build: Callable[..., Any]
+    args: tuple
+    update: Callable[..., Any]
+    local_context: Any
+    nodes: int
+    update_many: Callable[..., list[Any]] | None = None
+
+
+class Pool(Protocol):
+    """One stage run's client pool."""
+
+    def map(self, tasks: list[Any]) -> list[Any]:
+        """The tasks' results in task order (`rounds.Failed` for a client that failed)."""
+        ...
+
+    def close(self) -> None: ...
+    def __enter__(self) -> Pool: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+class Executor(Protocol):
+    """An executor as the catalog holds it: its `--engine` name, one line about it, a check of the runtime options it
+    reads and the pool it opens."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def check(self, runtime: Runtime) -> None:
+        """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
+        ...
+
+    def open(self, job: Job) -> Pool: ...
+
+
+# -- meta-gradients -------------------------------------------------------------------------------------------------
+HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]]  # (lambda, xi, x) -> (beta, eta)
+
+
+class MetaGradient(Protocol):
+    """A meta-gradient as the catalog holds it: its `--meta-grad` name (and variant tag) and one line about it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any],
+            data: ClientData, cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
+        """The meta-gradient w.r.t. lambda after fine-tuning `ft` (Alg. 1 line 10), its batches drawn from `gen`
+        after the fine-tuning's."""
+        ...
+
+    def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+             inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
+             gens: list[torch.Generator]) -> list[MetaGrad]:
+        """`one` for a group of clients as one computation; each client draws its batches as `one` does."""
+        ...

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedl2p_cli.catalog import EXECUTOR, META_GRAD
 from fedl2p_cli.engine.loop import Checkpoint, LoopState, generator, group_of, nest
 from fedl2p_cli.engine.rounds import Watch, in_process, run_rounds
 from fedl2p_cli.stages.common import NoProgress
@@ -267,7 +268,7 @@ def test_an_executor_is_one_registration_and_gives_the_same_artifact(tiny_store,
     ctx = StageContext(store, Runtime(engine="reversed", catalog=plugins.build(lambda registry: registry.add_executor(Reversed()))),
                        force=True, plot=False)
     other, _ = run_stage(pretrain, cfg, Inputs.given({"partition": part}), ctx)
-    assert plugins.current().find("executor", "reversed") is None  # ... and in no other catalog
+    assert plugins.current().find(EXECUTOR, "reversed") is None  # ... and in no other catalog
     assert opened and other.id == local.id
     assert other.file("model.safetensors").read_bytes() == local.file("model.safetensors").read_bytes()
     with pytest.raises(FedL2PError, match="unknown executor 'nope' \\(--engine\\); choose one of: local, flower"):
@@ -324,7 +325,7 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     one, _ = run_stage(meta_train, mine, inputs, StageContext(store, Runtime(catalog=catalog)))
     many, _ = run_stage(meta_train, mine, inputs, StageContext(store, Runtime(engine="batched", client_batch=4,
                                                                              catalog=catalog), force=True))
-    assert plugins.current().find("meta-grad", "half-fomaml") is None
+    assert plugins.current().find(META_GRAD, "half-fomaml") is None
     assert {"one", "many"} <= set(calls) and one.id == many.id != fomaml.id
     assert one.manifest.get("plugins") and not fomaml.manifest.get("plugins")  # the artifact names the plugin
     lam_f, lam_h = weights.load(fomaml.file("lambda.safetensors")), weights.load(one.file("lambda.safetensors"))

@@ -386,10 +386,13 @@ def class_names(package: Path = PACKAGE) -> dict[str, list[tuple[str, bool]]]:
 
 # a Protocol of the plugin API and the one class of fedl2p's own that implements it, under the same name
 IMPLEMENTS = {
-    "Row": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.personalize"),
-    "Setup": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.personalize"),
-    "Client": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.harness"),
-    "Trial": ("fedl2p_cli.methods.registry", "fedl2p_cli.stages.harness"),
+    "Row": ("fedl2p_cli.protocols", "fedl2p_cli.stages.personalize"),
+    "Setup": ("fedl2p_cli.protocols", "fedl2p_cli.stages.personalize"),
+    "Client": ("fedl2p_cli.protocols", "fedl2p_cli.stages.harness"),
+    "Trial": ("fedl2p_cli.protocols", "fedl2p_cli.stages.harness"),
+    "Method": ("fedl2p_cli.protocols", "fedl2p_cli.methods.registry"),
+    "System": ("fedl2p_cli.protocols", "fedl2p_cli.methods.registry"),
+    "Source": ("fedl2p_cli.protocols", "fedl2p_cli.data.sources"),
 }
 
 
@@ -405,8 +408,8 @@ def clashes(names: dict[str, list[tuple[str, bool]]], implements: dict[str, tupl
 
 
 def test_one_name_per_concept():
-    """A class or type-alias name names one thing: defined once, or as a Protocol of the plugin API
-    (methods/registry.py's `Row`, `Setup`, ...) and the one class that implements it (stages/personalize.py's)."""
+    """A class or type-alias name names one thing: defined once, or as a Protocol of the plugin API (protocols.py's
+    `Row`, `Method`, `Source`, ...) and the one class that implements it (stages/personalize.py's `Row`, ...)."""
     found = clashes(class_names(), IMPLEMENTS)
     assert not found, found
 
@@ -465,30 +468,78 @@ def test_the_name_clash_scan_finds_one(tmp_path):
     assert function_clashes(function_names(pkg), {"meta_gradient": "one protocol"}) == []
 
 
-# the layers, lowest first: a module may import from its own layer and those below it, never from one above (the
-# pFL systems' strategies in algorithms/systems/ speak the round engine's vocabulary, so engine/ sits below
-# algorithms/); data/, io/, models/, methods/ and the top-level modules are services any layer may use
-LAYERS = ("core", "engine", "algorithms", "stages", "flower", "cli")
+# the layers, lowest first: each folder and top-level module of the package (its name under fedl2p_cli/; the package's
+# own __init__ is "__init__"). A module may import (at run time, inside a function, or for the type checker) from its
+# own layer and those below it, never from one above. The bottom floor: core/ (the maths), errors, device and the
+# values every layer shares (runtime.py's Runtime, configs.py's configs), then the plugin-facing Protocols
+# (protocols.py), the catalog and its loader (plugins.py); the store (artifacts.py) below data/ (whose fingerprint cache
+# is an artifact); engine/ below algorithms/ (the pFL systems' strategies speak the round engine's vocabulary);
+# builtin.py, which registers every built-in (the Flower executor among them), and api.py, the plugin API over
+# everything, near the top.
+LAYERS = ("__init__", "core", "errors", "device", "runtime", "configs", "protocols", "catalog", "imports", "plugins",
+          "stage_table", "tracking", "artifacts", "data", "io", "models", "methods", "engine", "algorithms", "analysis",
+          "stages", "flower", "builtin", "api", "cli", "__main__")
+# what the bottom floor's modules may import, by layer name (run time, inside functions and for the type checker)
+FLOOR = {"fedl2p_cli.protocols": {"core", "errors", "configs", "runtime"},
+         "fedl2p_cli.catalog": {"protocols", "errors"}}
+
+
+def layer_name(mod: str) -> str:
+    return mod.split(".")[1] if mod.count(".") else "__init__"
+
+
+def all_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> what it imports at run time (module level or inside a function) or for the type checker."""
+    runtime, types = import_graph(package), import_graph(package, types=True)
+    return {m: runtime[m] | types.get(m, set()) for m in runtime}
 
 
 def upward_imports(package: Path = PACKAGE) -> list[str]:
-    """`module -> module` for every import (at run time or for the type checker) from a layer into one above it."""
+    """`module -> module` for every import (at run time, inside a function or for the type checker) from a layer into
+    one above it."""
     def layer(mod: str) -> int | None:
-        part = mod.split(".")[1] if mod.count(".") else ""
+        part = layer_name(mod)
         return LAYERS.index(part) if part in LAYERS else None
 
     out = set()
-    for graph in (import_graph(package), import_graph(package, types=True)):
-        for a, targets in graph.items():
-            for b in targets:
-                la, lb = layer(a), layer(b)
-                if la is not None and lb is not None and lb > la:
-                    out.add(f"{a} -> {b}")
+    for a, targets in all_imports(package).items():
+        for b in targets:
+            la, lb = layer(a), layer(b)
+            if la is not None and lb is not None and lb > la:
+                out.add(f"{a} -> {b}")
     return sorted(out)
+
+
+def unranked(package: Path = PACKAGE) -> list[str]:
+    return sorted({layer_name(module_name(p)) for p in package.rglob("*.py")} - set(LAYERS))
+
+
+def floor_breaches(package: Path = PACKAGE, floor: dict[str, set[str]] = FLOOR) -> list[str]:
+    """`module -> module` for every import of a bottom-floor module outside what FLOOR allows it."""
+    graph = all_imports(package)
+    return sorted(f"{m} -> {b}" for m, allowed in floor.items() for b in graph.get(m, ())
+                  if layer_name(b) not in allowed)
 
 
 def test_no_import_runs_up_the_layers():
     assert not upward_imports(), upward_imports()
+
+
+def test_every_folder_and_module_is_ranked():
+    assert not unranked(), f"not in LAYERS: {unranked()}"
+
+
+def test_no_import_circle_through_any_import():
+    """Run-time, function-level and type-only imports together: a circle that a function-level import or an
+    `if TYPE_CHECKING:` block hides from one of the two checks above is still one."""
+    found = circles(all_imports())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_bottom_floor_imports_nothing_above_it():
+    """The plugin-facing Protocols import only core/, errors and the shared values (Runtime, configs); the catalog
+    only the Protocols and errors: neither names a layer whose pieces it holds."""
+    assert not floor_breaches(), floor_breaches()
 
 
 def test_the_layer_scan_finds_one(tmp_path):
@@ -500,3 +551,15 @@ def test_the_layer_scan_finds_one(tmp_path):
     (pkg / "engine" / "e.py").write_text("def f():\n    from ..stages import s\n")
     (pkg / "core" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import e\n")
     assert upward_imports(pkg) == ["fedl2p_cli.core.c -> fedl2p_cli.engine.e", "fedl2p_cli.engine.e -> fedl2p_cli.stages.s"]
+    (pkg / "newfolder").mkdir()
+    (pkg / "newfolder" / "n.py").write_text("")
+    (pkg / "catalog.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import e\n"
+                                    "from .core import c\n")
+    assert unranked(pkg) == ["newfolder"]
+    assert floor_breaches(pkg, {"fedl2p_cli.catalog": {"core"}}) == ["fedl2p_cli.catalog -> fedl2p_cli.engine.e"]
+    hidden = tmp_path / "hidden" / "fedl2p_cli"  # a circle each check alone misses: one arrow in a function, one typed
+    hidden.mkdir(parents=True)
+    (hidden / "a.py").write_text("def f():\n    from . import b\n")
+    (hidden / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import X\n")
+    assert circles(import_graph(hidden)) == circles(import_graph(hidden, types=True)) == []
+    assert circles(all_imports(hidden)) == [["fedl2p_cli.a", "fedl2p_cli.b"]]

@@ -3,26 +3,15 @@ the nn.Module passed in is only a reusable workspace, built once per run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from ..core.client import LocalConfig
 from ..core.functional import epochs_of_batches, get_state, mean_loss, random_batch, set_state
 
 State = dict[str, Tensor]
-
-
-@dataclass(kw_only=True)
-class LocalConfig:
-    """A client's local training: epochs, batch size, and the classifier (`head` prefix) FedBABU keeps fixed."""
-    epochs: int = 1
-    batch_size: int = 32
-    head: str = ""            # parameter-name prefix of the classifier
-    freeze_head: bool = False  # FedBABU
-    pf_alpha: float = 0.01     # Per-FedAvg inner step size (alpha in Fallah et al.)
 
 
 def sgd_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,

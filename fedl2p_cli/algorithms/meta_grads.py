@@ -1,6 +1,6 @@
 """The meta-gradients a FedL2P client update can take (`--meta-grad NAME`): catalog entries of kind "meta-grad",
 registered like a model or an executor (`registry.add_meta_grad`; the stage looks the name up and hands the entry to
-the client update). Each has one interface: `one` computes a
+the client update). Each has one interface, `api.MetaGradient` (declared in fedl2p_cli/protocols.py): `one` computes a
 client's meta-gradient after its fine-tuning, `many` a group's (the batched executor; per client the same to float
 rounding). Its name is also its tag in variant names (`fedl2p-NAME-...`), so a new one names itself. The built-ins:
 FOMAML+ (App. F) and the IFT (Alg. 2). Adding one is one module with a class like these and one registration.
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from ..protocols import HyperMany, MetaGradient
 
 if TYPE_CHECKING:
     import torch
@@ -21,30 +23,6 @@ if TYPE_CHECKING:
     from ..core.hypergrad import MetaGrad
     from ..core.metanets import Lambda
     from ..core.settings import MetaConfig
-
-HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]]  # (lambda, xi, x) -> (beta, eta)
-
-
-class MetaGradient(Protocol):
-    """A meta-gradient as the catalog holds it: its `--meta-grad` name (and variant tag) and one line about it."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def about(self) -> str: ...
-
-    def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any],
-            data: ClientData, cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
-        """The meta-gradient w.r.t. lambda after fine-tuning `ft` (Alg. 1 line 10), its batches drawn from `gen`
-        after the fine-tuning's."""
-        ...
-
-    def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
-             inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
-             gens: list[torch.Generator]) -> list[MetaGrad]:
-        """`one` for a group of clients as one computation; each client draws its batches as `one` does."""
-        ...
 
 
 def _val(datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator]) -> list[tuple[Tensor, Tensor]]:

@@ -87,13 +87,20 @@ def verdict(label: str, s: dict[str, float]) -> str | None:
             "(docs/method/fedl2p.md#personal-strategies)")
 
 
-def lines(label: str, s: dict[str, float]) -> list[str]:
-    """What a summary prints for one learned row: its spread, then the verdict line when there is one."""
+def lines(label: str, s: dict[str, float], round0: dict[str, float] | None = None) -> list[str]:
+    """What a summary prints for one learned row: its spread (beside `round0`, the same under the initial lambda:
+    what training did not make), then the verdict line when there is one."""
     if not s:
         return []
-    beta = (f"β split between domains {s['beta_split_domains']:.3f} (largest in a layer), SD across clients "
-            f"{s['beta_sd_clients']:.3f}; " if "beta_split_domains" in s else "")
-    out = [f"{label}: {beta}LR ratio between domains ×{s['eta_ratio_domains']:.2f}, between clients "
-           f"×{s['eta_ratio_clients']:.2f}"]
+    r0 = round0 or {}
+
+    def was(key: str, fmt: str) -> str:
+        return f" (round 0: {fmt.format(r0[key])})" if key in r0 else ""
+    beta = (f"β split between domains {s['beta_split_domains']:.3f}{was('beta_split_domains', '{:.3f}')} (largest in "
+            f"a layer), SD across clients {s['beta_sd_clients']:.3f}; " if "beta_split_domains" in s else "")
+    frozen = int(s.get("frozen_tensors", 0))
+    out = [f"{label}: {beta}LR ratio between domains ×{s['eta_ratio_domains']:.2f}"
+           f"{was('eta_ratio_domains', '×{:.2f}')}, between clients ×{s['eta_ratio_clients']:.2f}"
+           + (f"; {frozen} tensors frozen (LR ≤ 0) for some client, left out of the ratios" if frozen else "")]
     line = verdict(label, s)
     return out + ([line] if line else [])

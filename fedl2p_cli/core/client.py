@@ -12,6 +12,16 @@ import torch
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+@dataclass(kw_only=True)
+class LocalConfig:
+    """A client's local training: epochs, batch size, and the classifier (`head` prefix) FedBABU keeps fixed."""
+    epochs: int = 1
+    batch_size: int = 32
+    head: str = ""            # parameter-name prefix of the classifier
+    freeze_head: bool = False  # FedBABU
+    pf_alpha: float = 0.01     # Per-FedAvg inner step size (alpha in Fallah et al.)
+
+
 @dataclass
 class ClientData:
     """One client's normalised tensors."""

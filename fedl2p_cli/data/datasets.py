@@ -8,38 +8,18 @@ from __future__ import annotations
 
 import gzip
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import DataError
+from ..protocols import Dataset
 from . import provision
 from .provision import DEBIAN_FMNIST, ENV_DATA
 
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-@dataclass
-class Dataset:
-    """A dataset as a source loads it: uint8 images [N, C, H, W], int64 labels, class names, normalisation constants,
-    and optionally a domain per image (each domain gets its own clients) or a group per image (a client each)."""
-    name: str
-    images: torch.Tensor  # uint8 [N, C, H, W]
-    labels: torch.Tensor  # int64 [N]
-    classes: list[str]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    domains: torch.Tensor | None = None  # int64 [N], only for multi-domain sources
-    domain_names: list[str] | None = None
-    groups: torch.Tensor | None = None  # int64 [N]: naturally partitioned sources (a speaker per clip), one client each
-    group_names: list[str] | None = None
-    note: str | None = None  # what loading did that the user should hear of (image-folder: kept or resized)
-
-    def __len__(self) -> int:
-        return int(self.labels.numel())
 
 
 def normalize(images: torch.Tensor, mean, std, dtype=torch.float32) -> torch.Tensor:

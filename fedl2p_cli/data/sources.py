@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import plugins, protocols
+from ..catalog import DATASET
 from ..errors import DataError, FedL2PError
 
 if TYPE_CHECKING:
     from ..configs import PartitionConfig
-    from .datasets import Dataset
+    from ..protocols import Dataset
 
 OPTIONS = ("image_size",)  # partition options a source takes only when it says so (`Source.options`)
 
@@ -56,21 +58,16 @@ class Source:
         return self.images_of or self.name
 
 
-# the loader is imported where a lookup is made: the catalog's typed lookups name `Source`, so a module-level import
-# of it would close a type-only circle (catalog -> data.sources -> plugins -> catalog)
 def names() -> tuple[str, ...]:
-    from .. import plugins
-    return tuple(plugins.current().names("dataset"))
+    return tuple(plugins.current().names(DATASET))
 
 
-def get(name: str) -> Source:
-    from .. import plugins
-    return plugins.current().get("dataset", name)
+def get(name: str) -> protocols.Source:
+    return plugins.current().get(DATASET, name)
 
 
 def load(cfg: PartitionConfig, data_dir: Path | None) -> Dataset:
     """The source's dataset, checked against the dataset contract and what the source declares (data/validate.py)."""
-    from .. import plugins
     from . import validate
     src = get(cfg.dataset)
     try:
@@ -78,7 +75,7 @@ def load(cfg: PartitionConfig, data_dir: Path | None) -> Dataset:
     except FedL2PError:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin's loader failing (its file missing, its bug): one line naming it
-        owner = plugins.current().owner("dataset", src.name)
+        owner = plugins.current().owner(DATASET, src.name)
         if owner is None or owner.builtin:
             raise
         raise DataError(f"dataset '{src.name}' from {owner.describe()}: its load() raised {e.__class__.__name__}: {e}") from None

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..catalog import DATASET
 from ..errors import DataError
 
 if TYPE_CHECKING:
     from ..configs import PartitionConfig
+    from ..protocols import Source
     from .datasets import Dataset
-    from .sources import Source
 
 
 class Fault(DataError):
@@ -25,7 +26,7 @@ class Fault(DataError):
 
 def _owner(name: str) -> str:
     from .. import plugins
-    p = plugins.owner("dataset", name)
+    p = plugins.owner(DATASET, name)
     return "an unregistered source" if p is None else p.describe()
 
 

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..catalog import EXECUTOR
 from ..errors import FedL2PError
-from .interface import Executor, Job, Pool, no_gpu_share
+from ..protocols import Executor, Job, Pool
+from .interface import no_gpu_share
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -62,4 +64,4 @@ def get(name: str, catalog: Catalog | None = None) -> Executor:
     """The executor registered as `name` in `catalog` (default: the current one; UnknownName naming the choices, for
     --engine)."""
     from .. import plugins
-    return (catalog or plugins.current()).get("executor", name)
+    return (catalog or plugins.current()).get(EXECUTOR, name)

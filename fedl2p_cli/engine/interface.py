@@ -1,63 +1,14 @@
-"""The executor interface (`--engine NAME`): what a pool runs (`Job`), the pool it opens (`Pool`) and the executor the
-catalog holds (`Executor`). Its own module, below engine/executors.py and the executors it lists, so an executor's
-module imports the interface and nothing that imports it back."""
+"""The executors' shared check. What a pool runs (`Job`), the pool it opens (`Pool`) and the executor the catalog holds
+(`Executor`) are declared on the bottom floor, fedl2p_cli/protocols.py, with the other pieces a plugin brings."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from ..errors import FedL2PError
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
-
-
-@dataclass(frozen=True)
-class Job:
-    """What a pool runs: `update(context, task)` for each task, on a context each process builds once as
-    `build(*args, runtime)` (worker processes, ClientApps; `sent` is the runtime they receive, with the parent's
-    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all.
-    `update_many(context, tasks)`, where the stage has one, computes a group of tasks at once (the batched
-    executor's path; per task the same results as `update`)."""
-    runtime: Runtime
-    sent: Runtime
-    build: Callable[..., Any]
-    args: tuple
-    update: Callable[..., Any]
-    local_context: Any
-    nodes: int
-    update_many: Callable[..., list[Any]] | None = None
-
-
-class Pool(Protocol):
-    """One stage run's client pool."""
-
-    def map(self, tasks: list[Any]) -> list[Any]:
-        """The tasks' results in task order (`rounds.Failed` for a client that failed)."""
-        ...
-
-    def close(self) -> None: ...
-    def __enter__(self) -> Pool: ...
-    def __exit__(self, *exc: Any) -> None: ...
-
-
-class Executor(Protocol):
-    """An executor as the catalog holds it: its `--engine` name, one line about it, a check of the runtime options it
-    reads and the pool it opens."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def about(self) -> str: ...
-
-    def check(self, runtime: Runtime) -> None:
-        """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
-        ...
-
-    def open(self, job: Job) -> Pool: ...
 
 
 def no_gpu_share(runtime: Runtime) -> None:

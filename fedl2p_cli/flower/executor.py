@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..engine.executors import no_client_batch
-from ..engine.interface import Job, Pool
 from ..errors import FedL2PError
+from ..protocols import Job, Pool
 
 if TYPE_CHECKING:
     from ..runtime import Runtime

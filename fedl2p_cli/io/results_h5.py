@@ -12,12 +12,14 @@ Layout (plain h5py):
   /sparsity/<m> float64 [C]           share of parameters (elements) whose learning rate is 0
   /candidates  float64 [S, C, K, 3]   only with ft-tuned: per seed, client and candidate recipe
                                       (core.selection.candidates() order) its val loss, val accuracy, test accuracy
+  /checked/<m> float64 [S, C, F+1, 3] a checked row's trials: its LR factors in order, then no fine-tuning; the same
+                                      three scores (absent from files written before checked rows recorded them)
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
@@ -38,6 +40,7 @@ class Results:
     sparsity: dict[str, np.ndarray]
     attrs: dict
     candidates: np.ndarray | None = None
+    checked: dict[str, np.ndarray] = field(default_factory=dict)  # a checked row's trials [S, C, F+1, 3]
 
 
 def write(path: Path, r: Results) -> None:
@@ -50,6 +53,8 @@ def write(path: Path, r: Results) -> None:
             f[f"beta/{m}"], f[f"eta/{m}"], f[f"sparsity/{m}"] = r.beta[m], r.eta[m], r.sparsity[m]
         if r.candidates is not None:
             f["candidates"] = r.candidates
+        for m, v in r.checked.items():
+            f[f"checked/{m}"] = v
 
 
 def read(path: Path) -> Results:
@@ -59,4 +64,5 @@ def read(path: Path) -> Results:
                        f["acc_before"][...], f["acc_after"][...], {m: f[f"beta/{m}"][...] for m in methods},
                        {m: f[f"eta/{m}"][...] for m in methods}, {m: f[f"sparsity/{m}"][...] for m in methods},
                        {k: f.attrs[k] for k in f.attrs if k not in ("methods", "seeds", "pool")},
-                       f["candidates"][...] if "candidates" in f else None)
+                       f["candidates"][...] if "candidates" in f else None,
+                       {m: f[f"checked/{m}"][...] for m in f["checked"]} if "checked" in f else {})

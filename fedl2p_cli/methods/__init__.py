@@ -8,7 +8,6 @@ from .registry import (
     HandMade,
     Learned,
     Method,
-    Outcome,
     System,
     Tuned,
     baselines,
@@ -21,5 +20,5 @@ from .registry import (
     systems,
 )
 
-__all__ = ["Checked", "HandMade", "Learned", "Method", "Outcome", "System", "Tuned", "baselines", "find", "get", "handmade", "label",
+__all__ = ["Checked", "HandMade", "Learned", "Method", "System", "Tuned", "baselines", "find", "get", "handmade", "label",
            "learned", "names", "check", "registry", "systems"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..catalog import METHOD
 from ..errors import FedL2PError
 
 
 def _who(name: str) -> str:
     from .. import plugins
-    p = plugins.owner("method", name)
+    p = plugins.owner(METHOD, name)
     return f"method '{name}'" + ("" if p is None or p.builtin else f" from {p.describe()}")
 
 

@@ -8,89 +8,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from .. import plugins, protocols
+from ..catalog import METHODS
+from ..protocols import ClientContext, Outcome, Row, Setup
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..configs import PersonalizeConfig
-    from ..core.client import ClientData
     from ..core.finetune import Strategy
-
-# -- what a method is handed in `personalize`, typed (re-exported by methods/context.py) --------------------------
-class Row(Protocol):
-    """One row of a personalisation: its name in the results, its method, what the method prepared for it (a learned
-    variant's meta-nets, a system's trained models)."""
-    name: str
-    method: Method
-    payload: Any
-
-
-class Setup(Protocol):
-    """The personalisation being prepared: its config and the artifacts it reads. A method asks it for rows
-    (`row`, `meta_row`, `pfl_row`) and the artifacts they come from (`newest_learned`, `newest_meta`, `newest_pfl`)."""
-    cfg: PersonalizeConfig
-    model: nn.Module | None       # the harness's model, once built (a hand-made method's `tensors` reads it)
-
-    @property
-    def n_bn(self) -> int: ...
-    @property
-    def n_params(self) -> int: ...
-    def row(self, name: str, method: Method, art: Any = None, payload: Any = None) -> Row: ...
-    def newest_learned(self, family: str) -> Any: ...
-    def newest_meta(self, variant: str) -> Any: ...
-    def meta_row(self, method: Any, art: Any) -> Row: ...
-    def learned_strategy(self, row: Row, c: int) -> Strategy | None: ...
-    def newest_pfl(self, algo: str) -> Any: ...
-    def pfl_row(self, method: Any, art: Any) -> Row: ...
-
-
-class Trial(Protocol):
-    """One fine-tuning of a client under a strategy and seed; its scores are computed when asked."""
-
-    def evaluate(self, split: str, stats: str = "running") -> tuple[float, float]:
-        """(loss, accuracy) on the client's `split` (val, test) under `stats` (running, test-batch)."""
-        ...
-
-
-class Client(Protocol):
-    """A client on the harness's device: its id and its data (train, val, test splits)."""
-    id: int
-    data: ClientData
-
-
-class ClientContext(Protocol):
-    """One client and seed of a personalisation, what `Method.personalize` gets: every fine-tuning it asks for draws
-    the client's batch stream for the seed, so every method's row of a client and seed sees the same batches."""
-    setup: Setup
-    client: Client
-    seed: int
-    strategies: dict[str, Strategy | None]  # each row's strategy for this client, by row name
-
-    def handmade(self, method: HandMade, factor: float) -> Trial:
-        """Fine-tuning under a hand-made method's strategy at `factor` x its LR (computed once, shared)."""
-        ...
-
-    def handmade_strategy(self, method: HandMade, factor: float) -> Strategy:
-        """The Strategy `handmade(method, factor)` fine-tunes under (for `Method.wants`)."""
-        ...
-
-    def unadapted(self, split: str) -> tuple[float, float]:
-        """(loss, accuracy) of the pretrained parameters on `split`, without fine-tuning."""
-        ...
-
-    def learned(self, row: Row) -> Trial | None:
-        """Fine-tuning under the strategy a learned row recorded for this client (None: it has none)."""
-        ...
-
-    def finetune(self, strategy: Strategy) -> Trial:
-        """Fine-tuning under any strategy (a learned one changed, say), on the client's batches for the seed."""
-        ...
-
-    def system(self, row: Row) -> float:
-        """A pFL system's test accuracy on this client (NaN where it has no model for it)."""
-        ...
-
 
 POOLS = ("seen", "unseen")
 CHECKED = "-checked"  # a Checked row's name: its learned row's, and this
@@ -131,14 +58,6 @@ class Method:
         """The fine-tunings `personalize` will ask `run` for, so that a batched personalisation (--client-batch)
         computes them ahead with other clients'; a method that names none still works, one client at a time."""
         return []
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One client's result under one method and seed: test accuracy, and a tuned method's candidate scores (rows
-    [val_loss, val_acc, test_acc] in its candidates' order)."""
-    acc: float
-    candidates: Any = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +176,7 @@ class Checked(Learned):
             out[i] = *trial.evaluate("val", stats), trial.evaluate("test", stats)[1]
         vl, va = run.unadapted("val")
         out[-1] = vl, va, run.unadapted("test")[1]
-        return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2])
+        return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2], candidates=out)  # its trials: the pick
 
     def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
         from ..core.finetune import Strategy
@@ -285,28 +204,23 @@ class System(Method):
         return Outcome(run.system(row))  # NaN where it has no model for the client
 
 
-# the loader is imported where a lookup is made: the catalog's typed lookups name `Method` and `System`, so a
-# module-level import of it would close a type-only circle (catalog -> methods.registry -> plugins -> catalog)
-def _methods() -> list[Method]:
-    from .. import plugins
-    return plugins.current().values(("method", "system"))
+def _methods() -> list[protocols.Method]:
+    return plugins.current().values(METHODS)
 
 
 def names(kind: type = Method) -> tuple[str, ...]:
     return tuple(m.name for m in _methods() if isinstance(m, kind))
 
 
-def get(name: str) -> Method:
+def get(name: str) -> protocols.Method:
     """The method or system registered under `name`; `UnknownName` naming the choices if none."""
-    from .. import plugins
-    return plugins.current().get(("method", "system"), name)
+    return plugins.current().get(METHODS, name)
 
 
-def find(name: str) -> Method | None:
+def find(name: str) -> protocols.Method | None:
     """The method or system registered under `name`; None if none (a learned variant's name is not a method: its
     artifact says which method it belongs to, `learned`)."""
-    from .. import plugins
-    return plugins.current().find(("method", "system"), name)
+    return plugins.current().find(METHODS, name)
 
 
 def learned(family: str) -> Learned | None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .. import plugins
+from ..catalog import MODEL
 from ..errors import ArtifactError, FedL2PError
 
 
 def allowed_modules() -> list[str]:
-    from .. import plugins
     return list(plugins.current().allowed)
 
 
@@ -23,7 +24,6 @@ def allow(ref: str | None) -> None:
     imported here and in the workers this process starts."""
     if not ref:
         return
-    from .. import plugins
     plugins.current().allow(ref.partition(":")[0])
 
 
@@ -32,14 +32,12 @@ def _within(module: str, package: str) -> bool:
 
 
 def allowed(module: str) -> bool:
-    from .. import plugins
     return any(_within(module, m) for m in [*allowed_modules(), *plugins.active()])
 
 
 def check_stored_model(art: Any, ref: str) -> None:
     """Refuse to build the model an artifact names unless its module is allowed (a registered name always is)."""
-    from .. import plugins
-    if ":" not in ref or plugins.current().find("model", ref) is not None:
+    if ":" not in ref or plugins.current().find(MODEL, ref) is not None:
         return
     module = ref.partition(":")[0]
     if not allowed(module):

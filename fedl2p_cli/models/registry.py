@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import imports, plugins
-from ..catalog import ModelSpec
+from ..catalog import MODEL, ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
 from ..core.pool import use_channels_last_pools
@@ -23,17 +23,17 @@ HEAD_ATTR = "_fedl2p_head"  # a declared classifier's module name, kept on the b
 
 
 def names() -> tuple[str, ...]:
-    return tuple(plugins.current().names("model"))
+    return tuple(plugins.current().names(MODEL))
 
 
 def spec(name: str) -> ModelSpec:
     """The registered model `name`, or a `package.module:factory` reference."""
-    found = plugins.current().find("model", name)
+    found = plugins.current().find(MODEL, name)
     if found is not None:
         return found
     if ":" in name:
         return ModelSpec(_import_factory(name), name)
-    return plugins.current().get("model", name, hint=", or package.module:factory")
+    return plugins.current().get(MODEL, name, hint=", or package.module:factory")
 
 
 def _import_factory(ref: str) -> Callable[..., nn.Module]:

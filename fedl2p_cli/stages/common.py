@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import plugins, tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
+from ..catalog import DATASET, META_GRAD, METHOD, MODEL, PRETRAIN_ALGO, SYSTEM, Kind
 from ..core.config import reference_of, validate
 from ..engine import executors
 from ..engine.progress import NoProgress, Progress  # noqa: F401 (re-exported: the stages' import)
@@ -50,14 +51,15 @@ def _identity(cfg: Any) -> dict:
 
 
 # config keys that name registered pieces, and the kinds of piece they name
-PIECES = {"dataset": ("dataset",), "model": ("model",), "algo": ("pretrain-algo", "system"), "methods": ("method",),
-          "meta.meta_grad": ("meta-grad",)}  # a dotted key: a nested config's field
+PIECES: dict[str, tuple[Kind[object], ...]] = {
+    "dataset": (DATASET,), "model": (MODEL,), "algo": (PRETRAIN_ALGO, SYSTEM), "methods": (METHOD,),
+    "meta.meta_grad": (META_GRAD,)}  # a dotted key: a nested config's field
 
 
 def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime | None = None) -> list[dict]:
     """The plugins an artifact is made with: those owning a piece its config names (in the runtime's catalog), and
     its parents'."""
-    names: dict[str, list[str]] = {}
+    names: dict[Kind[object], list[str]] = {}
     for key, kinds in PIECES.items():
         values: Any = config
         for part in key.split("."):

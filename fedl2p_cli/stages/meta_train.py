@@ -52,7 +52,8 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
 def meta_grad_entry(name: str) -> MetaGradient:
     """The meta-gradient registered as `name` (`UnknownName` naming the choices, for --meta-grad)."""
     from .. import plugins
-    return plugins.current().get("meta-grad", name)
+    from ..catalog import META_GRAD
+    return plugins.current().get(META_GRAD, name)
 
 
 @dataclass

@@ -13,10 +13,10 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from .. import methods
+from .. import methods, protocols
 from .. import stage_table as table
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
-from ..analysis import spread
+from ..analysis import picks, spread
 from ..analysis.text import signed
 from ..artifacts import Artifact, Draft, Store
 from ..configs import PersonalizeConfig
@@ -62,7 +62,7 @@ class Row:
     """One row of a personalisation: its name in the results, its method's kind, the artifact it comes from (stage,
     id) and what its kind prepared from it (a learned variant's MetaNets, a system's trained models)."""
     name: str
-    method: methods.Method
+    method: protocols.Method
     artifact: tuple[str, str] | None = None
     payload: Any = None
 
@@ -109,7 +109,7 @@ class Setup:
     def n_params(self) -> int:
         return len(self.table.param_names)
 
-    def row(self, name: str, method: methods.Method, art: Artifact | None = None, payload: Any = None) -> Row:
+    def row(self, name: str, method: protocols.Method, art: Artifact | None = None, payload: Any = None) -> Row:
         return Row(name, method, None if art is None else (art.stage, art.id), payload)
 
     def rows(self, refs: dict[str, list[str]]) -> list[Row]:
@@ -135,7 +135,7 @@ class Setup:
                     out.append(self.requested(m, kind))
         return list({r.name: r for r in out}.values())
 
-    def requested(self, m: str, kind: methods.Method | None) -> Row:
+    def requested(self, m: str, kind: protocols.Method | None) -> Row:
         """The row of a requested name: a registered method's, or a learned variant's (its newest artifact, whose
         options say which learned method it belongs to)."""
         if kind is None:
@@ -182,6 +182,20 @@ class Setup:
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
+    def round0_control(self, row: Row, clients: list[int], domain: np.ndarray) -> dict | None:
+        """A learned row's spread across these clients under its meta-train run's initial lambda (re-drawn from its
+        seed): the split that was there before any training. None for a row of per-client lambdas (L2P)."""
+        nets = row.payload
+        if not isinstance(nets, MetaNets) or nets.per_client or row.artifact is None:
+            return None
+        cfg = meta_stage.config_from_dict(self.store.load("meta-train", row.artifact[1], verify=False).config)
+        lam0 = meta_stage.initial_lambda(cfg, self.n_bn, self.table.x.shape[1], self.n_params)
+        outs = []
+        with torch.no_grad():
+            for c in clients:
+                outs.append(hyper_fn(*normalize_inputs(nets.norm, *self.table.inputs(c)), self.n_params, nets.meta)(lam0))
+        return spread.spread(torch.stack([o[0] for o in outs]).numpy(), torch.stack([o[1] for o in outs]).numpy(), domain)
+
     def learned_strategy(self, row: methods.registry.Row, c: int) -> Strategy | None:
         """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
         L2P for a client it never trained)."""
@@ -227,7 +241,7 @@ def canonical(rows: list[Row]) -> list[Row]:
                                        order.get(r.name, len(order)) if r.artifact is None else 0, r.name))
 
 
-def method_of(art: Artifact) -> methods.Method:
+def method_of(art: Artifact) -> protocols.Method:
     """The method an artifact given by id belongs to: a meta-train artifact's learned family, a pfl one's system."""
     return meta_stage.method_of(art) if art.stage == "meta-train" else methods.get(art.config["algo"])
 
@@ -254,6 +268,7 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
     eta = {m: np.full((len(clients), setup.n_params), np.nan, dtype=np.float32) for m in names}
     sparsity = {m: np.full(len(clients), np.nan) for m in names}
     cand: dict[tuple[int, int], np.ndarray] = {}
+    checked: dict[str, dict[tuple[int, int], np.ndarray]] = {}  # a checked row's trials, to tell what it picked
     before = np.zeros(len(clients))
     sizes = torch.tensor([v.numel() for v in h.theta.values()], dtype=torch.float64)
     progress.start(f"personalize ({setup.pool} clients)", len(clients) * len(cfg.seeds))
@@ -279,14 +294,17 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
             for i, r in enumerate(rows):
                 out = r.method.personalize(r, _context(run))
                 acc[i, k, j] = out.acc
-                if out.candidates is not None:
+                if out.candidates is not None and isinstance(r.method, methods.Checked):
+                    checked.setdefault(r.name, {})[k, j] = out.candidates
+                elif out.candidates is not None:
                     cand[k, j] = out.candidates
             progress.advance(1)
         h.ready.clear()  # a method that asked for less than it named leaves nothing behind
     progress.stop()
     return results_h5.Results(names, list(cfg.seeds), setup.pool, np.array(clients), h.part.domain[clients], before, acc,
                               beta, eta, sparsity, {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
-                                                    "eval_stats": cfg.eval_stats}, stacked(cand, len(cfg.seeds), len(clients)))
+                                                    "eval_stats": cfg.eval_stats}, stacked(cand, len(cfg.seeds), len(clients)),
+                              {m: cast(np.ndarray, stacked(v, len(cfg.seeds), len(clients))) for m, v in checked.items()})
 
 
 def stacked(cand: dict[tuple[int, int], np.ndarray], seeds: int, clients: int) -> np.ndarray | None:
@@ -300,8 +318,10 @@ def stacked(cand: dict[tuple[int, int], np.ndarray], seeds: int, clients: int) -
     return out
 
 
-def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
-    """Paper layout: per method, mean over clients, then mean and SD over seeds; also per domain."""
+def summarize(r: results_h5.Results, domain_names: list[str], controls: dict[str, dict] | None = None) -> dict:
+    """Paper layout: per method, mean over clients, then mean and SD over seeds; also per domain. `controls`: a learned
+    row's spread under its initial lambda (the round-0 control), printed beside its own; a checked row's picks and
+    ft-tuned's picks at its grid's edge, per kind."""
     rows: dict[str, dict[str, Any]] = {}
     for i, m in enumerate(r.methods):
         per_seed = np.nanmean(r.acc_after[i], axis=1) if not np.isnan(r.acc_after[i]).all() else np.full(len(r.seeds), np.nan)
@@ -317,6 +337,13 @@ def summarize(r: results_h5.Results, domain_names: list[str]) -> dict:
         if not fixed(m) and not m.endswith(methods.registry.CHECKED) and not np.isnan(r.eta[m]).all():
             # a learned row: are its strategies personal? (its checked row has the same ones)
             rows[m]["spread"] = spread.spread(r.beta[m], r.eta[m], r.domain)
+            if controls and m in controls:
+                rows[m]["spread_round0"] = controls[m]
+    for m, trials in r.checked.items():
+        rows[m]["picks"] = picks.checked(trials, r.domain, domain_names)
+    tuned = next((m for m in r.methods if isinstance(methods.find(m), methods.Tuned)), None)
+    if tuned is not None and r.candidates is not None:
+        rows[tuned]["edge"] = picks.tuned_edge(r.candidates, r.domain, domain_names)
     base = [m for m in r.methods if m in methods.baselines()]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
     best = max(base, key=lambda m: rows[m]["mean"]) if base else None
@@ -369,9 +396,19 @@ def markdown(s: dict) -> str:
 
 
 def spread_lines(s: dict) -> list[str]:
-    """Per learned row: the spread of its β and LRs across clients and domains, and one line when every client got
-    (nearly) the same strategy."""
-    return [line for m, v in s["methods"].items() for line in spread.lines(methods.label(m), v.get("spread") or {})]
+    """Per learned row: the spread of its β and LRs across clients and domains beside its round-0 control, and one
+    line when every client got (nearly) the same strategy; a checked row's picks and ft-tuned's grid edge per kind."""
+    out = [line for m, v in s["methods"].items()
+           for line in spread.lines(methods.label(m), v.get("spread") or {}, v.get("spread_round0"))]
+    for m, v in s["methods"].items():
+        if "picks" in v:
+            out.append(f"{methods.label(m)} picked (seed × client, per kind): " + "; ".join(
+                f"{k} " + ", ".join(f"{lab} {n}" for lab, n in c.items()) for k, c in v["picks"].items()))
+        if "edge" in v:
+            out.append(f"{methods.label(m)} picked its grid's largest LR (×10) for " + ", ".join(
+                f"{k} {100 * x:.0f}%" for k, x in v["edge"].items() if k != "all")
+                + f" of clients (all: {100 * v['edge']['all']:.0f}%); where that is often, the grid's edge limits it")
+    return out
 
 
 def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[str], list[list[str]]]:
@@ -432,7 +469,8 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress(),
                           client_groups(runtime, len(clients)))
         results_h5.write(draft.path("results.h5"), r)
-        s = summarize(r, part.domain_names)
+        controls = {r_.name: c for r_ in rows if (c := setup.round0_control(r_, clients, part.domain[clients]))}
+        s = summarize(r, part.domain_names, controls)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
         draft.path("summary.md").write_text(markdown(s))
         plots(r, table, draft)

@@ -17,6 +17,7 @@ from .. import imports, plugins
 from ..algorithms.systems.base import PFLSystem, Trained
 from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
+from ..catalog import SYSTEM
 from ..configs import PFLConfig
 from ..core.config import validate
 from ..engine.executors import open_pool
@@ -34,14 +35,14 @@ from .pretrain import write_history
 
 def check(cfg: PFLConfig) -> None:
     validate(cfg)
-    plugins.current().get("system", cfg.algo)  # a registered system
+    plugins.current().get(SYSTEM, cfg.algo)  # a registered system
     registry.spec(cfg.model)
     own_options(cfg)
 
 
 def system(algo: str) -> Any:
     """The registered system's class made once (a `PFLSystem`), or its module under API 1's module protocol."""
-    spec = plugins.current().get("system", algo).trainer
+    spec = plugins.current().get(SYSTEM, algo).trainer
     found = imports.load(spec, imports.Why.REGISTERED, declared=[spec])  # the registered system's own trainer
     return found() if ":" in spec else found  # a class, made once; or API 1's module protocol (plugins.register noted it)
 

@@ -11,7 +11,7 @@ import torch
 from .. import plugins
 from ..algorithms.local import LocalConfig
 from ..artifacts import Artifact, Draft, Store, sha256_file
-from ..catalog import PretrainAlgo
+from ..catalog import PRETRAIN_ALGO, PretrainAlgo
 from ..configs import PretrainConfig
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
@@ -34,7 +34,7 @@ from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
 
 def algorithm(name: str) -> PretrainAlgo:
     """The registered pretraining algorithm `name` (built-ins and plugins)."""
-    return plugins.current().get("pretrain-algo", name)
+    return plugins.current().get(PRETRAIN_ALGO, name)
 
 
 def check(cfg: PretrainConfig, runtime: Runtime) -> None:
