@@ -5,8 +5,9 @@ reused), at every client's initial strategy (--head log at init: beta_init and t
 number per client: dL_V / d log s, the validation loss's slope in a common scale s of every LR, three ways:
 - finite differences over the whole fine-tuning (the truth): fine-tune at s = e^{+-h} with the same batches;
 - `last-step`: FOMAML+'s and the IFT's default LR path, -dL_V/dtheta* . eta * g_last (the last step only);
-- `trajectory` (--lr-grad trajectory): dL_V/dtheta* . (theta* - theta_g), read from the code path meta-train runs
-  (the sum of log eta~'s meta-gradient under --head log).
+- `trajectory` (--lr-grad trajectory): dL_V/dtheta* . (theta* - theta_g), the client's BN statistics held;
+- `trajectory-bn` (--lr-grad trajectory-bn): the same, through the statistics recomputed from theta* (PreciseBN);
+each also read from the code path meta-train runs (the sum of log eta~'s meta-gradient under --head log).
 L_V is the client's whole validation set here (meta-train draws one batch of it), so the three differ only by the
 path. Prints one row per client and the ratio of each estimate to the finite difference.
 """
@@ -64,15 +65,23 @@ def client_row(ctx, c: int, cfg, h: float, seed: int) -> dict:
     lv = _val_loss(ctx.model, theta, s, ft.bn, xv, yv)
     v = torch.autograd.grad(lv, list(theta.values()))
     last = sum(float(-(a * e * g).sum()) for a, e, g in zip(v, eta, ft.last_grad))
+    # with the client's statistics recomputed from theta (PreciseBN, as evaluation does), differentiably
+    from fedl2p_cli.core.finetune import precise_bn_path
+    lv_bn = _val_loss(ctx.model, theta, s, precise_bn_path(ctx.model, theta, xt, beta), xv, yv)
+    v_bn = torch.autograd.grad(lv_bn, list(theta.values()))
+    traj_bn = sum(float((a * (t - t0)).sum()) for a, t, t0 in zip(v_bn, ft.params.values(), ctx.theta_g.values()))
     traj_formula = sum(float((a * (t - t0)).sum()) for a, t, t0 in zip(v, ft.params.values(), ctx.theta_g.values()))
     # the code path: FOMAML+ with --lr-grad trajectory, its validation batch the whole validation set
     full = type(cfg)(**{**cfg.__dict__, "batch_size": max(cfg.batch_size, len(yv))})
     mg = meta_grads.Fomaml().one(ctx.model, ft, lam, hyper, data, full, generator(seed, 1, c))
     code = float(mg.grads["logeta"].sum())
+    full_bn = type(full)(**{**full.__dict__, "lr_grad": "trajectory-bn"})
+    code_bn = float(meta_grads.Fomaml().one(ctx.model, ft, lam, hyper, data, full_bn, generator(seed, 1, c))
+                    .grads["logeta"].sum())
     fd = (lp - lm) / (2 * h)
     return {"client": c, "domain": ctx.part.domain_names[int(ctx.part.domain[c])], "fd": fd,
             "fd_fixed_bn": (fp - fm) / (2 * h), "last_step": last,
-            "trajectory": traj_formula, "trajectory_code": code}
+            "trajectory": traj_formula, "trajectory_code": code, "trajectory_bn": traj_bn, "trajectory_bn_code": code_bn}
 
 
 def _pair(st):
@@ -110,9 +119,21 @@ def main() -> None:
             print(f"{cell:16s} client {c:3d} {r['domain']:9s} FD {r['fd']:+.4f} (BN held {r['fd_fixed_bn']:+.4f})  "
                   f"last-step {r['last_step']:+.4f} "
                   f"(x{_ratio(r['last_step'], r['fd'])})  trajectory {r['trajectory']:+.4f} "
-                  f"(x{_ratio(r['trajectory'], r['fd'])})  code path {r['trajectory_code']:+.4f}", flush=True)
+                  f"(x{_ratio(r['trajectory'], r['fd'])})  code path {r['trajectory_code']:+.4f}  trajectory-bn "
+                  f"{r['trajectory_bn']:+.4f} (x{_ratio(r['trajectory_bn'], r['fd'])}) code path "
+                  f"{r['trajectory_bn_code']:+.4f}", flush=True)
+    _summary(rows)
     if args.json:
         args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _summary(rows: list[dict]) -> None:
+    """Per estimate: on how many clients it is within x2 of the finite difference, and agrees with its sign."""
+    for key in ("last_step", "trajectory", "trajectory_bn"):
+        r = [row[key] / row["fd"] for row in rows if row["fd"]]
+        within = sum(0.5 < x < 2 for x in r)
+        print(f"{key:14s} within x2 of the finite difference on {within}/{len(r)} clients, same sign on "
+              f"{sum(x > 0 for x in r)}/{len(r)}")
 
 
 def _id(ids: dict, stage: str) -> str:

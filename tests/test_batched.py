@@ -151,7 +151,7 @@ LOG_HEAD = {"head": "log", "lr_grad": "trajectory"}  # the log head, its LRs' me
 
 
 @pytest.mark.parametrize("meta_grad", ["fomaml", "ift"])
-@pytest.mark.parametrize("head", [{}, LOG_HEAD], ids=["paper", "log"])
+@pytest.mark.parametrize("head", [{}, LOG_HEAD, LOG_HEAD | {"lr_grad": "trajectory-bn"}], ids=["paper", "log", "log-bn"])
 def test_a_group_of_client_updates_equals_one_at_a_time(setup, meta_grad, head):
     """FedL2P's client update, K = 2 iterations, for a ragged group: lambda, the first validation loss, beta, eta."""
     lam, one, many = both_ways(setup, meta_grad=meta_grad, iterations=2, **head)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..protocols import HyperMany, MetaGradient
 
@@ -49,8 +49,10 @@ class Fomaml:
         from ..core.hypergrad import fomaml_gradient
         (xt, yt), (xv, yv) = data.train, data.val
         vi = random_batch(len(yv), cfg.batch_size, gen)
+        val = (xv[vi], yv[vi])
         return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                               (xv[vi], yv[vi]), ft.bn, cfg.val_stats, eta_step=_trajectory(ft, cfg))
+                               val, ft.bn, cfg.val_stats, eta_step=_trajectory(ft, cfg),
+                               eta_slope=_slope(model, ft, hyper(lam)[0], val, xt, cfg))
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
@@ -59,9 +61,11 @@ class Fomaml:
         val = _val(datas, cfg, gens)
         last = [(d.train[0][ft.last_batch], d.train[1][ft.last_batch]) for d, ft in zip(datas, fts)]
         traj = [_trajectory(ft, cfg) for ft in fts]
+        slopes = _slopes(model, fts, lams, hyper, inputs, val, datas, cfg)
         return _results(fomaml_many(model, hyper, lams, inputs, [ft.prev_params for ft in fts], last, val,
                                     [ft.bn for ft in fts], cfg.val_stats,
-                                    eta_dirs=None if traj[0] is None else traj))  # type: ignore[arg-type]
+                                    eta_dirs=None if traj[0] is None else traj,  # type: ignore[arg-type]
+                                    eta_slopes=slopes))
 
 
 @dataclass(frozen=True)
@@ -77,13 +81,14 @@ class Ift:
         from ..core.hypergrad import ift_hypergradient
         (xt, yt), (xv, yv) = data.train, data.val
         vi = random_batch(len(yv), cfg.batch_size, gen)
+        slope = _slope(model, ft, hyper(lam)[0], (xv[vi], yv[vi]), xt, cfg)
         last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
         ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
         return ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
                                  cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
                                  theta_train=ft.prev_params if last else None,
                                  inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
-                                 eta_step=_eta_path(ft, cfg))
+                                 eta_step=None if slope is not None else _eta_path(ft, cfg), eta_slope=slope)
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
@@ -96,21 +101,47 @@ class Ift:
                for d, ft, g in zip(datas, fts, gens)]
         train = [(d.train[0][ti], d.train[1][ti]) for d, ti in zip(datas, tis)]
         paths = [_eta_path(ft, cfg) for ft in fts]
-        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last, paths[0] is not None,
-                        cfg.val_stats)
+        slopes = _slopes(model, fts, lams, hyper, inputs, val, datas, cfg)
+        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last,
+                        paths[0] is not None or slopes is not None, cfg.val_stats)
         return _results(ift_many(model, hyper, lams, inputs, [ft.params for ft in fts],
                                  [ft.prev_params if last else ft.params for ft in fts], [ft.last_grad for ft in fts],
                                  train, val, [ft.bn for ft in fts], s,
-                                 eta_dirs=paths if paths[0] is not None else None))  # type: ignore[arg-type]
+                                 eta_dirs=paths if paths[0] is not None else None,  # type: ignore[arg-type]
+                                 eta_slopes=slopes))
 
 
 def _trajectory(ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:
     """--lr-grad trajectory: the fine-tuning's summed gradient, the path along which its LRs moved theta*."""
-    if cfg.lr_grad != "trajectory":
+    if cfg.lr_grad == "last-step":
         return None
     if ft.grad_sum is None:
         raise ValueError("--lr-grad trajectory needs the fine-tuning's summed gradient (FinetuneResult.grad_sum)")
     return ft.grad_sum
+
+
+def _slope(model: nn.Module, ft: FinetuneResult, beta: Tensor, val: tuple[Tensor, Tensor], x_train: Tensor,
+           cfg: MetaConfig) -> Tensor | None:
+    """--lr-grad trajectory-bn: the LRs' per-tensor slopes through the recomputed BN statistics too (None otherwise)."""
+    if cfg.lr_grad != "trajectory-bn":
+        return None
+    from ..core.hypergrad import lr_slope_bn
+    return lr_slope_bn(model, ft.params, beta, val, x_train, _trajectory(ft, cfg) or [], cfg.val_stats)
+
+
+def _slopes(model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+            inputs: list[tuple[Tensor, Tensor]], val: list[tuple[Tensor, Tensor]], datas: list[ClientData],
+            cfg: MetaConfig) -> list[Tensor] | None:
+    """`_slope` for a group, one client at a time (a full-batch pass over each client's own training data)."""
+    if cfg.lr_grad != "trajectory-bn":
+        return None
+    import torch
+    out = []
+    for ft, lam, (xi, x), v, d in zip(fts, lams, inputs, val, datas):
+        with torch.no_grad():
+            beta = hyper(lam, xi, x)[0]
+        out.append(cast("Tensor", _slope(model, ft, beta, v, d.train[0], cfg)))
+    return out
 
 
 def _eta_path(ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:

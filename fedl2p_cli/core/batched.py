@@ -217,24 +217,32 @@ class FomamlOut:
 def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
                 lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], prev: list[Params],
                 last: list[tuple[Tensor, Tensor]], val: list[tuple[Tensor, Tensor]], bns: list[ClientBN],
-                val_stats: str = "running", eta_dirs: list[list[Tensor]] | None = None) -> FomamlOut:
+                val_stats: str = "running", eta_dirs: list[list[Tensor]] | None = None,
+                eta_slopes: list[Tensor] | None = None) -> FomamlOut:
     """`hypergrad.fomaml_gradient` for N clients in one vmapped second-order computation. `hyper(lam, xi, x)` ->
     (beta, eta) is the meta-nets' map (the same for every client; xi, x are each client's inputs). `eta_dirs`
     (--lr-grad trajectory): each client's summed fine-tuning gradient, the LRs' path into L_V
-    (`hypergrad.fomaml_gradient`'s eta_step)."""
+    (`hypergrad.fomaml_gradient`'s eta_step); `eta_slopes` (--lr-grad trajectory-bn): that path as per-tensor slopes
+    (its eta_slope), which take its place."""
     n = len(lams)
     (lx, ly), lmask = _padded_batches(last)
     (vx, vy), vmask = _padded_batches(val)
     mean, var = stack_bn(bns)
 
-    traj = eta_dirs is not None
+    sloped = eta_slopes is not None
+    traj = eta_dirs is not None and not sloped
 
     def meta_loss(lam: dict, xi: Tensor, xin: Tensor, theta: Params, x: Tensor, y: Tensor, m: Tensor, xv: Tensor,
-                  yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor], ed: list[Tensor]) -> tuple[Tensor, tuple]:
+                  yv: Tensor, mv: Tensor, cm: list[Tensor], cv: list[Tensor], ed: list[Tensor],
+                  sl: Tensor) -> tuple[Tensor, tuple]:
         beta, eta = hyper(lam, xi, xin)
         inner_fn: Callable[[Params], Tensor] = lambda th: masked_ce(  # noqa: E731
             model, th, x, y, m, MaskedPolicy(beta, train=True, mask=m))
         inner, g = inner_fn(theta), grad(inner_fn)(theta)
+        if sloped:  # the LRs' path comes in as slopes, a linear term of value 0 (hypergrad.fomaml_gradient's eta_slope)
+            stepped = {k: v - e.detach() * g[k] for (k, v), e in zip(theta.items(), eta)}
+            lv = masked_ce(model, stepped, xv, yv, mv, _val_policy(beta, mv, cm, cv, val_stats))
+            return lv + (eta * sl.detach()).sum(), (lv.detach(), inner.detach())
         if traj:  # the LRs move theta* along -sum of the run's gradients: first order, a straight line from theta_g
             stepped = {k: v - e.detach() * g[k] - (e - e.detach()) * d.detach()
                        for (k, v), e, d in zip(theta.items(), eta, ed)}
@@ -247,10 +255,11 @@ def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[
         hyper(lams[0], *inputs[0])
     xi = torch.stack([i[0] for i in inputs])
     xin = torch.stack([i[1] for i in inputs])
-    eds = ([torch.stack([d[k] for d in eta_dirs]) for k in range(len(eta_dirs[0]))] if eta_dirs is not None
+    eds = ([torch.stack([d[k] for d in eta_dirs]) for k in range(len(eta_dirs[0]))] if traj and eta_dirs is not None
            else [torch.zeros(n, device=xi.device)])
+    sls = torch.stack(eta_slopes) if eta_slopes is not None else torch.zeros(n, device=xi.device)
     g, (lv, lt) = _plain(vmap(grad(meta_loss, has_aux=True)))(stack(lams), xi, xin, stack(prev), lx, ly, lmask, vx, vy, vmask,
-                                                      mean, var, eds)
+                                                      mean, var, eds, sls)
     return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist())
 
 
@@ -289,12 +298,12 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
              lams: list[dict[str, Tensor]], inputs: list[tuple[Tensor, Tensor]], theta_star: list[Params],
              theta_train: list[Params], inner_grads: list[list[Tensor]], train: list[tuple[Tensor, Tensor]],
              val: list[tuple[Tensor, Tensor]], bns: list[ClientBN], s: IftSettings,
-             eta_dirs: list[list[Tensor]] | None = None) -> FomamlOut:
+             eta_dirs: list[list[Tensor]] | None = None, eta_slopes: list[Tensor] | None = None) -> FomamlOut:
     """`hypergrad.ift_hypergradient` for N clients in one vmapped computation: the Hessian-vector products are
     `torch.func.vjp`s of the training loss's gradient, the Krylov basis and Neumann series are per client. With
     `s.last_step` theta_train and inner_grads are the weights before the last step and that step's gradient (else
     theta_train is theta_star); `s.eta_step` reads `eta_dirs` (--lr-grad trajectory: the summed gradients), else
-    `inner_grads` (the last step's gradient)."""
+    `inner_grads` (the last step's gradient), unless `eta_slopes` gives that path's per-tensor slopes."""
     from torch.func import vjp
 
     from .hypergrad import PSI_MARGIN, krylov, neumann_coefficients, spectral_radius_estimate
@@ -305,7 +314,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     exact, m = s.hessian == "exact", max(s.q, s.psi_power)
 
     def one(lam: dict, xi: Tensor, xin: Tensor, th_v: Params, th_t: Params, ig: list[Tensor], ed: list[Tensor],
-            x: Tensor, y: Tensor, mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor],
+            sl: Tensor, x: Tensor, y: Tensor, mk: Tensor, xv: Tensor, yv: Tensor, mv: Tensor, cm: list[Tensor],
             cv: list[Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:
         def lv_fn(th: Params, lm: dict) -> Tensor:
             beta, _ = hyper(lm, xi, xin)
@@ -343,7 +352,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
         c = (norm * neumann_coefficients(h, psi_t, s.q) * (psi_t if s.scale_by_psi else 1.0)).to(v0[0].dtype)
         p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(keys))]
         if s.eta_step:  # the LRs' path into L_V through the last step (hypergrad.ift_hypergradient's eta_step)
-            d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, ed)])
+            d_eta = sl if eta_slopes is not None else torch.stack([-(a * b).sum() for a, b in zip(v0, ed)])
             eta_vjp = vjp(lambda lm: hyper(lm, xi, xin)[1], lam)[1]
             direct = {k: direct[k] + d for k, d in eta_vjp(d_eta)[0].items()}
         mixed = products(dict(zip(keys, p)))[1]
@@ -355,6 +364,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     xin = torch.stack([i[1] for i in inputs])
     igs = [torch.stack([g[k] for g in inner_grads]) for k in range(len(inner_grads[0]))]
     eds = igs if eta_dirs is None else [torch.stack([d[k] for d in eta_dirs]) for k in range(len(eta_dirs[0]))]
-    g, lv, lt, psi = _plain(vmap(one))(stack(lams), xi, xin, stack(theta_star), stack(theta_train), igs, eds, tx, ty,
+    sls = torch.stack(eta_slopes) if eta_slopes is not None else torch.zeros(n, device=xi.device)
+    g, lv, lt, psi = _plain(vmap(one))(stack(lams), xi, xin, stack(theta_star), stack(theta_train), igs, eds, sls, tx, ty,
                                        tmask, vx, vy, vmask, mean, var)
     return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist(), psi.tolist())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .bn import BNPolicy, MixBN, update_running
+from .bn import BNPolicy, MixBN, _expand, batch_moments, update_running
 from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward, mean_loss
 
 
@@ -130,6 +130,30 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
         mu = acc[0] / acc[2]
         mean[b], var[b] = mu.float(), (acc[1] / acc[2] - mu * mu).clamp_min(0).float()
     return ClientBN(mean, var)
+
+
+class _PathPolicy(BNPolicy):
+    """Training-mode BN mixing by beta whose batch moments stay differentiable functions of the weights (the composite
+    path, where MixedBatchNorm records them as constants): `precise_bn_path`'s forward."""
+
+    def normalize(self, m: MixBN, x: Tensor) -> Tensor:
+        i = m.bn_index
+        mean_b, var_b = batch_moments(x)
+        b = x.new_ones(()) if self.beta is None else self.beta[i]
+        mean, var = torch.lerp(m.running_mean, mean_b, b), torch.lerp(m.running_var, var_b, b)
+        self.recorded[i] = (mean_b, var_b, x.numel() // x.shape[1])
+        scale = torch.rsqrt(var + m.eps) * m.weight
+        return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
+
+
+def precise_bn_path(model: nn.Module, params: Params, x: Tensor, beta: Tensor) -> ClientBN:
+    """`precise_bn` (one full-batch forward) with the statistics differentiable in `params`: evaluation recomputes the
+    client's statistics after fine-tuning, so a change of the fine-tuned weights reaches the validation loss through
+    them too (`--lr-grad trajectory-bn`)."""
+    pol = _PathPolicy(beta, train=True)
+    forward(model, params, x, pol)
+    order = sorted(pol.recorded)
+    return ClientBN([pol.recorded[i][0] for i in order], [pol.recorded[i][1] for i in order])
 
 
 def inference_policy(beta: Tensor | None, bn: ClientBN, stats: str = "running") -> BNPolicy:

@@ -147,7 +147,8 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
                       val_batch: Batch, bn: ClientBN, q: int = 3, psi: float = 0.1,
                       scale_by_psi: bool = False, hessian: str = "exact", psi_power: int = 0,
                       theta_train: Params | None = None, inner_grad: list[Tensor] | None = None,
-                      val_stats: str = "running", eta_step: list[Tensor] | None = None) -> MetaGrad:
+                      val_stats: str = "running", eta_step: list[Tensor] | None = None,
+                      eta_slope: Tensor | None = None) -> MetaGrad:
     """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta.
 
     L_T's argument is theta_star unless `theta_train` is given: then L_T(theta_train) is differentiated (the
@@ -175,7 +176,8 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     g_all = _grad(lv, list(theta_v.values()) + lm, retain_graph=True)
     v, direct = g_all[:len(th)], g_all[len(th):]
     v0 = [t.detach() for t in v]
-    lt = train_loss(model, theta, beta, eta if eta_step is None else eta.detach(), train_batch, hessian, inner_grad)
+    lt = train_loss(model, theta, beta, eta if eta_step is None and eta_slope is None else eta.detach(), train_batch,
+                    hessian, inner_grad)
     g_t = torch.autograd.grad(lt, th, create_graph=True)
     hvp = lambda u: _grad(g_t, th, grad_outputs=u, retain_graph=True)  # noqa: E731
     basis, h, norm = krylov(hvp, v0, max(q, psi_power))  # every Hessian-vector product this makes
@@ -185,33 +187,54 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     c = norm * neumann_coefficients(h, psi_t, q) * (psi_t if scale_by_psi else 1.0)
     c = c.to(v0[0].dtype)
     p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(th))]
-    if eta_step is not None and eta.requires_grad:  # d theta_star / d eta_k = -g_k: the LRs' path into L_V, through the last step
-        d_eta = torch.stack([-(a * b).sum() for a, b in zip(v0, eta_step)])
+    if (eta_step is not None or eta_slope is not None) and eta.requires_grad:
+        # d theta_star / d eta_k = -g_k: the LRs' path into L_V (the last step's, or the run's); or given as slopes
+        d_eta = eta_slope if eta_slope is not None else torch.stack([-(a * b).sum() for a, b in zip(v0, eta_step or [])])
         direct = [a + b for a, b in zip(direct, _grad(eta, lm, grad_outputs=d_eta, retain_graph=True))]
     mixed = _grad(g_t, lm, grad_outputs=p)
     grads = {k: d - m for k, d, m in zip(lam_l, direct, mixed)}
     return MetaGrad(grads, lv.item(), lt.item(), float(psi_t))
 
 
+def lr_slope_bn(model: nn.Module, theta_star: Params, beta: Tensor, val_batch: Batch, x_train: Tensor,
+                grad_sum: list[Tensor], val_stats: str = "running") -> Tensor:
+    """--lr-grad trajectory-bn: dL_V/deta_k = -dL_V/dtheta*_k . grad_sum_k (the trajectory estimate) with dL_V/dtheta*
+    taken through the client's BN statistics too, recomputed from theta* as evaluation recomputes them (PreciseBN,
+    `finetune.precise_bn_path`), where the trajectory estimate holds them. One full-batch forward-backward over the
+    client's training data more; a [|P|] vector of per-tensor slopes (the LRs' path, handed to the meta-gradient)."""
+    from .finetune import precise_bn_path
+    th = _leaves(theta_star)
+    b = beta.detach()
+    bn = precise_bn_path(model, th, x_train, b) if val_stats == "running" else ClientBN([], [])  # test-batch: unused
+    lv = ce_loss(model, th, *val_batch, inference_policy(b, bn, val_stats))
+    v = _grad(lv, list(th.values()))
+    return torch.stack([-(a * d).sum() for a, d in zip(v, grad_sum)])
+
+
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,
                     val_batch: Batch, bn: ClientBN, val_stats: str = "running",
-                    eta_step: list[Tensor] | None = None) -> MetaGrad:
+                    eta_step: list[Tensor] | None = None, eta_slope: Tensor | None = None) -> MetaGrad:
     """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant.
 
     eta_step (--lr-grad trajectory; not in the paper): the fine-tuning's gradients summed, so that theta* = theta_g -
     eta * eta_step (constant LRs). The LRs then reach L_V along that whole path, dL_V/deta_k = -dL_V/dtheta*_k .
     eta_step_k, i.e. dL_V/dlog eta_k = dL_V/dtheta*_k . (theta*_k - theta_g,k), in place of the last step's
-    -dL_V/dtheta*_k . g_k (1/steps of it when the gradients agree); beta keeps its last-step path."""
+    -dL_V/dtheta*_k . g_k (1/steps of it when the gradients agree); beta keeps its last-step path.
+    eta_slope (--lr-grad trajectory-bn): the LRs' path given as per-tensor slopes dL_V/deta (`lr_slope_bn`)."""
     lam_l, theta = _leaves(lam), _leaves(theta_prev)
     beta, eta = hyper(lam_l)
     x, y = last_batch
     inner = ce_loss(model, theta, x, y, BNPolicy(beta, train=True))
     g = torch.autograd.grad(inner, list(theta.values()), create_graph=True)
-    if eta_step is None:
+    if eta_slope is not None:  # the LRs' path comes in as slopes: none through the last step
+        stepped = {k: v - e.detach() * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+    elif eta_step is None:
         stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
     else:  # value theta*, LR gradient along the summed path (the second term is 0 in value)
         stepped = {k: v - e.detach() * gk - (e - e.detach()) * d.detach()
                    for (k, v), e, gk, d in zip(theta.items(), eta, g, eta_step)}
     lv = val_loss(model, stepped, beta, val_batch, bn, val_stats)
-    grads = dict(zip(lam_l, _grad(lv, list(lam_l.values()))))
+    # the slopes enter as a linear term: its gradient is eta's vector-Jacobian product with them, its value 0 to L_V
+    objective = lv if eta_slope is None else lv + (eta * eta_slope.detach()).sum()
+    grads = dict(zip(lam_l, _grad(objective, list(lam_l.values()))))
     return MetaGrad(grads, lv.item(), inner.item())

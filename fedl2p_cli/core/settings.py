@@ -19,7 +19,7 @@ EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes wi
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
 Head = Literal["paper", "log"]                      # how the meta-nets' outputs become beta and eta (core.metanets)
-LrGrad = Literal["last-step", "trajectory"]         # the learned LRs' meta-gradient: the last step's, or the whole run's
+LrGrad = Literal["last-step", "trajectory", "trajectory-bn"]  # the learned LRs' meta-gradient: the last step's, or the run's
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
 DEFAULT_LOGETA_LR = 0.05  # --head log: SGD step of log eta~ (a 0.05 step moves every client's LR of a tensor by ~5%)
@@ -107,8 +107,9 @@ class MetaConfig:
                            tag=Tag("logetalr{v:g}", 215, lambda m: m.head == "log"))
     lr_grad: LrGrad = opt("last-step", "The learned LRs' meta-gradient: last-step = through the last fine-tuning step "
                                        "(App. F; the IFT's --eta-grad last-step) | trajectory = dL_V/d log eta from the "
-                                       "whole fine-tuning, grad L_V(theta*) . (theta* - theta_g) (not in the paper).",
-                          identity_default=True, tag=Tag("traj", 75))
+                                       "whole fine-tuning, grad L_V(theta*) . (theta* - theta_g) | trajectory-bn = "
+                                       "the same through the recomputed BN statistics too (not in the paper).",
+                          identity_default=True, tag=Tag({"trajectory": "traj", "trajectory-bn": "trajbn"}, 75))
 
     @property
     def meta_lrs(self) -> dict[str, float]:
