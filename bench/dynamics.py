@@ -45,10 +45,7 @@ def table(art, at: list[int]) -> str:
             out.append(line("0 (init)" if r == 1 else str(r - 1), hist[r - 1]))
     split = art.metrics.get("split") or {}
     if "kept" in split:
-        k = split["kept"]
-        out.append(f"| kept ({art.metrics.get('kept', '')}) | " + " · ".join(
-            f"{n} ×{k[f'lrx_{n}']:.2f}" for n in sorted(x[len('lrx_'):] for x in k if x.startswith('lrx_')))
-            + f" | {k.get('split_beta', 0):.3f} | ×{k.get('split_lr', 1):.2f} | {int(k.get('frozen', 0))} |")
+        out.append(line(f"kept ({art.metrics.get('kept', '')})", {k: str(v) for k, v in split["kept"].items()}))
     return "\n".join(out) + "\n"
 
 

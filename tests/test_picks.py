@@ -54,3 +54,14 @@ def test_personalize_records_the_checked_picks_and_the_round_0_control(tiny_stor
     assert "beta_split_domains" in s["methods"][learned]["spread_round0"]
     text = art.file("summary.md").read_text()
     assert "(round 0: " in text and "picked (seed × client, per kind)" in text
+
+
+def test_analyze_clusters_prints_the_round_0_control(tiny_store):
+    """`fedl2p analyze clusters` reads the control personalize recorded and prints it beside the spread."""
+    from fedl2p_cli.configs import ClustersConfig
+    from fedl2p_cli.stages import analyze
+    cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], methods=["fedl2p"])
+    pers, _ = personalize.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id,
+                              [tiny_store["meta"].id])
+    art, _ = analyze.run(ClustersConfig(), tiny_store["store"], pers.id)
+    assert "(round 0: " in art.file("ari.md").read_text()

@@ -43,12 +43,19 @@ def markdown(table: dict, names: list[str], method: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spread_md(method: str | None, sp: dict) -> str:
-    """The spread of the method's β and LRs: an ARI says whether the clusters follow the domains, not how far apart
-    the strategies are."""
+def spread_md(method: str | None, sp: dict, round0: dict | None = None) -> str:
+    """The spread of the method's β and LRs beside its round-0 control: an ARI says whether the clusters follow the
+    domains, not how far apart the strategies are, nor whether training made them so."""
     if method is None or not sp:
         return ""
-    return "\n" + "\n".join(f"- {line}" for line in spread.lines(method, sp)) + "\n"
+    return "\n" + "\n".join(f"- {line}" for line in spread.lines(method, sp, round0)) + "\n"
+
+
+def round0_of(pers_art: Artifact, method: str | None) -> dict | None:
+    """The round-0 control personalize recorded for the method (None: none recorded, e.g. an older artifact)."""
+    if method is None or "summary.json" not in pers_art.manifest["files"]:
+        return None
+    return json.loads(pers_art.file("summary.json").read_text())["methods"].get(method, {}).get("spread_round0")
 
 
 def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
@@ -75,9 +82,10 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
             np.savetxt(draft.path(f"distance_map_{name}.csv"), m, delimiter=",", header=",".join(names), fmt="%.6f")
             plot_distance_map(m, names, f"relative cluster distances of {name} (log scale)", draft.path(f"distance_map_{name}.png"))
         sp = spread.spread(results.beta[method], results.eta[method], domains) if method is not None else {}
-        draft.path("ari.json").write_text(json.dumps({"method": method, "pool": results.pool, "ari": ari, "spread": sp},
-                                                     indent=2))
-        draft.path("ari.md").write_text(markdown(ari, names, method) + spread_md(method, sp))
+        r0 = round0_of(pers_art, method)
+        draft.path("ari.json").write_text(json.dumps({"method": method, "pool": results.pool, "ari": ari, "spread": sp,
+                                                      "spread_round0": r0}, indent=2))
+        draft.path("ari.md").write_text(markdown(ari, names, method) + spread_md(method, sp, r0))
         draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
 
     return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force, runtime)
