@@ -33,7 +33,8 @@ from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, System, Tuned
 from .plugins import Registry
-from .protocols import Dataset, DatasetLoader, Executor, Job, MetaGradient, ModelFactory, Outcome, Pool, PretrainClient, PretrainClients
+from .protocols import Dataset, DatasetLoader, MetaGradient, ModelFactory, Outcome, PretrainClient, PretrainClients
+from .runtime import Executor, Job, Pool
 
 if TYPE_CHECKING:
     import torch

@@ -2,7 +2,7 @@
 executors, meta-gradients), by kind and name, with the plugin that registered it. One object, filled by the plugin
 loader (fedl2p_cli/plugins.py): the built-ins and a user's plugins register the same way, and every lookup of every
 kind behaves the same (`get` raises `UnknownName` naming the choices, `find` answers None). A lookup names its kind by
-a typed key (`get(MODEL, name)` is a `ModelSpec`, `get(EXECUTOR, name)` an `Executor`): a misspelt kind does not
+a typed key (`get(MODEL, name)` is a `ModelSpec`, `get(META_GRAD, name)` a `MetaGradient`): a misspelt kind does not
 type-check. Torch-free, on the bottom floor: it imports the entries' Protocols (fedl2p_cli/protocols.py) and the
 package's errors, nothing else (tests/test_layout.py checks)."""
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
 from .errors import FedL2PError
-from .protocols import Executor, MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
+from .protocols import MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
 BUILTIN = "fedl2p_cli.builtin"
@@ -102,9 +102,8 @@ METHOD: Kind[Method] = Kind("method", "method", "--methods")
 SYSTEM: Kind[System] = Kind("system", "pFL system", "--algo")
 METHODS: Kind[Method] = Kind("method", "method", "--methods", ("method", "system"))  # a method or a system
 PRETRAIN_ALGO: Kind[PretrainAlgo] = Kind("pretrain-algo", "algorithm", "--algo")
-EXECUTOR: Kind[Executor] = Kind("executor", "executor", "--engine")
 META_GRAD: Kind[MetaGradient] = Kind("meta-grad", "meta-gradient", "--meta-grad")
-KINDS = tuple(k.name for k in (MODEL, DATASET, METHOD, SYSTEM, PRETRAIN_ALGO, EXECUTOR, META_GRAD))
+KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad")  # EXECUTOR: in runtime.py
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from .catalog import (
     API_VERSION,
     BUILTIN,
     DATASET,
-    EXECUTOR,
     KINDS,
     META_GRAD,
     METHOD,
@@ -49,10 +48,11 @@ from .catalog import (
     PretrainAlgo,
 )
 from .errors import FedL2PError
+from .runtime import EXECUTOR
 
 if TYPE_CHECKING:
-    from .protocols import Executor, MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
-    from .runtime import Runtime
+    from .protocols import MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
+    from .runtime import Executor, Runtime
 
 T = TypeVar("T")
 

@@ -1,10 +1,11 @@
 """The plugin-facing types, on the package's bottom floor: what the catalog stores per kind (a dataset's `Source`, a
-`Method` or `System`, an `Executor`, a `MetaGradient`, the callables `ModelFactory`, `PretrainClient`), what those
-are handed (`Job`, `Setup`, `Row`, `ClientContext`, a loader's `Dataset`) and what they return (`Pool`, `Outcome`).
-The classes fedl2p registers (data/sources.py's `Source`, methods/registry.py's methods, the executors and
-meta-gradients) implement them; the catalog and the plugin loader type their entries with them, so neither imports
-the layers above. Torch-free; it imports only core/ and errors, and for the type checker the values every layer shares
-(configs.py's configs, runtime.py's Runtime), which import only core/ (tests/test_layout.py checks)."""
+`Method` or `System`, a `MetaGradient`, the callables `ModelFactory`, `PretrainClient`), what those are handed
+(`Setup`, `Row`, `ClientContext`, a loader's `Dataset`) and what they return (`Outcome`). The classes fedl2p registers
+(data/sources.py's `Source`, methods/registry.py's methods, the meta-gradients) implement them; the catalog and the
+plugin loader type their entries with them, so neither imports the layers above. The executor's interface (`Executor`,
+`Job`, `Pool`) names the Runtime, which carries the catalog: it is declared beside the Runtime (runtime.py). Torch-free;
+it imports only core/ and errors, and for the type checker configs.py's configs, which import only core/
+(tests/test_layout.py checks)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from .core.hypergrad import MetaGrad
     from .core.metanets import Lambda
     from .core.settings import MetaConfig
-    from .runtime import Runtime
 
 
 # -- models and pretraining ------------------------------------------------------------------------------------
@@ -227,53 +227,6 @@ class System(Method, Protocol):
     `api.PFLSystem`) trains it (`fedl2p pfl-train --algo NAME`)."""
     @property
     def trainer(self) -> str: ...
-
-
-# -- executors ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Job:
-    """What a pool runs: `update(context, task)` for each task, on a context each process builds once as
-    `build(*args, runtime)` (worker processes, ClientApps; `sent` is the runtime they receive, with the parent's
-    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all.
-    `update_many(context, tasks)`, where the stage has one, computes a group of tasks at once (the batched
-    executor's path; per task the same results as `update`)."""
-    runtime: Runtime
-    sent: Runtime
-    build: Callable[..., Any]
-    args: tuple
-    update: Callable[..., Any]
-    local_context: Any
-    nodes: int
-    update_many: Callable[..., list[Any]] | None = None
-
-
-class Pool(Protocol):
-    """One stage run's client pool."""
-
-    def map(self, tasks: list[Any]) -> list[Any]:
-        """The tasks' results in task order (`rounds.Failed` for a client that failed)."""
-        ...
-
-    def close(self) -> None: ...
-    def __enter__(self) -> Pool: ...
-    def __exit__(self, *exc: Any) -> None: ...
-
-
-class Executor(Protocol):
-    """An executor as the catalog holds it: its `--engine` name, one line about it, a check of the runtime options it
-    reads and the pool it opens."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def about(self) -> str: ...
-
-    def check(self, runtime: Runtime) -> None:
-        """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
-        ...
-
-    def open(self, job: Job) -> Pool: ...
 
 
 # -- meta-gradients -------------------------------------------------------------------------------------------------

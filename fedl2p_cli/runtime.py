@@ -8,6 +8,10 @@ a plain dict (`to_dict`; no pickle; all but its catalog of pieces, which it buil
 applies it (`apply`) before building anything. `core/` never sees it: its
 functions follow their inputs' device. The artifact's manifest records it (`describe`: `computed_on`).
 
+Beside it, the executor interface (`--engine NAME`): what a pool runs (`Job`), the pool it opens (`Pool`) and the
+executor the catalog holds (`Executor`, its kind key `EXECUTOR`). They name the Runtime, which carries the catalog, so
+they are declared here rather than with the other plugin-facing Protocols (protocols.py, below the catalog).
+
 Torch-free at import, so `fedl2p --help` stays fast; the torch parts are imported where they are used.
 """
 
@@ -15,9 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from .catalog import Catalog, Kind  # at run time: the CLI reads the Runtime's field types (get_type_hints)
 from .core.config import AT_LEAST_1, FRACTION, INTERNAL, NON_NEGATIVE, UNIT, opt
 from .core.settings import RoundPolicy
 
@@ -64,10 +70,9 @@ class Runtime:
                                       "folder, ./runs or ./mlruns).", cli=False)
     reuse_only: bool = opt(False, "Build nothing: each stage returns the artifact its inputs name, or refuses (how "
                                   "`fedl2p report` finds a pipeline's artifacts).", cli=False)
-    # the pieces this run looks up (a `catalog.Catalog`; None: the context's, `plugins.current()`). It stays in this
-    # process: a worker process or ClientApp builds its own from `plugins` and `allow_import`. Typed Any: the
-    # catalog's entry types (an executor's Job) name the Runtime.
-    catalog: Any = dataclasses.field(default=None, compare=False, repr=False, metadata={
+    # the pieces this run looks up (None: the context's, `plugins.current()`). It stays in this process: a worker
+    # process or ClientApp builds its own from `plugins` and `allow_import`.
+    catalog: Catalog | None = dataclasses.field(default=None, compare=False, repr=False, metadata={
         "help": "The catalog of pieces this run looks up (plugins.of(runtime)).", "cli": False, INTERNAL: True})
 
     def __post_init__(self) -> None:
@@ -145,6 +150,55 @@ class Runtime:
             d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,
                   "cudnn": torch.backends.cudnn.version()}
         return d
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a pool runs: `update(context, task)` for each task, on a context each process builds once as
+    `build(*args, runtime)` (worker processes, ClientApps; `sent` is the runtime they receive, with the parent's
+    plugins and allow-list) or that this process already holds (`local_context`); `nodes` clients in all.
+    `update_many(context, tasks)`, where the stage has one, computes a group of tasks at once (the batched
+    executor's path; per task the same results as `update`)."""
+    runtime: Runtime
+    sent: Runtime
+    build: Callable[..., Any]
+    args: tuple
+    update: Callable[..., Any]
+    local_context: Any
+    nodes: int
+    update_many: Callable[..., list[Any]] | None = None
+
+
+class Pool(Protocol):
+    """One stage run's client pool."""
+
+    def map(self, tasks: list[Any]) -> list[Any]:
+        """The tasks' results in task order (`rounds.Failed` for a client that failed)."""
+        ...
+
+    def close(self) -> None: ...
+    def __enter__(self) -> Pool: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+class Executor(Protocol):
+    """An executor as the catalog holds it: its `--engine` name, one line about it, a check of the runtime options it
+    reads and the pool it opens."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def check(self, runtime: Runtime) -> None:
+        """Refuse (FedL2PError, one line naming the option) runtime options this executor cannot honour."""
+        ...
+
+    def open(self, job: Job) -> Pool: ...
+
+
+EXECUTOR: Kind[Executor] = Kind("executor", "executor", "--engine")
 
 
 def free_cores() -> int:

@@ -7,9 +7,10 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from fedl2p_cli import device
+from fedl2p_cli import device, plugins
 from fedl2p_cli.algorithms import cafeme, local, pfedla
 from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+from fedl2p_cli.catalog import PRETRAIN_ALGO
 from fedl2p_cli.core.client import ClientData
 from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, personalized_accuracy, precise_bn
 from fedl2p_cli.core.functional import evaluate, get_state
@@ -19,7 +20,6 @@ from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.models.registry import build
 from fedl2p_cli.runtime import Runtime
-from fedl2p_cli.stages import pretrain as pretrain_stage
 
 from .helpers import detached_params
 
@@ -106,7 +106,8 @@ def test_pretraining_updates_follow_their_inputs(client, algo):
     cfg = local.LocalConfig(epochs=1, batch_size=8, head="10.", freeze_head=algo == "fedbabu", pf_alpha=0.01)
     state = get_state(model)
     gen = torch.Generator().manual_seed(2)
-    on_meta(lambda: pretrain_stage.algorithm(algo).client(model, state, *data.train, 0.05, cfg, gen))
+    client = plugins.build().get(PRETRAIN_ALGO, algo).client
+    on_meta(lambda: client(model, state, *data.train, 0.05, cfg, gen))
     model.load_state_dict(state)  # the module is a workspace: leave it as the other tests found it
 
 

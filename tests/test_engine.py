@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedl2p_cli.catalog import EXECUTOR, META_GRAD
+from fedl2p_cli.catalog import META_GRAD
 from fedl2p_cli.engine.loop import Checkpoint, LoopState, generator, group_of, nest
 from fedl2p_cli.engine.rounds import Watch, in_process, run_rounds
+from fedl2p_cli.runtime import EXECUTOR
 from fedl2p_cli.stages.common import NoProgress
 
 from .helpers import KillAfter, Killed

@@ -470,17 +470,17 @@ def test_the_name_clash_scan_finds_one(tmp_path):
 
 # the layers, lowest first: each folder and top-level module of the package (its name under fedl2p_cli/; the package's
 # own __init__ is "__init__"). A module may import (at run time, inside a function, or for the type checker) from its
-# own layer and those below it, never from one above. The bottom floor: core/ (the maths), errors, device and the
-# values every layer shares (runtime.py's Runtime, configs.py's configs), then the plugin-facing Protocols
-# (protocols.py), the catalog and its loader (plugins.py); the store (artifacts.py) below data/ (whose fingerprint cache
+# own layer and those below it, never from one above. The bottom floor: core/ (the maths), errors, device, the configs,
+# the plugin-facing Protocols (protocols.py), the catalog, the Runtime that carries it (with the executor interface,
+# which names the Runtime) and the catalog's loader (plugins.py); the store (artifacts.py) below data/ (whose fingerprint cache
 # is an artifact); engine/ below algorithms/ (the pFL systems' strategies speak the round engine's vocabulary);
 # builtin.py, which registers every built-in (the Flower executor among them), and api.py, the plugin API over
 # everything, near the top.
-LAYERS = ("__init__", "core", "errors", "device", "runtime", "configs", "protocols", "catalog", "imports", "plugins",
+LAYERS = ("__init__", "core", "errors", "device", "configs", "protocols", "catalog", "runtime", "imports", "plugins",
           "stage_table", "tracking", "artifacts", "data", "io", "models", "methods", "engine", "algorithms", "analysis",
           "stages", "flower", "builtin", "api", "cli", "__main__")
 # what the bottom floor's modules may import, by layer name (run time, inside functions and for the type checker)
-FLOOR = {"fedl2p_cli.protocols": {"core", "errors", "configs", "runtime"},
+FLOOR = {"fedl2p_cli.protocols": {"core", "errors", "configs"},
          "fedl2p_cli.catalog": {"protocols", "errors"}}
 
 
@@ -537,7 +537,7 @@ def test_no_import_circle_through_any_import():
 
 
 def test_the_bottom_floor_imports_nothing_above_it():
-    """The plugin-facing Protocols import only core/, errors and the shared values (Runtime, configs); the catalog
+    """The plugin-facing Protocols import only core/, errors and the configs (which import only core/); the catalog
     only the Protocols and errors: neither names a layer whose pieces it holds."""
     assert not floor_breaches(), floor_breaches()
 

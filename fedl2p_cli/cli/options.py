@@ -29,8 +29,13 @@ def store(path: Path | None) -> Store:
 def execute(stage: Any, cfg: Any, parents: dict[str, str | list[str] | None], path: Path | None, rt: Runtime,
             force: bool, **ctx: Any) -> Any:
     """A command's stage run through the stage interface: the parent ids the command line gave (None: the stage's
-    default), the store at `path`, and the rest of the context (progress, resume, plot)."""
+    default), the store at `path`, and the rest of the context (progress, resume, plot). A `package.module:factory`
+    model its config names is the user's: allowed here, at the edge, so that the stage and those after it may import
+    it (the stages never change the catalog)."""
+    from ..models import guard
     from ..stages.interface import Inputs, StageContext, run_stage  # with the stage, so --help stays torch-free
+    if ":" in str(getattr(cfg, "model", "")):
+        guard.allow(cfg.model)
     return run_stage(stage, cfg, Inputs.given(parents), StageContext(store(path), rt, force, **ctx))
 
 

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
+from .. import plugins
 from ..errors import FedL2PError
+from ..models import guard
 from ..stages import pipeline_files as files
 from . import options, personalize, render
 
@@ -40,6 +42,9 @@ def run(
         sys.stdout.write(files.show(path))
         return
     p = pipeline.load(path, store)
+    plugins.load(p.plugins, f"pipeline {path}")  # into this command's catalog, which its runtime carries
+    for model in pipeline.named_models(p):  # named by the user: its stages, and those after, may import it
+        guard.allow(model)
     render.plugin_notes()  # the pipeline's own plugins'
     rt = options.runtime(ctx, device=p.device)
     render.console.print(f"[bold]pipeline {p.name}[/bold] (store {p.store.root})")

@@ -20,8 +20,7 @@ from .interface import no_gpu_share
 if TYPE_CHECKING:  # torch is imported when a pool opens: the catalog lists this executor without it
     import torch
 
-    from ..protocols import Job, Pool
-    from ..runtime import Runtime
+    from ..runtime import Job, Pool, Runtime
 
 MAX_GROUP = 128
 HEADROOM = 0.8  # the share of free device memory `auto` plans to fill

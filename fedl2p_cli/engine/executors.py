@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..catalog import EXECUTOR
 from ..errors import FedL2PError
-from ..protocols import Executor, Job, Pool
+from ..runtime import EXECUTOR, Executor, Job, Pool
 from .interface import no_gpu_share
 
 if TYPE_CHECKING:
@@ -60,8 +59,6 @@ def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: 
     return get(runtime.engine, catalog).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
 
 
-def get(name: str, catalog: Catalog | None = None) -> Executor:
-    """The executor registered as `name` in `catalog` (default: the current one; UnknownName naming the choices, for
-    --engine)."""
-    from .. import plugins
-    return (catalog or plugins.current()).get(EXECUTOR, name)
+def get(name: str, catalog: Catalog) -> Executor:
+    """The executor registered as `name` in `catalog` (UnknownName naming the choices, for --engine)."""
+    return catalog.get(EXECUTOR, name)

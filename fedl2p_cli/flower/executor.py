@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.executors import no_client_batch
 from ..errors import FedL2PError
-from ..protocols import Job, Pool
+from ..runtime import Job, Pool
 
 if TYPE_CHECKING:
     from ..runtime import Runtime

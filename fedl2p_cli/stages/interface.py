@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from .. import plugins
 from ..artifacts import Artifact, Store
+from ..catalog import Catalog
 from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
 from ..errors import FedL2PError
 from ..runtime import Runtime, round_options
@@ -48,7 +49,8 @@ class Inputs:
 
 @dataclass(frozen=True)
 class StageContext:
-    """What every stage run shares."""
+    """What every stage run shares. The pieces it looks up are the catalog its runtime carries: the command line
+    (cli/options.py, cli/run.py) puts it there; a stage never changes it."""
     store: Store
     runtime: Runtime = field(default_factory=Runtime)
     force: bool = False
@@ -56,15 +58,20 @@ class StageContext:
     resume: bool = True  # a stage with rounds continues from its round checkpoint
     plot: bool = True  # a stage that draws writes its plots
 
+    @property
+    def catalog(self) -> Catalog:
+        """The runtime's catalog; a run given none (a test, a library call) answers from the context's own."""
+        return plugins.of(self.runtime)
+
 
 class StageModule(Protocol):
     def execute(self, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]: ...
 
 
 def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """A stage run: its module's `execute`, with the runtime's catalog the one every lookup below it answers from
+    """A stage run: its module's `execute`, with the catalog handed over the one every lookup below it answers from
     (a model's factory, a dataset, a method: code that has no runtime in reach)."""
-    with plugins.using(plugins.of(ctx.runtime)):
+    with plugins.using(ctx.catalog):
         return module.execute(cfg, inputs, ctx)
 
 

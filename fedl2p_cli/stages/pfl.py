@@ -33,9 +33,10 @@ from .interface import Inputs, StageContext
 from .pretrain import write_history
 
 
-def check(cfg: PFLConfig) -> None:
+def check(cfg: PFLConfig, runtime: Runtime | None = None) -> None:
+    """The config, and its `--algo` in the runtime's catalog (at compile time, a pipeline's: the context's)."""
     validate(cfg)
-    plugins.current().get(SYSTEM, cfg.algo)  # a registered system
+    plugins.of(runtime).get(SYSTEM, cfg.algo)  # a registered system
     registry.spec(cfg.model)
     own_options(cfg)
 
@@ -66,10 +67,8 @@ def own_options(cfg: PFLConfig) -> Any:
 
 def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
         progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
-    if ":" in cfg.model:  # named by the user
-        guard.allow(cfg.model)
-    check(cfg)
     runtime = runtime or Runtime()
+    check(cfg, runtime)
     part_art, part = partition_stage.load(store, partition_ref)
     conf = identity(cfg) | {"in_channels": part.in_channels, "num_classes": part.num_classes}
 

@@ -41,6 +41,7 @@ class Pipeline:
     store: Store
     results: list[StepResult] = field(default_factory=list)
     device: str | None = None  # the file's `device`: where it computes unless --device / FEDL2P_DEVICE say otherwise
+    plugins: list[str] = field(default_factory=list)  # the file's `plugins`: the command line loads them (cli/run.py)
 
 
 @dataclass
@@ -77,9 +78,9 @@ class Plan:
 
 
 # -- reading the file -------------------------------------------------------------------------------------------
-def load(path: Path, store_override: Path | None = None, plugins: bool = True) -> Pipeline:
-    """The file with its `extends` chain applied and its top-level keys checked; with `plugins`, its plugins loaded
-    (a report from the ids a run recorded needs none)."""
+def load(path: Path, store_override: Path | None = None) -> Pipeline:
+    """The file with its `extends` chain applied and its top-level keys checked. Its `plugins` are named, not loaded:
+    the command line loads them into its catalog (a report from the ids a run recorded needs none)."""
     data = pipeline_files.resolve(path)
     unknown = [k for k in data if k not in SECTIONS and k not in TOP_KEYS]
     if unknown:
@@ -88,19 +89,21 @@ def load(path: Path, store_override: Path | None = None, plugins: bool = True) -
         if need not in data:
             raise FedL2PError(f"pipeline {path} has no [{need}] section")
     root = store_override or Path(data.get("store", "artifacts"))
-    if "plugins" in data:  # modules whose register(registry) adds the models, datasets and methods its sections name
-        mods = data["plugins"]
-        if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
-            raise FedL2PError(f"pipeline {path}: plugins must be a list of module names, got {mods!r}")
-        if plugins:
-            from .. import plugins as registry
-            registry.load(mods, f"pipeline {path}")
+    mods = data.get("plugins", [])  # modules whose register(registry) adds the models, datasets and methods it names
+    if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+        raise FedL2PError(f"pipeline {path}: plugins must be a list of module names, got {mods!r}")
     if "device" in data:  # where this pipeline computes, unless --device / FEDL2P_DEVICE say otherwise
         if not isinstance(data["device"], str):
             raise FedL2PError(f"pipeline {path}: device must be a string such as \"cuda\", got {data['device']!r}")
         from .. import device
         device.parse(data["device"])  # a misspelt key is refused even where --device overrides it
-    return Pipeline(data.get("name", path.stem), data, Store(root), device=data.get("device"))
+    return Pipeline(data.get("name", path.stem), data, Store(root), device=data.get("device"), plugins=list(mods))
+
+
+def named_models(p: Pipeline) -> list[str]:
+    """The `package.module:factory` models the file's sections name: the user's, which the command line allows."""
+    tables = [t for v in p.sections.values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, dict)]
+    return [m for t in tables if isinstance(m := t.get("model"), str) and ":" in m]
 
 
 # -- compiling ---------------------------------------------------------------------------------------------------

@@ -32,15 +32,10 @@ from .common import Progress, build_or_reuse, check_runtime, config_dict, watch
 from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
 
 
-def algorithm(name: str) -> PretrainAlgo:
-    """The registered pretraining algorithm `name` (built-ins and plugins)."""
-    return plugins.current().get(PRETRAIN_ALGO, name)
-
-
 def check(cfg: PretrainConfig, runtime: Runtime) -> None:
     validate(cfg)
     if cfg.init is None:
-        algorithm(cfg.algo)
+        plugins.of(runtime).get(PRETRAIN_ALGO, cfg.algo)  # UnknownName naming the choices
     registry.spec(cfg.model)
     check_runtime(runtime)
 
@@ -100,7 +95,7 @@ class PretrainContext:
     """What a client's local update reads, built once per process (the executor places it on its device)."""
     model: torch.nn.Module
     part: Partition
-    algo: str
+    algo: PretrainAlgo  # the catalog's entry, looked up once where the context is built
     local: LocalConfig
     seed: int
 
@@ -120,15 +115,16 @@ class PretrainStrategy:
     """FedAvg / FedBABU / Per-FedAvg (HF): sample, local updates, sample-weighted mean; evaluation on schedule (in
     this process, on `dev`)."""
 
-    def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module, dev: torch.device):
+    def __init__(self, cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runtime: Runtime):
         self.cfg, self.part, self.model = cfg, part, model
         self.label = f"pretrain {cfg.algo}"
         self.seen, unseen = part.pool(False), part.pool(True)
         for c in self.seen:  # build every client's tensors once, before the rounds
             part.client(c)
         self.evaluate = OnDevice(Evaluation(model, {"seen": pool_tensors(part, self.seen, "test"),
-                                                    "unseen": pool_tensors(part, unseen, "test") if unseen else None}), dev)
-        self.client = client_of(cfg, part, model)
+                                                    "unseen": pool_tensors(part, unseen, "test") if unseen else None}),
+                                 runtime.torch_device)
+        self.client = client_of(cfg, part, model, runtime)
 
     def initial_state(self) -> LoopState:
         return LoopState(0, get_state(self.model))
@@ -154,7 +150,7 @@ class PretrainStrategy:
 
 
 def make_strategy(cfg: PretrainConfig, part: Partition, runtime: Runtime) -> PretrainStrategy:
-    return PretrainStrategy(cfg, part, build_model(cfg, part), runtime.torch_device)
+    return PretrainStrategy(cfg, part, build_model(cfg, part), runtime)
 
 
 def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
@@ -162,9 +158,9 @@ def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
     return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]))
 
 
-def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module) -> PretrainContext:
-    algo = algorithm(cfg.algo)
-    return PretrainContext(model, part, cfg.algo, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runtime: Runtime) -> PretrainContext:
+    algo = plugins.of(runtime).get(PRETRAIN_ALGO, cfg.algo)
+    return PretrainContext(model, part, algo, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
                                                             head=registry.head_prefix(model),
                                                             freeze_head=algo.freeze_head, pf_alpha=cfg.pf_alpha), cfg.seed)
 
@@ -172,13 +168,13 @@ def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module) -> P
 def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainContext:
     """A worker's own client context (model, client data), built once from the store in its initializer."""
     part = partition_stage.load(Store(root), partition_id)[1]
-    return client_of(cfg, part, build_model(cfg, part))
+    return client_of(cfg, part, build_model(cfg, part), runtime)
 
 
 def client_task(ctx: PretrainContext, task: LocalTask) -> LocalResult:
     """One client's local update, where the executor placed the context and the task."""
     x, y = ctx.part.client(task.client).train
-    new, loss = algorithm(ctx.algo).client(ctx.model, task.state, x, y, task.lr, ctx.local,
+    new, loss = ctx.algo.client(ctx.model, task.state, x, y, task.lr, ctx.local,
                                            generator(ctx.seed, task.round, task.client))
     return LocalResult(new, len(y), loss)
 
@@ -186,7 +182,7 @@ def client_task(ctx: PretrainContext, task: LocalTask) -> LocalResult:
 def client_tasks(ctx: PretrainContext, tasks: list[LocalTask]) -> list[LocalResult]:
     """Several clients' local updates as one computation (the batched executor; the algorithm's `client_many`)."""
     data = [ctx.part.client(t.client).train for t in tasks]
-    many = algorithm(ctx.algo).client_many  # the batched executor runs only algorithms that have one
+    many = ctx.algo.client_many  # the batched executor runs only algorithms that have one
     out = many(ctx.model, [t.state for t in tasks], [x for x, _ in data], [y for _, y in data],  # type: ignore[misc]
                [t.lr for t in tasks], ctx.local, [generator(ctx.seed, t.round, t.client) for t in tasks])
     return [LocalResult(new, len(y), loss) for (new, loss), (_, y) in zip(out, data)]
@@ -197,7 +193,7 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
     """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
     strategy = make_strategy(cfg, part, runtime)
     executor = runtime if where else runtime.replace(workers=1, engine="local")
-    many = client_tasks if algorithm(cfg.algo).client_many is not None else None
+    many = client_tasks if strategy.client.algo.client_many is not None else None
     with open_pool(executor, worker_client, (*(where or ("", "")), cfg), client_task, strategy.client,
                    len(strategy.seen), many) as pool:
         st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, runtime.policy())
@@ -215,8 +211,6 @@ def write_history(path: Path, history: list[dict]) -> None:
 def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
         progress: Progress | None = None, plot: bool = True, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
     runtime = runtime or Runtime()
-    if ":" in cfg.model:  # named by the user (--model, a pipeline's model): the later stages may build it
-        guard.allow(cfg.model)
     check(cfg, runtime)
     if cfg.init:
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import methods
+from .. import methods, plugins
 from ..analysis import report_html as H
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
@@ -43,12 +43,18 @@ def from_pipeline(path: Path, store_override: Path | None, runtime: Runtime | No
     """A pipeline's artifacts: those its last run made in the store (read without its plugins), else those its plan
     names, as `fedl2p run` would reuse them; refused (one line) where one is missing."""
     from . import pipeline
-    p = pipeline.load(path, store_override, plugins=False)
+    p = pipeline.load(path, store_override)
     steps = pipeline.recorded(p)
     if steps is None:
-        p = pipeline.load(path, store_override)
+        rt = (runtime or Runtime()).replace(reuse_only=True)
+        if p.plugins:  # compiling needs the file's plugins: a catalog of its own, the one handed over stays as it was
+            handed = plugins.of(rt)
+            own = plugins.build(*handed.active(), *p.plugins, installed=True)
+            own.allowed.extend(m for m in handed.allowed if m not in own.allowed)
+            rt = rt.replace(catalog=own)
         try:  # every step finds its artifact, or names the one missing; nothing is built
-            results = pipeline.run(p, None, _no_progress, runtime=(runtime or Runtime()).replace(reuse_only=True))
+            with plugins.using(plugins.of(rt)):
+                results = pipeline.run(p, None, _no_progress, runtime=rt)
         except Missing as e:
             raise FedL2PError(f"pipeline {path} has no {e.stage} artifact {e.id} in {p.store.root} yet; run `fedl2p "
                               f"run {path}` first (or pass --store)") from None
