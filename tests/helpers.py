@@ -10,6 +10,12 @@ from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.models.registry import build
 
 
+def execute(module, cfg, store, parents: dict[str, str | None] | None = None, force: bool = False):
+    """A stage run through its interface, as a command makes it: parent ids by name (None: the stage's default)."""
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
+    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, force=force))
+
+
 def detached_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A model's parameters, detached copies by name."""
     return {n: p.detach().clone() for n, p in model.named_parameters()}

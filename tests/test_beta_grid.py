@@ -18,6 +18,8 @@ from fedl2p_cli.engine.loop import generator
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import beta_grid, partition, pretrain, stats
 
+from .helpers import execute
+
 
 @pytest.fixture(scope="module")
 def grid_run(tiny_store, tmp_path_factory):
@@ -25,13 +27,13 @@ def grid_run(tiny_store, tmp_path_factory):
     shutil.copytree(tiny_store["store"].root, root)
     store = Store(root)
     cfg = BetaGridConfig(lr=0.01, levels=[0.0, 1.0], seeds=[0, 1], epochs=1, batch_size=16)
-    art, reused = beta_grid.run(cfg, store, tiny_store["stats"].id)
+    art, reused = execute(beta_grid, cfg, store, {"stats": tiny_store["stats"].id})
     return store, cfg, art, reused
 
 
 def test_the_choices_are_what_the_scores_say(grid_run):
     store, cfg, art, reused = grid_run
-    assert not reused and beta_grid.run(cfg, store, art.parents["stats"])[1]  # the second run reuses it
+    assert not reused and execute(beta_grid, cfg, store, {"stats": art.parents["stats"]})[1]  # the second run reuses it
     raw = json.loads(art.file("scores.json").read_text())
     sc, dom = np.array(raw["scores"]), np.array(raw["domain"])
     assert sc.shape == (2, len(raw["clients"]), 8, 2) and len(raw["grid"]) == 8  # 2 levels ^ 3 BN layers
@@ -71,9 +73,9 @@ def test_a_score_is_the_fine_tune_it_names(grid_run, tiny_store):
 def test_bad_input(tiny_store):
     store = tiny_store["store"]
     with pytest.raises(ConfigError, match="--levels must be in \\[0, 1\\]"):
-        beta_grid.run(BetaGridConfig(levels=[0.0, 1.5]), store)
+        execute(beta_grid, BetaGridConfig(levels=[0.0, 1.5]), store)
     with pytest.raises(FedL2PError, match="beta vectors"):
-        beta_grid.run(BetaGridConfig(levels=[i / 20 for i in range(21)]), store, tiny_store["stats"].id)
+        execute(beta_grid, BetaGridConfig(levels=[i / 20 for i in range(21)]), store, {"stats": tiny_store["stats"].id})
 
 
 def test_choices_on_hand_made_scores():

@@ -4,6 +4,8 @@ import pytest
 from fedl2p_cli.analysis.clusters import distance_map, spectral_ari
 from fedl2p_cli.errors import FedL2PError
 
+from .helpers import execute
+
 
 def blobs(k=4, per=10, sep=10.0, dim=6, seed=0):
     rng = np.random.default_rng(seed)
@@ -38,7 +40,7 @@ def test_identical_domains_map_near_zero():
 def test_analyze_stage_on_tiny_store_and_single_domain_refused(tiny_store, tmp_path):
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import analyze, meta_train, partition, personalize, pretrain, stats
-    art, _ = analyze.run(analyze.ClustersConfig(), tiny_store["store"], tiny_store["personalize"].id)
+    art, _ = execute(analyze, analyze.ClustersConfig(), tiny_store["store"], {"personalize": tiny_store["personalize"].id})
     assert set(art.metrics) >= {"ari_xi", "ari_x", "ari_beta", "ari_eta"}
     assert (art.path / "distance_map_beta.png").is_file()
     # a single-domain partition is refused with a clear message
@@ -49,7 +51,7 @@ def test_analyze_stage_on_tiny_store_and_single_domain_refused(tiny_store, tmp_p
     st, _ = stats.run(stats.StatsConfig(), s, p.id, pre.id)
     pers, _ = personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, seeds=[0]), s, pre.id, st.id)
     with pytest.raises(FedL2PError, match="single domain"):
-        analyze.run(analyze.ClustersConfig(), s, pers.id)
+        execute(analyze, analyze.ClustersConfig(), s, {"personalize": pers.id})
     # and stats of another pretrained model are refused
     with pytest.raises(FedL2PError, match="was computed for pretrained model"):
         meta_train.run(meta_train.MetaTrainConfig(rounds=1), tiny_store["store"], tiny_store["pretrain"].id,

@@ -14,6 +14,8 @@ from fedl2p_cli.configs import DecomposeConfig
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import decompose, partition, personalize
 
+from .helpers import execute
+
 
 def copied(tiny_store, tmp_path) -> tuple[Store, str]:
     """A private copy of the session's store (decompose writes to it) and its personalisation's id."""
@@ -23,7 +25,7 @@ def copied(tiny_store, tmp_path) -> tuple[Store, str]:
 
 def test_decompose_reproduces_the_stored_rows(tiny_store, tmp_path):
     store, pers = copied(tiny_store, tmp_path)
-    art, _ = decompose.run(DecomposeConfig(beta=1.0, eta_scales=[0.5]), store, pers)
+    art, _ = execute(decompose, DecomposeConfig(beta=1.0, eta_scales=[0.5]), store, {"personalize": pers})
     s = json.loads(art.file("summary.json").read_text())
     _, r = personalize.load(store, pers)
     rows = s["combinations"]
@@ -33,9 +35,9 @@ def test_decompose_reproduces_the_stored_rows(tiny_store, tmp_path):
     assert rows["beta 1, base LR"]["mean"] == pytest.approx(bnc.mean(), abs=1e-9)  # the same strategy as FT (BN C)
     assert rows["learned beta, learned eta"]["vs_learned"] == 0.0 and "learned beta, learned eta x 0.5" in rows
     assert "| FT (BN C) (stored) |" in art.file("summary.md").read_text()
-    assert decompose.run(DecomposeConfig(beta=1.0, eta_scales=[0.5]), store, pers)[1]  # reused
+    assert execute(decompose, DecomposeConfig(beta=1.0, eta_scales=[0.5]), store, {"personalize": pers})[1]  # reused
     with pytest.raises(FedL2PError, match="no learned method ft-bnc"):
-        decompose.run(DecomposeConfig(method="ft-bnc"), store, pers)
+        execute(decompose, DecomposeConfig(method="ft-bnc"), store, {"personalize": pers})
     assert np.isfinite(rows["beta 1, learned eta"]["mean"])
 
 
@@ -50,7 +52,7 @@ def test_layer_probe_changes_one_layer_and_rows_split_by_domain(tiny_store, tmp_
             assert np.array_equal(b, want) and np.array_equal(e, eta)
     assert np.array_equal(beta, np.array([0.2, 0.5, 0.9], np.float32))  # the learned strategy itself untouched
     store, pers = copied(tiny_store, tmp_path)
-    art, _ = decompose.run(DecomposeConfig(beta=1.0, layer_betas=[0.0]), store, pers)
+    art, _ = execute(decompose, DecomposeConfig(beta=1.0, layer_betas=[0.0]), store, {"personalize": pers})
     s = json.loads(art.file("summary.json").read_text())
     _, r = personalize.load(store, pers)
     _, part = partition.load(store, tiny_store["partition"].id)

@@ -8,6 +8,8 @@ import numpy as np
 from fedl2p_cli.analysis import picks
 from fedl2p_cli.stages import personalize
 
+from .helpers import execute
+
 
 def _trials(best: list[list[int]], k: int) -> np.ndarray:
     """[S, C, k, 3] trials whose validation accuracy is highest at `best[s][c]`."""
@@ -63,5 +65,5 @@ def test_analyze_clusters_prints_the_round_0_control(tiny_store):
     cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], methods=["fedl2p"])
     pers, _ = personalize.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id,
                               [tiny_store["meta"].id])
-    art, _ = analyze.run(ClustersConfig(), tiny_store["store"], pers.id)
+    art, _ = execute(analyze, ClustersConfig(), tiny_store["store"], {"personalize": pers.id})
     assert "(round 0: " in art.file("ari.md").read_text()

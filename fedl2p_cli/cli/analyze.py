@@ -53,7 +53,7 @@ def beta_grid(
     """Does the data ask for a per-domain beta, before any training? Fine-tunes every seen client under each beta
     vector of a grid and compares one vector for all clients, one per domain and one per client, each chosen on
     validation and scored on test -> summary.md/json, scores.json."""
-    art, reused = grid_stage.run(cfg, options.store(store), stats, force, render.RichProgress(), runtime=rt)
+    art, reused = options.execute(grid_stage, cfg, {"stats": stats}, store, rt, force, progress=render.RichProgress())
     s = json.loads(art.file("summary.json").read_text())
     render.table(f"test accuracy (%) by how beta is chosen, LR {cfg.lr:g}, seeds {cfg.seeds}",
                  ["choice", "chosen on validation", "Δ vs shared", "chosen on test (bound)"],
@@ -74,7 +74,8 @@ def decompose(
     """Which half of a learned strategy helps: re-runs the personalisation's learned method on the same clients, seeds
     and batches with beta fixed, with eta at the base LR, with its LRs scaled and with one BN layer's beta set
     (--layer-betas), overall and per domain -> summary.md/json."""
-    art, reused = decompose_stage.run(cfg, options.store(store), personalize, force, render.RichProgress(), runtime=rt)
+    art, reused = options.execute(decompose_stage, cfg, {"personalize": personalize}, store, rt, force,
+                                  progress=render.RichProgress())
     s = json.loads(art.file("summary.json").read_text())
     doms, cells = decompose_stage.domain_cells(s)  # one column per domain where there are several
     render.table(f"{s['method']}: accuracy (%) by strategy", ["strategy", "accuracy", "Δ vs learned", *doms],

@@ -8,11 +8,10 @@ import numpy as np
 
 from ..analysis import spread
 from ..analysis.clusters import distance_map, spectral_ari
-from ..artifacts import Artifact, Draft, Store
+from ..artifacts import Artifact, Draft
 from ..configs import ClustersConfig
 from ..core.config import validate
 from ..errors import FedL2PError
-from ..runtime import Runtime
 from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import stats as stats_stage
@@ -58,10 +57,12 @@ def round0_of(pers_art: Artifact, method: str | None) -> dict | None:
     return json.loads(pers_art.file("summary.json").read_text())["methods"].get(method, {}).get("spread_round0")
 
 
-def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
-        runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+def execute(cfg: ClustersConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface (`fedl2p analyze clusters`, a pipeline's [analyze]): the `personalize` run it analyses
+    among the inputs (default: the newest)."""
     validate(cfg)
-    pers_art, results = personalize_stage.load(store, personalize_ref)
+    store = ctx.store
+    pers_art, results = personalize_stage.load(store, inputs.one("personalize"))
     stats_art, table = stats_stage.load(store, pers_art.parents["stats"])
     part_art, part = partition_stage.load(store, stats_art.parents["partition"])
     if len(np.unique(results.domain)) < 2:
@@ -88,12 +89,8 @@ def run(cfg: ClustersConfig, store: Store, personalize_ref: str | None = None, f
         draft.path("ari.md").write_text(markdown(ari, names, method) + spread_md(method, sp, r0))
         draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
 
-    return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, force, runtime)
-
-
-def execute(cfg: ClustersConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: the `personalize` run it analyses among the inputs."""
-    return run(cfg, ctx.store, inputs.one("personalize"), ctx.force, ctx.runtime)
+    return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, ctx.force,
+                          ctx.runtime)
 
 
 def plan(file: SectionFile) -> list[Planned]:

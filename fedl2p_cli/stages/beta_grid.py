@@ -13,17 +13,17 @@ import numpy as np
 import torch
 
 from ..analysis import beta_grid
-from ..artifacts import Artifact, Draft, Store
+from ..artifacts import Artifact, Draft
 from ..configs import BetaGridConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
 from ..errors import FedL2PError
-from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import Harness
+from .interface import Inputs, StageContext
 
 MAX_VECTORS = 4096
 
@@ -53,13 +53,14 @@ def scores(cfg: BetaGridConfig, h: Harness, clients: list[int], grid: list[tuple
     return out
 
 
-def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: bool = False,
-        progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+def execute(cfg: BetaGridConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface (`fedl2p analyze beta-grid`): the `stats` artifact among the inputs (its partition and
+    pretrained model; default: the newest)."""
     validate(cfg)
-    runtime = runtime or Runtime()
+    store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
     if not cfg.levels or not cfg.seeds:
         raise FedL2PError("--levels and --seeds need at least one value each")
-    stats_art, table = stats_stage.load(store, stats_ref)
+    stats_art, table = stats_stage.load(store, inputs.one("stats"))
     parents = {"stats": stats_art.id, "pretrain": stats_art.parents["pretrain"], "partition": stats_art.parents["partition"]}
     _, part = partition_stage.load(store, parents["partition"])
     grid = vectors(cfg, table.xi.shape[1])
@@ -85,4 +86,5 @@ def run(cfg: BetaGridConfig, store: Store, stats_ref: str | None = None, force: 
                          "per_domain_gain": float(np.mean(c["per domain"]["gain"])),
                          "per_domain_gain_sd": float(np.std(c["per domain"]["gain"]))}
 
-    return build_or_reuse(store, "analyze", {"analysis": "beta-grid", **config_dict(cfg)}, parents, build, force, runtime)
+    return build_or_reuse(store, "analyze", {"analysis": "beta-grid", **config_dict(cfg)}, parents, build, ctx.force,
+                          runtime)

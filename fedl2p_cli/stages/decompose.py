@@ -15,19 +15,19 @@ import torch
 
 from .. import methods
 from ..analysis.text import signed
-from ..artifacts import Artifact, Draft, Store
+from ..artifacts import Artifact, Draft
 from ..configs import DecomposeConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
 from ..errors import FedL2PError
-from ..runtime import Runtime
 from . import meta_train as meta_stage
 from . import partition as partition_stage
 from . import personalize as personalize_stage
 from . import pretrain as pretrain_stage
 from . import stats as stats_stage
-from .common import NoProgress, Progress, build_or_reuse, config_dict
+from .common import NoProgress, build_or_reuse, config_dict
 from .harness import Harness
+from .interface import Inputs, StageContext
 
 
 def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],
@@ -87,11 +87,12 @@ def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, b
     return "\n".join(lines) + "\n"
 
 
-def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, force: bool = False,
-        progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+def execute(cfg: DecomposeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface (`fedl2p analyze decompose`): the `personalize` run among the inputs (default: the
+    newest)."""
     validate(cfg)
-    runtime = runtime or Runtime()
-    art, r = personalize_stage.load(store, personalize_ref)
+    store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
+    art, r = personalize_stage.load(store, inputs.one("personalize"))
     learned = [m for m in personalize_stage.learned_rows(art, r) if not np.isnan(r.eta[m]).all()]
     if not learned or (cfg.method is not None and cfg.method not in learned):
         raise FedL2PError(f"personalize {art.id} has no learned method {cfg.method or ''}".rstrip() +
@@ -131,4 +132,4 @@ def run(cfg: DecomposeConfig, store: Store, personalize_ref: str | None = None, 
         draft.metrics = {n: v["mean"] for n, v in summ["combinations"].items()}
 
     return build_or_reuse(store, "analyze", {"analysis": "decompose", **config_dict(cfg) | {"method": method, "beta": b_fixed}},
-                          parents, build, force, runtime)
+                          parents, build, ctx.force, runtime)
