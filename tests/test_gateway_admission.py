@@ -14,7 +14,7 @@ import pytest
 from fedl2p_cli.flower.admission import FEW, Rate, Slots, Window
 from tests.gateway_attacks import request
 from tests.test_gateway import Running, limits, read_all, status
-from tests.test_gateway_availability import SITE, close_all, connect, hold, one_response, site_call, site_send
+from tests.test_gateway_availability import SITE, close_all, connect, one_response, site_call, site_send
 
 pytest.importorskip("httpx")
 pytest.importorskip("h11")
@@ -118,7 +118,8 @@ def test_a_site_with_an_accepted_connection_keeps_its_fresh_one_in_a_storm(upstr
             ok = 0
             for wave in range(4):
                 second = connect(g.port, SITE)
-                strangers = [s for i in range(10) for s in hold(g.port, 1, f"127.{10 + wave}.{i}.1")]
+                strangers = [connect(g.port, f"127.{10 + wave}.{i}.1") for i in range(10)]
+                time.sleep(0.1)
                 second.sendall(site_call())
                 ok += status(read_all(second)) == 200
                 second.close()

@@ -10,20 +10,21 @@ import typer
 
 from ..configs import MetaTrainConfig
 from ..errors import FedL2PError
-from ..flower.config import CredentialsConfig, ExportSiteConfig, FlowerRunConfig, GatewayConfig, KeygenConfig
+from ..flower.config import CredentialsConfig, ExportSiteConfig, FlowerRunConfig, GatewayConfig, KeygenConfig, NginxEdgeConfig
 from ..runtime import Runtime
 from . import options, render
 from .generate import config_command
 
 app = typer.Typer(help="Deploy FedL2P meta-training with Flower: `fedl2p flower run-config` writes a run, "
-                  "`fedl2p flower gateway` exposes only the Fleet API, `fedl2p flower run` runs it against a SuperLink "
+                  "`fedl2p flower gateway` exposes only the Fleet API (or `edge` writes nginx's configuration for it), "
+                  "`fedl2p flower run` runs it against a SuperLink "
                   "with one SuperNode per client site (docs/deployment.md). Secure it with TLS and SuperNode "
                   "authentication (`credentials` makes test credentials for a trial); Flower's insecure mode "
                   "(--insecure) sends everything in clear and lets anyone join: loopback only.", no_args_is_help=True)
 flower_app = options.Lazy("fedl2p_cli.flower.app")
 # what the server and the sites' operators run outside the store: no model, dataset or method, so neither plugins nor
 # torch are loaded (the gateway is a long-lived process facing the network: it stays small)
-NO_PIECES = {"app", "credentials", "keygen", "gateway", "run"}
+NO_PIECES = {"app", "credentials", "keygen", "gateway", "edge", "run"}
 
 
 @app.callback()
@@ -173,6 +174,20 @@ def gateway(cfg: GatewayConfig) -> None:
     path = lambda p: None if p is None else Path(p)  # noqa: E731
     gw.serve(cfg.listen, cfg.superlink, path(cfg.certfile), path(cfg.keyfile), path(cfg.ca), cfg.limits(), cfg.host_name,
              cfg.allow_self_registration, path(cfg.access_log))
+
+
+@app.command("edge")
+@config_command(NginxEdgeConfig)
+def edge(cfg: NginxEdgeConfig) -> None:
+    """Write an nginx configuration for the public edge instead of running the gateway: the same Fleet allowlist,
+    with per-prefix connection and request limits (503), timeouts and a body size limit. Start it with
+    `nginx -c FILE`; the deployment guide says when to choose which edge."""
+    from ..core.config import validate
+    from ..flower import edge_nginx
+    validate(cfg)
+    out = edge_nginx.write(cfg)
+    render.console.print(f"nginx configuration {out} (start: nginx -c {out.resolve()}; check: nginx -t -c "
+                         f"{out.resolve()})")
 
 
 @app.command("run")
