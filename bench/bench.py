@@ -291,10 +291,12 @@ def bench_client_round() -> dict:
 def bench_meta_round() -> dict:
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
     from fedl2p_cli.stages import meta_train, pretrain, stats
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
     with tempfile.TemporaryDirectory() as d:
         store, part_art, _ = _embedded(d)
         pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
-        st, _ = stats.run(stats.StatsConfig(), store, part_art.id, pre.id)
+        st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
+                          StageContext(store))
         cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
         art, _ = meta_train.run(cfg, store, pre.id, st.id)
         import csv
@@ -318,11 +320,13 @@ def bench_workers() -> dict:
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train, pretrain, stats
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
     out = {}
     with tempfile.TemporaryDirectory() as d:
         store, part_art, _ = _embedded(d)
         pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
-        st, _ = stats.run(stats.StatsConfig(), store, part_art.id, pre.id)
+        st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
+                          StageContext(store))
         runs = [("1 process, 1 thread", 1, 1, "local"), ("1 process, 2 threads", 1, 2, "local"),
                 ("2 workers, 1 thread each", 2, 1, "local")]
         if importlib.util.find_spec("flwr") and importlib.util.find_spec("ray"):  # the flower extra's venv

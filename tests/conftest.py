@@ -11,6 +11,8 @@ from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
 
+from .helpers import execute
+
 # the suite computes on the CPU even where a GPU is present (the CLI's default `auto` would pick it and keep it for
 # the rest of the worker's tests); tests/test_cuda.py asks for CUDA itself
 os.environ.setdefault("FEDL2P_DEVICE", "cpu")
@@ -31,7 +33,7 @@ def tiny_store(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("store"))
     part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
     pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, part.id, plot=False)
-    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id)
+    st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre.id})
     meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store, pre.id, st.id)
     pers, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
                                                            methods=["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]),

@@ -10,10 +10,11 @@ from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.models.registry import build
 
 
-def execute(module, cfg, store, parents: dict[str, str | None] | None = None, force: bool = False):
+def execute(module, cfg, store, parents: dict[str, str | None] | None = None, force: bool = False, runtime=None):
     """A stage run through its interface, as a command makes it: parent ids by name (None: the stage's default)."""
+    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
-    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, force=force))
+    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, runtime or Runtime(), force))
 
 
 def detached_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -48,7 +48,7 @@ def test_analyze_stage_on_tiny_store_and_single_domain_refused(tiny_store, tmp_p
     p, _ = partition.run(partition.PartitionConfig(dataset="digits", alpha=1.0, clients=6, samples_per_client=40,
                                                    unseen_fraction=0), s)
     pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=1, fraction=1.0, batch_size=16), s, p.id, plot=False)
-    st, _ = stats.run(stats.StatsConfig(), s, p.id, pre.id)
+    st, _ = execute(stats, stats.StatsConfig(), s, {"partition": p.id, "pretrain": pre.id})
     pers, _ = personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, seeds=[0]), s, pre.id, st.id)
     with pytest.raises(FedL2PError, match="single domain"):
         execute(analyze, analyze.ClustersConfig(), s, {"personalize": pers.id})

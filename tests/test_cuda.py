@@ -18,7 +18,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
-from .helpers import smooth_setup, tiny_client
+from .helpers import execute, smooth_setup, tiny_client
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -44,7 +44,7 @@ def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
     gpu_model = weights.load(pre.file("model.safetensors"))
     for k, v in cpu_model.items():
         torch.testing.assert_close(gpu_model[k], v, rtol=1e-2, atol=1e-3)  # 3 rounds of SGD drift a little further
-    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre.id, runtime=rt)
+    st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre.id}, runtime=rt)
     metas = [meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store, pre.id, st.id, runtime=rt)[0]
              for m in (TINY_META, replace(TINY_META, hessian="exact"), replace(TINY_META, meta_grad="fomaml"),
                        replace(TINY_META, ift_at="last-step"))]

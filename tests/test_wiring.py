@@ -39,7 +39,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PRETRAIN
-from .helpers import tiny_client
+from .helpers import execute, tiny_client
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
 CANARIES = ("seen:train", "seen:val", "seen:test", "unseen:all")
@@ -80,7 +80,7 @@ def outputs(store: Store, part: Artifact, pre_id: str, meta_id: str) -> dict:
     out = {}
     pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, part.id, plot=False)
     out["pretrain model"] = pre.file("model.safetensors").read_bytes()
-    st, _ = stats.run(stats.StatsConfig(), store, part.id, pre_id)
+    st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre_id})
     t = stats_h5.read(st.file("stats.h5"))
     seen = [t.row(c) for c in np.nonzero(~t.unseen)[0]]
     out["stats, seen rows"] = [t.x[seen], t.xi[seen], *[m[seen] for m in t.bn_mean], *[v[seen] for v in t.bn_var]]

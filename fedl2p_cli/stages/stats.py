@@ -17,7 +17,6 @@ from ..errors import ArtifactError
 from ..io import stats_h5
 from ..io.partition_h5 import Partition
 from ..models.registry import param_names
-from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
@@ -61,12 +60,13 @@ def summary(t: stats_h5.StatsTable, domain_names: list[str]) -> dict:
     return {"clients": len(t.client), "bn_layers": t.bn_names, "mean_xi_per_domain": per}
 
 
-def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretrain_ref: str | None = None,
-        force: bool = False, progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+def execute(cfg: StatsConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The stage interface: the `pretrain`ed model and the clients' `partition` among the inputs (defaults: the
+    newest model, and the partition it was pretrained on)."""
     validate(cfg)
-    runtime = runtime or Runtime()
-    pre_art = store.load("pretrain", pretrain_ref)
-    part_id = partition_ref or pre_art.parents["partition"]
+    store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
+    pre_art = store.load("pretrain", inputs.one("pretrain"))
+    part_id = inputs.one("partition") or pre_art.parents["partition"]
     part_art = store.load("partition", part_id)
     # a model pretrained on another partition is allowed (the paper personalises CIFAR-10-C from the alpha=1000 model)
     parents = {"partition": part_art.id, "pretrain": pre_art.id}
@@ -85,7 +85,7 @@ def run(cfg: StatsConfig, store: Store, partition_ref: str | None = None, pretra
         stats_h5.write(draft.path("stats.h5"), table)
         draft.metrics = summary(table, part.domain_names)
 
-    return build_or_reuse(store, "stats", config_dict(cfg, exclude=("batch_size",)), parents, build, force, runtime)
+    return build_or_reuse(store, "stats", config_dict(cfg, exclude=("batch_size",)), parents, build, ctx.force, runtime)
 
 
 def check_fit(model: torch.nn.Module, part) -> None:
@@ -116,7 +116,3 @@ def load_matching(store: Store, ref: str | None, pretrain_id: str) -> tuple[Arti
         raise ArtifactError(f"stats {art.id} was computed for pretrained model {art.parents.get('pretrain')}, not {pretrain_id}")
     return art, table
 
-
-def execute(cfg: StatsConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: the clients' `partition` and the `pretrain`ed model among the inputs."""
-    return run(cfg, ctx.store, inputs.one("partition"), inputs.one("pretrain"), ctx.force, ctx.progress, runtime=ctx.runtime)
