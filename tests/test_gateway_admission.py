@@ -36,6 +36,16 @@ def test_victims_are_strangers_past_their_grace_from_the_prefix_holding_the_most
     assert site2 is not None and not site2.evicted and not site.evicted
 
 
+def test_a_sites_accepted_connection_does_not_make_its_prefix_the_victim():
+    s = Slots(capacity=3, per_prefix=16, grace=1.0)
+    site, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)
+    s.accepted(site)
+    x, _, _ = s.admit("10.0.0.1", "10.0.0.0/24", now=0.0)
+    site2, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=1.5)  # the site's second connection, fresh
+    new, victim, _ = s.admit("10.5.0.1", "10.5.0.0/24", now=2.0)
+    assert victim is x and new is not None and not site.evicted and not site2.evicted
+
+
 def test_a_fresh_connection_keeps_its_grace_and_busy_or_accepted_ones_are_kept():
     s = Slots(capacity=2, per_prefix=16, grace=1.0)
     a, _, _ = s.admit("10.0.0.1", "10.0.0.0/24", now=0.0)
@@ -109,12 +119,13 @@ def test_a_body_below_the_minimum_rate_is_ended(upstream):
 
 def test_a_site_with_an_accepted_connection_keeps_its_fresh_one_in_a_storm(upstream):
     """A site holding an accepted connection opens a second (an overlapping heartbeat and poll): strangers from 40
-    prefixes filling every slot do not make it 'the prefix holding the most'."""
-    g = Running(upstream, limits(max_connections=32, max_per_peer=16, header_timeout=30, idle_timeout=30, grace=1.0))
+    prefixes crowding every slot do not make it 'the prefix holding the most', nor close either of its connections."""
+    g = Running(upstream, limits(max_connections=8, max_per_peer=16, header_timeout=30, idle_timeout=30, grace=1.0))
     try:
         with connect(g.port, SITE) as first:
             first.sendall(site_call(close=False))
             assert status(one_response(first)) == 200
+            time.sleep(1.1)  # past its grace: only its accepted call keeps it
             ok = 0
             for wave in range(4):
                 second = connect(g.port, SITE)

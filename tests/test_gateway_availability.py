@@ -239,7 +239,7 @@ def test_a_declared_length_holds_no_budget(upstream):
     --body-budget as they arrive, so a site's body still passes (it got 503 for as long as the heads were re-sent)."""
     g = Running(upstream, limits(body_budget=16 * 800, max_body=800, header_timeout=5, idle_timeout=5, body_timeout=5))
     try:
-        heads = [connect(g.port, f"127.0.5.{i + 1}") for i in range(16)]
+        heads = [connect(g.port, f"127.5.{i}.1") for i in range(16)]  # 16 prefixes: no per-prefix cap in the way
         for s in heads:
             s.sendall(request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"800"}))
         time.sleep(0.2)
