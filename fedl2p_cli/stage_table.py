@@ -28,7 +28,8 @@ class Stage:
     label: tuple[str, str] | None = None  # (config or metrics, key): the short name of one of its artifacts
     colour: str = "#fff"  # its boxes in the report's lineage graph
     module: str | None = None  # the module that runs it: `execute(cfg, inputs, ctx)` (stages/interface.py)
-    parents: tuple[str, ...] = ()  # the stages whose artifacts a pipeline's step of it reads (its default plan)
+    parents: tuple[str, ...] = ()  # the stages whose artifacts a pipeline's step of it reads (its default plan; the
+    # compiler refuses a step that reads another, stages/pipeline.py `undeclared_reads`)
     implied: bool = False  # a pipeline runs it with its defaults where the file has no section of it
 
     def config_type(self, config: dict[str, Any]) -> type | None:

@@ -108,3 +108,28 @@ def test_a_stage_is_its_module_and_one_table_row(tmp_path, monkeypatch):
     assert seen == [stats_id] and check.parents == {"stats": stats_id} and check.metrics == {"threshold": 0.7}
     again = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
     assert [r.reused for r in again] == [True] * 5
+
+
+def test_a_step_reads_only_what_its_row_names(tmp_path, monkeypatch):
+    """The compiler checks a step's parents against its row's: a plan that reads a stage its row does not list is
+    refused before anything runs."""
+    import dataclasses
+
+    import pytest
+
+    from fedl2p_cli.errors import FedL2PError
+    from fedl2p_cli.stage_table import STAGES, stage
+    from fedl2p_cli.stages.interface import Planned
+
+    check = dataclasses.replace(stage("stats"), name="check", parents=())
+    reads = Planned("check", "check", "check", None, {"stats": ("stats",), "meta-train": ("meta-train:",)})
+    known = {"stats": "stats", "meta-train:0": "meta-train", "meta-train:1": "meta-train"}
+    assert pipeline.undeclared_reads(check, reads, known) == ["meta-train", "stats"]
+    assert pipeline.undeclared_reads(dataclasses.replace(check, parents=("stats", "meta-train")), reads, known) == []
+    f = tmp_path / "p.toml"
+    f.write_text(TOML)
+    pipeline.compile(pipeline.load(f, tmp_path / "store"))  # the table's rows name what their steps read
+    rows = tuple(dataclasses.replace(s, parents=()) if s.name == "pretrain" else s for s in STAGES)
+    monkeypatch.setattr(pipeline, "STAGES", rows)
+    with pytest.raises(FedL2PError, match=r"stage pretrain: its step pretrain reads partition, which its row's parents"):
+        pipeline.compile(pipeline.load(f, tmp_path / "store"))

@@ -17,7 +17,7 @@ from ..artifacts import Artifact, Store, StoreIndex, canonical_json
 from ..core.config import flat_fields, key_name, option_name
 from ..errors import FedL2PError
 from ..runtime import Runtime
-from ..stage_table import SECTIONS, STAGES
+from ..stage_table import SECTIONS, STAGES, Stage
 from . import pipeline_files
 from .common import Progress
 from .interface import Inputs, Planned, SectionFile, StageContext, StageModule, default_plan, run_stage
@@ -111,14 +111,29 @@ def compile(p: Pipeline) -> Plan:
     """Every section's config built and validated, in the order its steps run: the stage table walked, each stage
     asked for its steps (its module's `plan`, else one step per table of its section; stages/interface.py)."""
     file = SectionFile(p.sections, p.name)
-    steps = []
+    steps: list[Step] = []
     for st in STAGES:
         if not st.section or st.module is None:
             continue
         module = imports.load(st.module, imports.Why.OWN)
         planned = module.plan(file) if hasattr(module, "plan") else default_plan(st, module, file)
+        known = {s.key: s.stage for s in steps} | {x.key: st.name for x in planned}
+        for x in planned:
+            undeclared = undeclared_reads(st, x, known)
+            if undeclared:
+                raise FedL2PError(f"stage {st.name}: its step {x.key} reads {', '.join(undeclared)}, which its row's "
+                                  f"parents {list(st.parents)} do not list (fedl2p_cli/stage_table.py)")
         steps += [_step(st.name, module, x) for x in planned]
     return Plan(p.name, p.store, steps, _key(p.sections))
+
+
+def undeclared_reads(st: Stage, planned: Planned, known: dict[str, str]) -> list[str]:
+    """The stages a planned step reads (its parents' step keys, by the stage each belongs to) that its row's `parents`
+    do not list; its own stage's earlier steps (a partition excluding another) are its own."""
+    def stages_of(key: str) -> set[str]:
+        return {s for k, s in known.items() if (k.startswith(key) if key.endswith(":") else k == key)}
+    read = {s for keys in planned.parents.values() for key in keys for s in stages_of(key)}
+    return sorted(read - set(st.parents) - {st.name})
 
 
 def _step(stage: str, module: StageModule, p: Planned) -> Step:
