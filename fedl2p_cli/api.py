@@ -15,7 +15,11 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
   `open(job: Job)` returns a `Pool`;
 - a meta-gradient (`meta-train --meta-grad NAME`, its name the variant's tag): `registry.add_meta_grad(meta_grad)`,
   a `MetaGradient` with `one(...)` for a client and `many(...)` for a group, returning `MetaGrad`s (the built-ins
-  `Fomaml` and `Ift` to build on).
+  `Fomaml` and `Ift` to build on);
+- a meta-net head (`meta-train --head NAME`: how BNNet's and LRNet's outputs become beta and eta, and how lambda is
+  drawn): `registry.add_meta_head(head)`, a `MetaHead`;
+- a server step (`meta-train --meta-opt NAME`: how the server moves lambda each round): `registry.add_server_step(
+  step)`, a `ServerStep`.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -33,7 +37,17 @@ from .errors import DataError, FedL2PError
 from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, System, Tuned
 from .plugins import Registry
-from .protocols import Dataset, DatasetLoader, MetaGradient, ModelFactory, Outcome, PretrainClient, PretrainClients
+from .protocols import (
+    Dataset,
+    DatasetLoader,
+    MetaGradient,
+    MetaHead,
+    ModelFactory,
+    Outcome,
+    PretrainClient,
+    PretrainClients,
+    ServerStep,
+)
 from .runtime import Executor, Job, Pool
 
 if TYPE_CHECKING:
@@ -171,7 +185,7 @@ __all__ = [
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
-    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient",
+    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep",
     # what a meta-gradient is handed and returns, and the built-ins to build on
     "FinetuneResult", "MetaGrad", "Fomaml", "Ift", "random_batch",
     # what a method is handed in `personalize`

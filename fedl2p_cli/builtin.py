@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def register(registry) -> None:
-    from .algorithms import local
+    from .algorithms import heads, local, server_steps
     from .algorithms.meta_grads import BUILTIN as META_GRADS
     from .data.builtin_sources import SOURCES
     from .engine.batched import Batched
@@ -36,3 +36,7 @@ def register(registry) -> None:
         registry.add_executor(executor)
     for meta_grad in META_GRADS:
         registry.add_meta_grad(meta_grad)
+    for head in heads.BUILTIN:
+        registry.add_meta_head(head)
+    for step in server_steps.BUILTIN:
+        registry.add_server_step(step)

@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
 from .errors import FedL2PError
-from .protocols import MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
+from .protocols import (
+    MetaGradient,
+    MetaHead,
+    Method,
+    ModelFactory,
+    PretrainClient,
+    PretrainClients,
+    ServerStep,
+    Source,
+    System,
+)
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
 BUILTIN = "fedl2p_cli.builtin"
@@ -103,7 +113,10 @@ SYSTEM: Kind[System] = Kind("system", "pFL system", "--algo")
 METHODS: Kind[Method] = Kind("method", "method", "--methods", ("method", "system"))  # a method or a system
 PRETRAIN_ALGO: Kind[PretrainAlgo] = Kind("pretrain-algo", "algorithm", "--algo")
 META_GRAD: Kind[MetaGradient] = Kind("meta-grad", "meta-gradient", "--meta-grad")
-KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad")  # EXECUTOR: in runtime.py
+META_HEAD: Kind[MetaHead] = Kind("meta-head", "meta-net head", "--head")
+SERVER_STEP: Kind[ServerStep] = Kind("server-step", "server step", "--meta-opt")
+KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad", "meta-head",
+         "server-step")  # EXECUTOR: in runtime.py
 
 
 @dataclass(frozen=True)

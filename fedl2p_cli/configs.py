@@ -104,8 +104,7 @@ Nets = Literal["both", "bnnet", "lrnet"]
 InputNorm = Literal["none", "standardize", "robust"]
 ClientWeights = Literal["samples", "equal"]
 Keep = Literal["best", "last"]
-MetaOpt = Literal["fedavg", "fedadam"]
-NETS, INPUT_NORMS, KEEPS, META_OPTS = (get_args(t) for t in (Nets, InputNorm, Keep, MetaOpt))
+NETS, INPUT_NORMS, KEEPS = (get_args(t) for t in (Nets, InputNorm, Keep))
 @dataclass(kw_only=True)
 class MetaTrainConfig:
     """`fedl2p meta-train`'s options (and a [[meta-train]] table's keys): the federation around the client update
@@ -118,11 +117,14 @@ class MetaTrainConfig:
     local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
     patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
     input_norm: InputNorm = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored "
-                                        "over the seen clients (stored with lambda) | robust = z-scored with an SD "
-                                        "floor and |z| <= 3.", tag=Tag({"standardize": "std", "robust": "rstd"}, 80))
-    meta_opt: MetaOpt = opt("fedavg", "Server update of lambda: fedavg = the paper's sample-weighted mean | fedadam = "
-                            "Adam on the mean client change (Reddi et al. 2021; not in the paper).", tag=Tag("adam", 90))
-    server_lr: float = opt(1e-3, "Step size of --meta-opt fedadam.", POSITIVE)
+                                        "over the seen clients (stored with lambda) | robust = SD floored, |z| <= 3.",
+                                tag=Tag({"standardize": "std", "robust": "rstd"}, 80))
+    # a catalog entry (algorithms/server_steps.py; the stage checks the name): fedadam's word is "adam", a plugin's
+    # its name
+    meta_opt: str = opt("fedavg", "Server update of lambda: fedavg (the paper's) | fedadam = Adam on the mean client "
+                        "change (Reddi et al. 2021) | a plugin's.",
+                        tag=Tag(lambda v, c: "adam" if v == "fedadam" else v, 90))
+    server_lr: float = opt(1e-3, "Step size of a server step that takes one (fedadam).", POSITIVE)
     keep: Keep = opt("best", "Which lambda to keep: best = the round with the lowest mean validation loss (the paper) "
                              "| last = the final aggregate.",
                      tag=Tag("last", 100, lambda c: not c.local))

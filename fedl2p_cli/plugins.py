@@ -36,9 +36,11 @@ from .catalog import (
     DATASET,
     KINDS,
     META_GRAD,
+    META_HEAD,
     METHOD,
     MODEL,
     PRETRAIN_ALGO,
+    SERVER_STEP,
     SYSTEM,
     Catalog,
     Kind,
@@ -51,7 +53,17 @@ from .errors import FedL2PError
 from .runtime import EXECUTOR
 
 if TYPE_CHECKING:
-    from .protocols import MetaGradient, Method, ModelFactory, PretrainClient, PretrainClients, Source, System
+    from .protocols import (
+        MetaGradient,
+        MetaHead,
+        Method,
+        ModelFactory,
+        PretrainClient,
+        PretrainClients,
+        ServerStep,
+        Source,
+        System,
+    )
     from .runtime import Executor, Runtime
 
 T = TypeVar("T")
@@ -117,13 +129,28 @@ class Registry:
             raise PluginError(f"{self.plugin.describe()}: add_meta_grad takes an api.MetaGradient (name, about, one, many)")
         self._add(META_GRAD, meta_grad.name, meta_grad)
 
+    def add_meta_head(self, head: MetaHead) -> None:
+        """How FedL2P's meta-nets' outputs become a strategy (`meta-train --head NAME`): an `api.MetaHead` (its
+        `name`, `about`, `init(...)` drawing lambda and `hyperparameters(...)` giving beta and eta)."""
+        if not all(hasattr(head, a) for a in ("name", "about", "init", "hyperparameters")):
+            raise PluginError(f"{self.plugin.describe()}: add_meta_head takes an api.MetaHead (name, about, init, "
+                              "hyperparameters)")
+        self._add(META_HEAD, head.name, head)
+
+    def add_server_step(self, step: ServerStep) -> None:
+        """How the server moves lambda each round (`meta-train --meta-opt NAME`): an `api.ServerStep` (its `name`,
+        `about` and `step(lam, combined, state, t, lr)`)."""
+        if not all(hasattr(step, a) for a in ("name", "about", "step")):
+            raise PluginError(f"{self.plugin.describe()}: add_server_step takes an api.ServerStep (name, about, step)")
+        self._add(SERVER_STEP, step.name, step)
+
     def _add(self, kind: Kind[T], name: str, value: T) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise PluginError(f"{self.plugin.describe()} registers a {kind.name} named {name!r}: use letters, digits, '.', '_' or '-'")
         self.pending.append((kind.name, name, value))
 
 
-def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], Any]) -> None:
+def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], object]) -> None:
     """Run a plugin's `register` and add what it registered to `catalog`, all of it or nothing."""
     reg = Registry(plugin)
     try:

@@ -229,6 +229,40 @@ class System(Method, Protocol):
     def trainer(self) -> str: ...
 
 
+# -- FedL2P's own parts: the meta-nets' head, the server's step ---------------------------------------------------
+class MetaHead(Protocol):
+    """How the meta-nets' outputs become a client's strategy (`meta-train --head NAME`): `init` draws lambda (its
+    tensors by name), `hyperparameters` maps (lambda, xi, x) to (beta [B], eta [|P|]), differentiably in lambda. The
+    built-ins: `paper` (App. E) and `log` (algorithms/heads.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def init(self, n_bn: int, n_x: int, n_params: int, cfg: MetaConfig, nets: str, seed: int) -> Lambda: ...
+
+    def hyperparameters(self, lam: Lambda, xi: Tensor, x: Tensor, n_params: int,
+                        cfg: MetaConfig) -> tuple[Tensor, Tensor]: ...
+
+
+class ServerStep(Protocol):
+    """How the server turns the round's combined lambda into the next one (`meta-train --meta-opt NAME`): `step(lam,
+    combined, state, t, lr)` with t the server step from 1 and `state` its own tensors (checkpointed with the loop),
+    returning the new lambda and state. The built-ins: `fedavg` (the paper's: the combination itself) and `fedadam`
+    (algorithms/server_steps.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def step(self, lam: Lambda, combined: Lambda, state: dict[str, Tensor], t: int,
+             lr: float) -> tuple[Lambda, dict[str, Tensor]]: ...
+
+
 # -- meta-gradients -------------------------------------------------------------------------------------------------
 HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]]  # (lambda, xi, x) -> (beta, eta)
 

@@ -221,3 +221,65 @@ def test_meta_train_under_the_log_head_records_its_round_0_control(tiny_store, t
     assert split["kept"]["split_beta"] > 0.0 and split["kept"]["split_lr"] > 1.0
     header = art.file("history.csv").read_text().splitlines()[0].split(",")
     assert {"lrx_clean", "lrx_invert", "split_beta", "split_lr", "frozen"} <= set(header)
+
+
+def test_a_head_and_a_server_step_are_one_registration_each(tiny_store, tmp_path):
+    """A plugin's meta-net head (the log head with beta pinned) and server step (FedAvg that halves the move) are
+    chosen by --head and --meta-opt through the catalog, like the built-ins: their runs go through both client-update
+    paths (one at a time and batched) and the server, the variant names carry their names, and an unknown name is one
+    line naming the choices."""
+    import shutil
+
+    from fedl2p_cli import plugins
+    from fedl2p_cli.algorithms.heads import LogHead
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.catalog import META_HEAD
+    from fedl2p_cli.errors import FedL2PError
+    from fedl2p_cli.io import weights
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import meta_train
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
+
+    from .conftest import TINY_META
+    calls = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Pinned:
+        name: str = "pinned-beta"
+        about: str = "a test's head: the log head with every beta at 0.5"
+
+        def init(self, *args):
+            calls.append("init")
+            return LogHead().init(*args)
+
+        def hyperparameters(self, lam, xi, x, n_params, cfg):
+            calls.append("hyper")
+            beta, eta = LogHead().hyperparameters(lam, xi, x, n_params, cfg)
+            return torch.full_like(beta, 0.5), eta
+
+    @dataclasses.dataclass(frozen=True)
+    class HalfStep:
+        name: str = "half-step"
+        about: str = "a test's server step: half of the combined move"
+
+        def step(self, lam, combined, state, t, lr):
+            calls.append("step")
+            return {k: v + 0.5 * (combined[k] - v) for k, v in lam.items()}, state
+
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store = Store(tmp_path / "s")
+    ids = tiny_store["pretrain"].id, tiny_store["stats"].id
+    meta = dataclasses.replace(TINY_META, meta_grad="fomaml", head="pinned-beta")
+    mine = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last", meta=meta, meta_opt="half-step")
+    assert mine.variant() == "fedl2p-fomaml-half-step-last-pinned-beta"
+    catalog = plugins.build(lambda r: (r.add_meta_head(Pinned()), r.add_server_step(HalfStep())))
+    inputs = Inputs.given({"pretrain": ids[0], "stats": ids[1]})
+    one, _ = run_stage(meta_train, mine, inputs, StageContext(store, Runtime(catalog=catalog)))
+    many, _ = run_stage(meta_train, mine, inputs, StageContext(store, Runtime(engine="batched", client_batch=4,
+                                                                             catalog=catalog), force=True))
+    assert {"init", "hyper", "step"} <= set(calls) and one.id == many.id
+    assert plugins.current().find(META_HEAD, "pinned-beta") is None
+    lam = weights.load(one.file("lambda.safetensors"))
+    assert "logeta" in lam and one.manifest.get("plugins")
+    with pytest.raises(FedL2PError, match="unknown meta-net head 'pinned-beta' \\(--head\\); choose one of: paper, log"):
+        meta_train.run(mine, store, *ids, force=True)

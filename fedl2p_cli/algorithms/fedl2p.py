@@ -18,9 +18,10 @@ from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
 from ..core.functional import Params
 from ..core.hypergrad import MetaGrad
-from ..core.metanets import Lambda, grad_report, hyperparameters, log_hyperparameters, sgd_update
+from ..core.metanets import Lambda, grad_report, sgd_update
 from ..core.settings import MetaConfig
-from . import meta_grads
+from ..protocols import MetaHead
+from . import heads, meta_grads
 from .meta_grads import MetaGradient
 
 
@@ -39,17 +40,15 @@ class ClientResult:
     report: dict  # per-block meta-gradient norms before clipping and share clipped, mean over the K iterations
 
 
-def head_fn(n_params: int, cfg: MetaConfig):
-    """(lambda, xi, x) -> (beta, eta) under cfg's --head: the paper's (App. E) or the log head."""
-    if cfg.head == "log":
-        return lambda lam, xi, x: log_hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta)
-    return lambda lam, xi, x: hyperparameters(lam, xi, x, n_params, cfg.base_lr, cfg.fixed_beta, cfg.eta_nonneg,
-                                              cfg.beta_output)
+def head_fn(n_params: int, cfg: MetaConfig, head: MetaHead | None = None):
+    """(lambda, xi, x) -> (beta, eta) under `head`, the stage's --head entry (None: the built-in of cfg.head)."""
+    entry = head or heads.builtin(cfg.head)
+    return lambda lam, xi, x: entry.hyperparameters(lam, xi, x, n_params, cfg)
 
 
-def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig):
-    head = head_fn(n_params, cfg)
-    return lambda lam: head(lam, xi, x)
+def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig, head: MetaHead | None = None):
+    fn = head_fn(n_params, cfg, head)
+    return lambda lam: fn(lam, xi, x)
 
 
 def _finite(lam: Lambda) -> bool:
@@ -73,11 +72,11 @@ def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:
 
 def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x: Tensor, bn0: ClientBN,
                   data: ClientData, cfg: MetaConfig, gen: torch.Generator, timer: Timer | None = None,
-                  entry: MetaGradient | None = None) -> ClientResult:
+                  entry: MetaGradient | None = None, head: MetaHead | None = None) -> ClientResult:
     """K iterations of {fine-tune under lambda; meta-gradient (`entry`: the stage's --meta-grad entry, None: the
-    built-in of cfg.meta_grad); SGD on lambda} for one client."""
+    built-in of cfg.meta_grad); SGD on lambda} for one client, its strategy from `head` (the --head entry)."""
     timer = timer or Timer()
-    hyper = hyper_fn(xi, x, len(theta_g), cfg)
+    hyper = hyper_fn(xi, x, len(theta_g), cfg, head)
     (xt, yt), (xv, yv) = data.train, data.val
     first_val: float | None = None
     reports: list[dict] = []
@@ -127,14 +126,15 @@ def _finish(lam: Lambda, n: int, first_val: float, first: tuple[Tensor, Tensor, 
 
 def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], inputs: list[tuple[Tensor, Tensor]],
                        bn0s: list[ClientBN], datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator],
-                       timer: Timer | None = None, entry: MetaGradient | None = None) -> list[ClientResult | Diverged]:
+                       timer: Timer | None = None, entry: MetaGradient | None = None,
+                       head: MetaHead | None = None) -> list[ClientResult | Diverged]:
     """`client_update` for a group of clients in lock-step, each iteration's fine-tuning and meta-gradient (FOMAML+ or
     the IFT) one vmapped computation (`core.batched`).
     Per client the same as `client_update` to float tolerance: every client draws from its own generator in the same
     order. A client that diverges gets its `Diverged` in place of a result and leaves the group."""
     timer = timer or Timer()
     n_p = len(theta_g)
-    hypers = [hyper_fn(xi, x, n_p, cfg) for xi, x in inputs]
+    hypers = [hyper_fn(xi, x, n_p, cfg, head) for xi, x in inputs]
     out: list[ClientResult | Diverged | None] = [None] * len(lams)
     lams, first_val = list(lams), [math.nan] * len(lams)
     first: list[tuple[Tensor, Tensor, float] | None] = [None] * len(lams)  # (beta, eta, train loss) of iteration 1
@@ -157,7 +157,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
                                                             cfg.batch_size, cfg.val_stats)
                     first[c] = (cast(Tensor, strat[c].beta), strat[c].lr, fts[c].train_loss)  # hyper_fn's beta: never None
         with timer.section("hypergrad"):
-            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p, entry)
+            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p, entry, head)
         for c in live:
             out[c] = _diverged(mgs[c], fts[c])
             if out[c] is None:
@@ -168,9 +168,9 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
 
 def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: list, datas: list[ClientData],
                     cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int,
-                    entry: MetaGradient | None = None) -> dict[int, MetaGrad]:
+                    entry: MetaGradient | None = None, head: MetaHead | None = None) -> dict[int, MetaGrad]:
     """Each live client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
-    hyper = head_fn(n_p, cfg)
+    hyper = head_fn(n_p, cfg, head)
     out = (entry or meta_grads.builtin(cfg.meta_grad)).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
                                              [inputs[c] for c in live], [datas[c] for c in live], cfg,
                                              [gens[c] for c in live])

@@ -18,7 +18,6 @@ ClientBNMode = Literal["precise", "running"]      # how the client's statistics 
 EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes with the pretrained statistics at test time
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
-Head = Literal["paper", "log"]                      # how the meta-nets' outputs become beta and eta (core.metanets)
 LrGrad = Literal["last-step", "trajectory", "trajectory-bn"]  # the learned LRs' meta-gradient: the last step's, or the run's
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
@@ -98,17 +97,15 @@ class MetaConfig:
                                                "straight-through gradient (App. E) | sigmoid = a logistic output.",
                                                identity_default=True, tag=Tag("sigmoid", 180))
 
-    head: Head = opt("paper", "How the meta-nets' outputs become beta and eta: paper = clamp(BNNet), clamp(LRNet) x "
-                              "eta~ (App. E) | log = sigmoid(BNNet), eta~ x exp(LRNet), zero-initialised outputs (every "
-                              "client starts equal). See docs/method/fedl2p.md#the-log-head.",
-                     identity_default=True, tag=Tag("log", 105))
+    # a catalog entry (algorithms/heads.py; the stage checks the name): its name is its tag, so a plugin's names itself
+    head: str = opt("paper", "The meta-nets' outputs as beta and eta: paper (App. E) | log = every client starts "
+                             "equal (docs/method/fedl2p.md#the-log-head) | a plugin's.",
+                    identity_default=True, tag=Tag("{v}", 105))
     lr_logeta: float = opt(DEFAULT_LOGETA_LR, "--head log: SGD learning rate of log eta~ (a relative step).",
                            NON_NEGATIVE, identity_default=True,
                            tag=Tag("logetalr{v:g}", 215, lambda m: m.head == "log"))
-    lr_grad: LrGrad = opt("last-step", "The learned LRs' meta-gradient: last-step = through the last fine-tuning step "
-                                       "(App. F; the IFT's --eta-grad last-step) | trajectory = dL_V/d log eta from the "
-                                       "whole fine-tuning, grad L_V(theta*) . (theta* - theta_g) | trajectory-bn = "
-                                       "the same through the recomputed BN statistics too (not in the paper).",
+    lr_grad: LrGrad = opt("last-step", "The learned LRs' meta-gradient: last-step (App. F) | trajectory = the whole "
+                                       "fine-tuning's | trajectory-bn = and through the recomputed BN statistics.",
                           identity_default=True, tag=Tag({"trajectory": "traj", "trajectory-bn": "trajbn"}, 75))
 
     @property

@@ -19,7 +19,7 @@ from ..configs import MetaTrainConfig
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from ..core.config import stored, validate
-from ..core.metanets import Lambda, ServerAdam, init_lambda, init_log_lambda, input_normalizer, normalize_inputs
+from ..core.metanets import Lambda, input_normalizer, normalize_inputs
 from ..core.settings import LEGACY_IFT, RoundPolicy
 from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
@@ -29,6 +29,7 @@ from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
+from ..protocols import MetaHead, ServerStep
 from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
@@ -43,7 +44,9 @@ NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+
 
 def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
-    meta_grad_entry(cfg.meta.meta_grad)  # a catalog entry: an unknown name stops here, naming the choices
+    meta_grad_entry(cfg.meta.meta_grad)  # catalog entries: an unknown name stops here, naming the choices
+    head_entry(cfg.meta.head)
+    server_step_entry(cfg.meta_opt)
     if cfg.local and runtime.engine != "local":
         raise FedL2PError(f"--engine {runtime.engine} runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
@@ -54,6 +57,20 @@ def meta_grad_entry(name: str) -> MetaGradient:
     from .. import plugins
     from ..catalog import META_GRAD
     return plugins.current().get(META_GRAD, name)
+
+
+def head_entry(name: str) -> MetaHead:
+    """The meta-net head registered as `name` (`UnknownName` naming the choices, for --head)."""
+    from .. import plugins
+    from ..catalog import META_HEAD
+    return plugins.current().get(META_HEAD, name)
+
+
+def server_step_entry(name: str) -> ServerStep:
+    """The server step registered as `name` (`UnknownName` naming the choices, for --meta-opt)."""
+    from .. import plugins
+    from ..catalog import SERVER_STEP
+    return plugins.current().get(SERVER_STEP, name)
 
 
 @dataclass
@@ -74,14 +91,16 @@ class Context:
         """One client's update, where the context and `lam` are (the executor put them there)."""
         xi, x = self.inputs(c)
         return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
-                             self.cfg.meta, gen, timer, meta_grad_entry(self.cfg.meta.meta_grad))
+                             self.cfg.meta, gen, timer, meta_grad_entry(self.cfg.meta.meta_grad),
+                             head_entry(self.cfg.meta.head))
 
     def update_many(self, cs: list[int], lams: list[Lambda], gens: list[torch.Generator], timer: Timer
                     ) -> list[ClientResult | Diverged]:
         """Several clients' updates as one batched computation (`client_update_many`): per client as `update`."""
         return client_update_many(self.model, self.theta_g, lams, [self.inputs(c) for c in cs],
                                   [self.stats.client_bn(c) for c in cs], [self.part.client(c) for c in cs],
-                                  self.cfg.meta, gens, timer, meta_grad_entry(self.cfg.meta.meta_grad))
+                                  self.cfg.meta, gens, timer, meta_grad_entry(self.cfg.meta.meta_grad),
+                                  head_entry(self.cfg.meta.head))
 
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
@@ -91,7 +110,8 @@ class Context:
         seen = self.part.pool(False)
         n_p = len(self.theta_g)
         with torch.no_grad():
-            outs = [hyper_fn(*self.inputs(c), n_p, self.cfg.meta)(lam) for c in seen]
+            head = head_entry(self.cfg.meta.head)
+            outs = [hyper_fn(*self.inputs(c), n_p, self.cfg.meta, head)(lam) for c in seen]
         beta = torch.stack([o[0] for o in outs])
         etas = torch.stack([o[1] for o in outs])
         eta = etas.mean(0)
@@ -254,9 +274,9 @@ class MetaStrategy:
         with timer.section("aggregate"):
             weights = [1.0 if self.cfg.client_weights == "equal" else float(r.n) for r in results]
             new = robust_average([r.lam for r in results], weights, self.cfg.aggregator)
-            if self.cfg.meta_opt == "fedadam":
-                state = group_of(st.tensors, "opt")
-                new, state = ServerAdam(self.cfg.server_lr).step(lam, new, state, rnd + 1)
+            new, state = server_step_entry(self.cfg.meta_opt).step(lam, new, group_of(st.tensors, "opt"), rnd + 1,
+                                                                   self.cfg.server_lr)
+            if state:  # a step with moments (fedadam): checkpointed with the loop
                 st.tensors |= nest("opt", state)
         st.tensors |= nest("lam", new)
         return rec | {"aggregate_s": timer.t["aggregate"]}
@@ -439,10 +459,8 @@ def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: 
 
 
 def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
-    if cfg.meta.head == "log":
-        return init_log_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.beta_init)
-    return init_lambda(n_bn, n_x, n_params, cfg.meta.base_lr, cfg.nets, cfg.seed, cfg.meta.hidden_bias, cfg.meta.beta_init,
-                       cfg.meta.init_gain, cfg.meta.beta_output)
+    """lambda at round 0, drawn by the --head entry from the run's seed."""
+    return head_entry(cfg.meta.head).init(n_bn, n_x, n_params, cfg.meta, cfg.nets, cfg.seed)
 
 
 def method_of(art: Artifact) -> methods.Learned:

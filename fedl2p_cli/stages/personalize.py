@@ -55,6 +55,7 @@ class MetaNets:
     meta: MetaConfig
     norm: dict | None
     per_client: bool
+    head: Any = None  # its --head entry (protocols.MetaHead; None: the built-in of meta.head)
 
 
 @dataclass
@@ -178,7 +179,8 @@ class Setup:
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
         _, lam, norm = meta_stage.load_lambda(self.store, art.id)
         check_shapes(art, lam, self.table)
-        nets = MetaNets(lam, meta_stage.config_from_dict(art.config).meta, norm, bool(art.config.get("local")))
+        meta = meta_stage.config_from_dict(art.config).meta
+        nets = MetaNets(lam, meta, norm, bool(art.config.get("local")), meta_stage.head_entry(meta.head))
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
@@ -193,7 +195,8 @@ class Setup:
         outs = []
         with torch.no_grad():
             for c in clients:
-                outs.append(hyper_fn(*normalize_inputs(nets.norm, *self.table.inputs(c)), self.n_params, nets.meta)(lam0))
+                outs.append(hyper_fn(*normalize_inputs(nets.norm, *self.table.inputs(c)), self.n_params, nets.meta,
+                                     nets.head)(lam0))
         return spread.spread(torch.stack([o[0] for o in outs]).numpy(), torch.stack([o[1] for o in outs]).numpy(), domain)
 
     def learned_strategy(self, row: methods.registry.Row, c: int) -> Strategy | None:
@@ -207,7 +210,7 @@ class Setup:
             return None
         xi, x = normalize_inputs(nets.norm, *self.table.inputs(c))
         with torch.no_grad():
-            beta, eta = hyper_fn(xi, x, self.n_params, nets.meta)(lam)
+            beta, eta = hyper_fn(xi, x, self.n_params, nets.meta, nets.head)(lam)
         return Strategy(beta, eta)
 
     def newest_pfl(self, algo: str) -> Artifact:
