@@ -66,8 +66,9 @@ bench: $(STAMP) data
 bench-gpu: $(STAMP)  # needs a CUDA GPU (prints a line and exits without one); writes bench/gpu.json
 	$(BIN)/python bench/gpu.py
 
-bench-gateway: $(FLVENV)/.installed  # the Fleet gateway: memory under a 256 MB body, requests/s vs the SuperLink
+bench-gateway: $(FLVENV)/.installed  # the Fleet gateway: memory under a 256 MB body, requests/s vs the SuperLink; then
 	$(FLVENV)/bin/python bench/gateway.py $(ARGS)
+	$(FLVENV)/bin/python bench/edge_attacks.py  # the attack suite on both edges (gateway before/now, nginx), side by side
 
 bench-accuracy: $(STAMP) data
 	$(BIN)/python bench/accuracy.py

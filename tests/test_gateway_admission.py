@@ -47,18 +47,29 @@ def test_a_sites_accepted_connection_does_not_make_its_prefix_the_victim():
 
 
 def test_a_fresh_connection_keeps_its_grace_and_busy_or_accepted_ones_are_kept():
-    s = Slots(capacity=2, per_prefix=16, grace=1.0)
+    s = Slots(capacity=2, per_prefix=16, grace=1.0, min_age=0.3)
     a, _, _ = s.admit("10.0.0.1", "10.0.0.0/24", now=0.0)
     b, _, _ = s.admit("10.0.1.1", "10.0.1.0/24", now=0.0)
-    assert s.admit("10.0.2.1", "10.0.2.0/24", now=0.5)[0] is None  # both in their grace
+    assert s.admit("10.0.2.1", "10.0.2.0/24", now=0.2)[0] is None  # both in their grace, and younger than min_age
     s.busy(a, True)  # a call of a is with the SuperLink
     c, victim, _ = s.admit("10.0.2.1", "10.0.2.0/24", now=1.5)
     assert victim is b and c is not None
     s.accepted(a)
     s.busy(a, False)
-    assert s.admit("10.0.3.1", "10.0.3.0/24", now=2.0)[0] is None  # c in its grace, a a site's
+    assert s.admit("10.0.3.1", "10.0.3.0/24", now=1.7)[0] is None  # c in its grace (and min_age), a a site's
     assert s.admit("10.0.3.1", "10.0.3.0/24", now=3.0)[1] is c
     assert len(s) == 2 and s.top == 1
+
+
+def test_when_every_slot_is_fresh_the_oldest_past_min_age_goes():
+    """A storm from many prefixes keeps every slot in its grace period: the oldest connection of all makes way, once
+    it is min_age old (a site's new connection has that long for its first call)."""
+    s = Slots(capacity=3, per_prefix=16, grace=2.0, min_age=0.5)
+    conns = [s.admit(f"10.0.{i}.1", f"10.0.{i}.0/24", now=0.1 * i)[0] for i in range(3)]
+    assert s.admit("10.1.0.1", "10.1.0.0/24", now=0.4)[0] is None
+    new, victim, _ = s.admit("10.1.0.1", "10.1.0.0/24", now=0.55)
+    assert victim is conns[0] and new is not None
+    assert s.admit("10.1.1.1", "10.1.1.0/24", now=0.58)[0] is None  # conns[1] is 0.48 s old: not yet past it
 
 
 def test_rate_and_window_forget_idle_prefixes():
@@ -120,7 +131,8 @@ def test_a_body_below_the_minimum_rate_is_ended(upstream):
 def test_a_site_with_an_accepted_connection_keeps_its_fresh_one_in_a_storm(upstream):
     """A site holding an accepted connection opens a second (an overlapping heartbeat and poll): strangers from 40
     prefixes crowding every slot do not make it 'the prefix holding the most', nor close either of its connections."""
-    g = Running(upstream, limits(max_connections=8, max_per_peer=16, header_timeout=30, idle_timeout=30, grace=1.0))
+    g = Running(upstream, limits(max_connections=8, max_per_peer=16, header_timeout=30, idle_timeout=30, grace=1.0,
+                                 min_age=1.0))
     try:
         with connect(g.port, SITE) as first:
             first.sendall(site_call(close=False))

@@ -366,7 +366,7 @@ def test_a_reconnect_storm_of_strangers_leaves_the_site_served(upstream):
     try:
         time.sleep(0.3)
         got = [status(site_send(g.port)) for _ in range(10)]
-        assert got.count(200) == 10
+        assert got.count(200) == 10, (got, g.out.getvalue()[-3000:])
     finally:
         stop.set()
         for t in threads:

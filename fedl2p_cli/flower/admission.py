@@ -50,8 +50,9 @@ class Slots:
     victim is O(1): per prefix, its evictable connections oldest first; per count, the prefixes holding that many
     (an LFU-style bucket list), and the largest count."""
 
-    def __init__(self, capacity: int, per_prefix: int, grace: float):
-        self.capacity, self.per_prefix, self.grace = capacity, per_prefix, grace
+    def __init__(self, capacity: int, per_prefix: int, grace: float, min_age: float = 0.0):
+        self.capacity, self.per_prefix, self.grace, self.min_age = capacity, per_prefix, grace, min_age
+        self.order: OrderedDict[Conn, None] = OrderedDict()  # every evictable connection, oldest first
         self.total = 0
         self.strangers: dict[str, int] = {}  # prefix -> its connections without an accepted call (busy ones too)
         self.idle: dict[str, OrderedDict[Conn, None]] = {}  # prefix -> its evictable connections, oldest first
@@ -76,6 +77,7 @@ class Slots:
             self.top -= 1
 
     def _index(self, c: Conn) -> None:
+        self.order[c] = None
         d = self.idle.setdefault(c.prefix, OrderedDict())
         d[c] = None
         self._move(c.prefix, len(d) - 1, len(d))
@@ -85,6 +87,7 @@ class Slots:
         if d is None or c not in d:
             return
         del d[c]
+        del self.order[c]
         self._move(c.prefix, len(d) + 1, len(d))
         if not d:
             del self.idle[c.prefix]
@@ -121,7 +124,9 @@ class Slots:
     def _victim(self, now: float, tries: int = 8) -> Conn | None:
         """The oldest evictable connection of the prefix holding the most. The grace period protects a prefix's
         connections only while it holds at most `FEW` (a site opens one or two at a time; a storm, many): such a
-        prefix whose oldest is in its grace is passed over, and at most `tries` are looked at (bounded: O(1))."""
+        prefix whose oldest is in its grace is passed over, and at most `tries` are looked at (bounded: O(1)). When
+        every one looked at is in its grace (a storm from many prefixes keeps all slots fresh), the oldest evictable
+        connection of all goes, if it is `min_age` old: a site's new connection has that long for its first call."""
         for n in range(self.top, 0, -1):  # top is at most --max-per-peer
             for pfx in self.buckets.get(n, ()):
                 c = next(iter(self.idle[pfx]))
@@ -129,8 +134,12 @@ class Slots:
                     return c
                 tries -= 1
                 if tries <= 0:
-                    return None
-        return None
+                    return self._oldest(now)
+        return self._oldest(now)
+
+    def _oldest(self, now: float) -> Conn | None:
+        c = next(iter(self.order), None)
+        return c if c is not None and now - c.opened >= self.min_age else None
 
     def busy(self, c: Conn, on: bool) -> None:
         """A call of `c` goes to the SuperLink (on) or came back (off)."""

@@ -80,7 +80,7 @@ def render(cfg: NginxEdgeConfig, routes: dict[bytes, str], state: Path) -> str:
     upstream_tls = (f"""
             proxy_ssl_trusted_certificate {_q(ca)};
             proxy_ssl_verify on;
-            proxy_ssl_name {up_host};
+            proxy_ssl_name {up_host};   # the name the SuperLink's certificate holds
             proxy_ssl_session_reuse on;""" if secure else "")
     host_check = (f"""
         if ($host != "{cfg.host_name.lower()}") {{ return 400; }}""" if cfg.host_name else "")
@@ -106,6 +106,11 @@ http {{
 
 {_indent(prefix_map(cfg.prefix_v4, cfg.prefix_v6))}
 {_indent(routes_map(routes))}
+    upstream fleet_superlink {{
+        server {up_host}:{up_port};
+        keepalive 32;   # connections to the SuperLink reused: no new TLS handshake per call
+    }}
+
     limit_conn_zone $fleet_prefix zone=fleet_conn:10m;
     limit_req_zone $fleet_prefix zone=fleet_req:10m rate={rate_text};
     limit_conn_status 503;
@@ -134,7 +139,7 @@ http {{
             if ($http_transfer_encoding) {{ return 400; }}
             if ($content_type != "{fr.MEDIA_TYPE.decode()}") {{ return 415; }}
             if ($http_content_length = "") {{ return 411; }}
-            proxy_pass {scheme}://{up_host}:{up_port}$fleet_path;
+            proxy_pass {scheme}://fleet_superlink$fleet_path;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_pass_request_headers off;

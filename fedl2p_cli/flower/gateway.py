@@ -67,7 +67,8 @@ class Limits:
     prefix_v4: int = 24             # the network an IPv4 address is counted in
     prefix_v6: int = 64             # ... and an IPv6 address (one host commonly holds a whole /64)
     min_body_rate: int = 16 * 1024  # bytes/s a body must average once its first `grace` seconds are over
-    grace: float = 2.0              # a new connection is not closed for a newcomer before this
+    grace: float = 2.0              # a new connection is not closed for a newcomer before this (see admission.Slots)...
+    min_age: float = 0.5            # ... unless every slot is that fresh: then the oldest, past this
     log_interval: float = 10.0      # lines about strangers are summed up per prefix over this
 
 
@@ -160,7 +161,7 @@ class Gateway:
         import httpx
         self.routes, self.limits, self.log, self.host_name = routes, limits, log, host_name
         self.client = httpx.AsyncClient(base_url=upstream, verify=verify, timeout=limits.upstream_timeout)
-        self.slots = Slots(limits.max_connections, limits.max_per_peer, limits.grace)
+        self.slots = Slots(limits.max_connections, limits.max_per_peer, limits.grace, limits.min_age)
         self.new = Rate(limits.new_per_second)
         self.refused = Window(limits.unauth_per_minute)  # answers >= 400 to connections without an accepted call
         self.budget = Budget(limits.body_budget)
