@@ -27,6 +27,8 @@ does not import torch; the torch-side names load on first use.
 
 from __future__ import annotations
 
+from os import PathLike
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import imports
@@ -168,16 +170,16 @@ def is_batchnorm(module: nn.Module) -> bool:
     return isinstance(module, (MixBN, _BatchNorm))
 
 
-def save_weights(path: Any, tensors: dict[str, Tensor], meta: dict | None = None) -> None:
+def save_weights(path: str | PathLike[str], tensors: dict[str, Tensor], meta: dict | None = None) -> None:
     """Tensors (and a JSON-able `meta`) to a safetensors file, atomically; no pickle."""
     from .io import weights
-    weights.save(path, tensors, meta)
+    weights.save(Path(path), tensors, meta)
 
 
-def load_weights(path: Any) -> tuple[dict[str, Tensor], dict]:
+def load_weights(path: str | PathLike[str]) -> tuple[dict[str, Tensor], dict]:
     """A safetensors file `save_weights` wrote: its tensors and its meta."""
     from .io import weights
-    return weights.load_with_meta(path)
+    return weights.load_with_meta(Path(path))
 
 
 __all__ = [

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from . import imports
 from .catalog import (
@@ -168,7 +168,7 @@ def register(catalog: Catalog, plugin: Plugin, fn: Callable[[Registry], object])
                                  f"trainer=\"{trainer}:ClassName\" to run it under --workers and --engine flower")
 
 
-def _import(module: str, how: str) -> Any:
+def _import(module: str, how: str) -> object:
     """A plugin the user named (`how`: --plugin, FEDL2P_PLUGINS, a pipeline's `plugins`) or the built-in one."""
     try:
         return imports.load(module, imports.Why.PLUGIN, declared=[module])
@@ -178,7 +178,7 @@ def _import(module: str, how: str) -> Any:
         raise PluginError(f"plugin '{module}' ({how}) failed to import: {e.__class__.__name__}: {e}") from None
 
 
-def _register_fn(obj: Any, module: str, attr: str = "register") -> Callable[[Registry], Any]:
+def _register_fn(obj: object, module: str, attr: str = "register") -> Callable[[Registry], object]:
     """An entry point may name the function itself (`module:function`) or the module (its `register`)."""
     fn = getattr(obj, attr, None) if inspect.ismodule(obj) else obj
     if not callable(fn):
@@ -233,7 +233,7 @@ def _dist_of(module: str) -> tuple[str | None, str | None]:
         return dists[0], None
 
 
-def _load(catalog: Catalog, plugin: Plugin, obj: Any, attr: str = "register") -> Plugin:
+def _load(catalog: Catalog, plugin: Plugin, obj: object, attr: str = "register") -> Plugin:
     if not plugin.builtin:
         check_api(plugin.module)
     register(catalog, plugin, _register_fn(obj, plugin.module, attr))
@@ -318,7 +318,7 @@ def fill(catalog: Catalog, installed: bool = True) -> Catalog:
     return catalog
 
 
-def build(*plugins: str | Callable[[Registry], Any], installed: bool = False) -> Catalog:
+def build(*plugins: str | Callable[[Registry], object], installed: bool = False) -> Catalog:
     """A catalog of its own: the built-ins, the installed plugins if `installed`, then each of `plugins`, a module
     name or a `register` function (a test's own pieces, owned by a plugin named after the function's module; they
     stay in this process: worker processes load plugins by module)."""

@@ -232,11 +232,13 @@ def test_auto_group_size_is_one_on_the_cpu_and_memory_bound_elsewhere():
 
 
 def test_client_batch_is_refused_by_the_engines_that_do_not_batch():
+    from fedl2p_cli import plugins
     from fedl2p_cli.engine.executors import get
+    catalog = plugins.build()
     with pytest.raises(FedL2PError, match="--client-batch is for --engine batched"):
-        get("local").check(Runtime(client_batch=4))
+        get("local", catalog).check(Runtime(client_batch=4))
     with pytest.raises(FedL2PError, match="leave --workers at 1"):
-        get("batched").check(Runtime(engine="batched", workers=2))
+        get("batched", catalog).check(Runtime(engine="batched", workers=2))
 
 
 def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, monkeypatch):
