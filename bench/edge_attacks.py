@@ -507,7 +507,7 @@ def main() -> None:
     from fedl2p_cli.flower import certs as flower_certs
     tmp = Path(tempfile.mkdtemp(prefix="edge-attacks-"))
     CERTS = tmp / "certs"
-    flower_certs.make(CERTS, 1, ["127.0.0.1"])
+    flower_certs.make(CERTS, 1, ["127.0.0.1", "localhost"])  # as `fedl2p flower credentials` makes it
     counter = mp.Value("q", 0)
     up = free_ports(1)[0]
     upstream = mp.Process(target=upstream_main, args=(up, CERTS, 401, counter), daemon=True)

@@ -48,9 +48,11 @@ def wait_for_port(port: int, timeout: float = 60) -> None:
 class Loopback:
     """`secure`: TLS everywhere and only registered SuperNodes (keys from `fedl2p flower credentials`' helper).
     `gateway`: the SuperLink's one port stays on loopback-only duty and the sites reach it through `fedl2p flower
-    gateway` on its own port (the documented setup). `database`: the SuperLink's state file."""
+    gateway` on its own port (the documented setup), or through nginx from `fedl2p flower edge` (`gateway="nginx"`).
+    `database`: the SuperLink's state file."""
 
-    def __init__(self, tmp: Path, secure: bool, gateway: bool = False, database: Path | None = None, sites: int = 3):
+    def __init__(self, tmp: Path, secure: bool, gateway: bool | str = False, database: Path | None = None,
+                 sites: int = 3):
         self.tmp, self.secure, self.gateway, self.database = tmp, secure, gateway, database
         self.bin = Path(sys.executable).parent
         self.link, self.fleet = free_ports(2)
@@ -79,7 +81,8 @@ class Loopback:
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         with open(self.log(name), "a") as log:  # the child keeps its own copy of the descriptor
-            p = subprocess.Popen([str(self.bin / args[0]), *args[1:]], env=self.env, stdout=log, stderr=log,
+            exe = args[0] if args[0].startswith("/") else str(self.bin / args[0])
+            p = subprocess.Popen([exe, *args[1:]], env=self.env, stdout=log, stderr=log,
                                  start_new_session=True)
         self.procs[name] = p
         self.all.append(p)
@@ -99,9 +102,24 @@ class Loopback:
             c = self.certs
             tls = (["--certfile", str(c / "server.pem"), "--keyfile", str(c / "server.key"), "--ca", str(c / "ca.crt")]
                    if self.secure else [])
-            self.start("gateway", ["fedl2p", "flower", "gateway", "--listen", f"127.0.0.1:{self.fleet}",
-                                   "--superlink", f"127.0.0.1:{self.link}", *tls])
+            if self.gateway == "nginx":
+                self.start_nginx(tls)
+            else:
+                self.start("gateway", ["fedl2p", "flower", "gateway", "--listen", f"127.0.0.1:{self.fleet}",
+                                       "--superlink", f"127.0.0.1:{self.link}", *tls])
             wait_for_port(self.fleet)
+
+    def start_nginx(self, tls: list[str]) -> None:
+        """nginx in the foreground from `fedl2p flower edge --nginx`, its access log as the gateway's log."""
+        import shutil
+        conf, state = self.tmp / "nginx.conf", self.tmp / "nginx-state"
+        made = subprocess.run([str(self.bin / "fedl2p"), "flower", "edge", "--nginx", str(conf), "--state", str(state),
+                               "--listen", f"127.0.0.1:{self.fleet}", "--superlink", f"127.0.0.1:{self.link}", *tls,
+                               "--access-log", str(self.log("gateway"))], env=self.env, capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        user = "daemon off; user root root;" if os.geteuid() == 0 else "daemon off;"
+        self.start("gateway", [shutil.which("nginx") or "/usr/sbin/nginx", "-e", str(state / "stderr.log"), "-c",
+                               str(conf), "-g", user])
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bin / "flwr"), *args], env=self.env, capture_output=True, text=True,

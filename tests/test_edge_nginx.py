@@ -110,7 +110,7 @@ def test_bad_options_are_one_line(tmp_path, capsys):
 def test_nginx_accepts_the_configuration_with_and_without_tls(tmp_path):
     pytest.importorskip("cryptography")
     from fedl2p_cli.flower import certs as flower_certs
-    flower_certs.make(tmp_path, 1, ["127.0.0.1"])
+    flower_certs.make(tmp_path, 1, ["127.0.0.1", "localhost"])
     for tls in ({}, {"certfile": str(tmp_path / "server.pem"), "keyfile": str(tmp_path / "server.key"),
                      "ca": str(tmp_path / "ca.crt")}):
         cfg = NginxEdgeConfig(nginx=str(tmp_path / "n.conf"), state=str(tmp_path / "s"), host_name="fl.example.org",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import shutil
 import subprocess
 
@@ -195,7 +196,7 @@ def _run_killing_a_site(fed, run_cmd: list[str], out, site: str) -> subprocess.C
     return subprocess.CompletedProcess(run_cmd, runner.returncode, text, err)
 
 
-MODES = ["insecure", "tls-auth-gateway", "serverapp-killed", "superlink-restarted", "site-nan", "site-shape",
+MODES = ["insecure", "tls-auth-gateway", "tls-auth-nginx", "serverapp-killed", "superlink-restarted", "site-nan", "site-shape",
          "site-scale100", "site-killed", "site-lost-below-min-answers"]
 
 
@@ -208,7 +209,8 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     process started is gone afterwards.
     tls-auth-gateway (the documented setup): TLS, SuperNode authentication, the SuperLink on loopback and the sites
     reaching it through `fedl2p flower gateway`; a key registration or run listing through the sites' address is
-    refused, an unregistered SuperNode is refused, the registered ones train.
+    refused, an unregistered SuperNode is refused, the registered ones train. tls-auth-nginx: the same through nginx
+    from `fedl2p flower edge --nginx` (skipped where nginx is not installed).
     serverapp-killed: the ServerApp killed after its first round; the next run resumes. superlink-restarted: the
     SuperLink (with --database) and its ServerApp killed after a round and restarted on the same database; the
     sites reconnect without being registered again and the next run resumes. site-*: a third site spoils its replies
@@ -227,7 +229,9 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
 
     from .flower_loopback import REPO, Loopback
 
-    secure = mode in ("tls-auth-gateway", "superlink-restarted")
+    if mode == "tls-auth-nginx" and not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
+        pytest.skip("nginx is not installed (apt-get install nginx-light)")
+    secure = mode in ("tls-auth-gateway", "tls-auth-nginx", "superlink-restarted")
     killed, restarted, below = mode == "serverapp-killed", mode == "superlink-restarted", mode == "site-lost-below-min-answers"
     fault = mode[len("site-"):] if mode.startswith("site-") and not below else None  # a third site
     rounds = 4 if killed else 3 if fault == "killed" or below else 2
@@ -246,7 +250,8 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     extra = mode == "tls-auth-gateway"  # a registered node that is not one of the run's sites
     (out / "run.toml").write_text(tomli_w.dumps(flower_app.run_config(
         store, tiny_store["pretrain"].id, cfg, len(sites), out, rt, [names[c] for c in sites] if extra else None)))
-    fed = Loopback(tmp_path, secure, gateway=secure, database=tmp_path / "state.db" if restarted else None, sites=4)
+    edge = "nginx" if mode == "tls-auth-nginx" else secure
+    fed = Loopback(tmp_path, secure, gateway=edge, database=tmp_path / "state.db" if restarted else None, sites=4)
     app = REPO / ("tests/flower_rehearsal" if fault in ("nan", "shape", "scale100") else "fedl2p_cli/flower/project")
     run_cmd = [str(fed.bin / "fedl2p"), "flower", "run", str(out), "--app", str(app), "--connection", "loopback"]
     try:

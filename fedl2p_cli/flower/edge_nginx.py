@@ -80,7 +80,7 @@ def render(cfg: NginxEdgeConfig, routes: dict[bytes, str], state: Path) -> str:
     upstream_tls = (f"""
             proxy_ssl_trusted_certificate {_q(ca)};
             proxy_ssl_verify on;
-            proxy_ssl_name {up_host};   # the name the SuperLink's certificate holds
+            proxy_ssl_name {tls_name(up_host)};   # a name the SuperLink's certificate holds
             proxy_ssl_session_reuse on;""" if secure else "")
     host_check = (f"""
         if ($host != "{cfg.host_name.lower()}") {{ return 400; }}""" if cfg.host_name else "")
@@ -157,6 +157,13 @@ http {{
     }}
 }}
 """
+
+
+def tls_name(host: str) -> str:
+    """The name nginx checks the SuperLink's certificate for: nginx 1.22 matches DNS names only (not an IP address in
+    the certificate), so a loopback address is checked as `localhost`, which `fedl2p flower credentials` puts in the
+    certificate by default."""
+    return "localhost" if is_loopback(host) else host
 
 
 def _s(seconds: float) -> str:
