@@ -69,6 +69,7 @@ bench-gpu: $(STAMP)  # needs a CUDA GPU (prints a line and exits without one); w
 bench-gateway: $(FLVENV)/.installed  # the Fleet gateway: memory under a 256 MB body, requests/s vs the SuperLink; then
 	$(FLVENV)/bin/python bench/gateway.py $(ARGS)
 	$(FLVENV)/bin/python bench/edge_attacks.py  # the attack suite on both edges (gateway before/now, nginx), side by side
+	$(FLVENV)/bin/python bench/edge_supernode.py  # a real SuperNode behind each edge under the attacks flwr's retries decide
 
 bench-accuracy: $(STAMP) data
 	$(BIN)/python bench/accuracy.py
