@@ -155,6 +155,9 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old["meta"].pop("val_stats")
     old["meta"].pop("eta_nonneg")
     old["meta"].pop("beta_output")
+    for k in ("head", "lr_logeta", "lr_grad"):  # the log head's options (issue 69), out of the id at their defaults
+        old["meta"].pop(k)
+    old.pop("client_weights")
     old.pop("norm_bound"), old.pop("aggregator")  # untrusted-reply options, out of the id at their defaults
     # (workers, engine and the failure policy are the Runtime's, not the config's: never in an id)
     assert config_dict(cfg) == old
