@@ -1,15 +1,16 @@
 """One attack suite for both public edges (`make bench-gateway`): the gateway before issue 72, the gateway now, and
 nginx from `fedl2p flower edge --nginx`, side by side, on loopback with TLS, at their default limits.
 
-Each edge fronts the same recording upstream (TLS; it answers 200 to a call carrying the site's key and `--refuse`,
-default 401, to any other). For each attack, a site calls `get-run` every 0.2 s on one kept-alive connection (as a
-SuperNode's httpx client does; it reconnects when closed) and on a fresh connection, while attacker processes run
-for `--seconds`. Measured: the share of the site's calls answered 200 at the first try (a 503 that flwr would retry
-counts as a failure here), their p50 and max latency, the edge's CPU (all its processes, % of one core) and peak RSS,
-and the stranger calls that reached the upstream. Attackers come from 127.x.y.z addresses (Linux routes all of
-127/8 to loopback), so "200 addresses" are 200 /24 prefixes unless said otherwise.
+Each edge fronts the same recording upstream (TLS; it answers 200 to a call carrying the site's key and 401 to any
+other; the 400 and 412 the real SuperLink also gives strangers count the same: tests/test_gateway_availability.py).
+For each attack, a site calls `get-run` every 0.2 s on one kept-alive connection (as a SuperNode's httpx client
+does; it reconnects when closed) and on a fresh connection, while attacker processes run for `--seconds`. Measured:
+the share of the site's calls answered 200 at the first try (a 503 that flwr would retry counts as a failure here),
+their p50 and max latency, the edge's CPU (all its processes, % of one core) and peak RSS, and the stranger calls
+that reached the upstream. Attackers come from 127.x.y.z addresses (Linux routes all of 127/8 to loopback), so "200
+addresses" are 200 /24 prefixes unless said otherwise.
 
-Usage: python bench/edge_attacks.py [--seconds 6] [--only NAME ...]; writes bench/edge_attacks.json and prints a
+Usage: python bench/edge_attacks.py [--seconds 5] [--only NAME ...]; writes bench/edge_attacks.json and prints a
 markdown table. Needs the flower extra (httpx, h11, flwr, cryptography) and nginx for its column.
 """
 
