@@ -346,8 +346,8 @@ def client_hello(certs: Path) -> bytes:
 
 
 def attack_hello_flood(port, certs, end, threads=4):
-    """One recorded ClientHello replayed on new connections from 10 addresses (no cryptography on our side): each
-    makes the edge do a key exchange and sign."""
+    """One recorded ClientHello replayed on new connections from 40 addresses in 4 /24s (one per thread; no
+    cryptography on our side): each makes the edge do a key exchange and sign."""
     hello = client_hello(certs)
 
     def loop(k):
@@ -417,7 +417,7 @@ ATTACK_LIST = [
     ("storm: 10 addresses, 1000/s", attack_storm, {"addresses": 10, "rate": 1000}),
     ("storm: 50 addresses, 300/s", attack_storm, {"addresses": 50, "rate": 300}),
     ("storm: 200 addresses, 100/s", attack_storm, {"addresses": 200, "rate": 100}),
-    ("replayed ClientHello flood (10 addresses)", attack_hello_flood, {}),
+    ("replayed ClientHello flood (40 addresses, 4 /24s)", attack_hello_flood, {}),
     ("bodies at the limit: 8 x 4 MiB", attack_big_bodies, {}),
     ("slow heads: 200 connections, 1 byte/s", attack_slow_heads, {"warmup": 4.0}),
 ]
