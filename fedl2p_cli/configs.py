@@ -122,7 +122,7 @@ class MetaTrainConfig:
     # a catalog entry (algorithms/server_steps.py; the stage checks the name): fedadam's word is "adam", a plugin's
     # its name
     meta_opt: str = opt("fedavg", "Server update of lambda: fedavg (the paper's) | fedadam = Adam on the mean client "
-                        "change (Reddi et al. 2021) | a plugin's.",
+                        "change (Reddi et al. 2021) | a plugin's.<plugin-server-steps>",
                         tag=Tag(lambda v, c: "adam" if v == "fedadam" else v, 90))
     server_lr: float = opt(1e-3, "Step size of a server step that takes one (fedadam).", POSITIVE)
     keep: Keep = opt("best", "Which lambda to keep: best = the round with the lowest mean validation loss (the paper) "

@@ -102,7 +102,7 @@ def cases(tmp):
         (["meta-train", "--iterations", "0"], "--iterations must be >= 1"),
         (["meta-train", "--patience", "-1"], "--patience must be >= 0"),
         (["meta-train", "--client-bn", "stale"], "unknown --client-bn"),
-        (["meta-train", "--meta-opt", "adamw"], "unknown --meta-opt"),
+        (["meta-train", "--meta-opt", "adamw"], "unknown server step 'adamw' (--meta-opt)"),
         (["meta-train", "--ift-at", "first"], "unknown --ift-at"),
         (["meta-train", "--val-stats", "batch"], "unknown --val-stats"),
         (["meta-train", "--psi-power", "-1"], "--psi-power must be >= 0"),

@@ -97,6 +97,8 @@ def test_every_kind_a_plugin_adds_is_named_in_the_help_of_its_option():
     helps = {(c, p.name): p.help for c in ("pretrain", "meta-train") for p in root.commands[c].params}
     assert "From plugins: my-meta-grad (mine)." in helps[("meta-train", "meta_grad")]
     assert "From plugins: my-executor (mine)." in helps[("meta-train", "engine")]
+    assert "From plugins: my-meta-head (mine)." in helps[("meta-train", "head")]
+    assert "From plugins: my-server-step (mine)." in helps[("meta-train", "meta_opt")]
     assert "From plugins: my-model (mine)." in helps[("pretrain", "model")]
 
 

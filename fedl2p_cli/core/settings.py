@@ -99,7 +99,7 @@ class MetaConfig:
 
     # a catalog entry (algorithms/heads.py; the stage checks the name): its name is its tag, so a plugin's names itself
     head: str = opt("paper", "The meta-nets' outputs as beta and eta: paper (App. E) | log = every client starts "
-                             "equal (docs/method/fedl2p.md#the-log-head) | a plugin's.",
+                             "equal (docs/method/fedl2p.md#the-log-head) | a plugin's.<plugin-meta-heads>",
                     identity_default=True, tag=Tag("{v}", 105))
     lr_logeta: float = opt(DEFAULT_LOGETA_LR, "--head log: SGD learning rate of log eta~ (a relative step).",
                            NON_NEGATIVE, identity_default=True,
