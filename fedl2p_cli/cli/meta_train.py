@@ -30,7 +30,12 @@ def meta_train(
 
 def show(m: dict) -> None:
     render.table(f"meta-training ({m['variant']})", ["metric", "value"],
-                 [[k, v] for k, v in m.items() if k not in ("variant", "diverged", "kept")])
+                 [[k, v] for k, v in m.items() if k not in ("variant", "diverged", "kept", "split")])
+    split = m.get("split")
+    if split:  # each kind's strategy and the split between kinds, beside the initial lambda's (the round-0 control)
+        r0, kept = split.get("round 0", {}), split.get("kept", {})
+        render.table("strategy by kind: the initial lambda (round 0) and the kept one", ["", "round 0", "kept"],
+                     [[k, r0.get(k, ""), kept.get(k, "")] for k in dict.fromkeys([*r0, *kept])])
     kept = m.get("kept", "the best lambda so far")
     if m.get("diverged"):
         render.err_console.print(f"[yellow]warning:[/yellow] training diverged in {m['diverged']}; kept {kept}")
