@@ -71,69 +71,79 @@ def _val_loss(model, params, s, bn, xv, yv) -> float:
         return float(ce_loss(model, params, xv, yv, eval_policy(s, bn)))
 
 
+@dataclasses.dataclass
+class LogClient:
+    """A smooth float64 client at the log head's initial lambda (every input 0), fine-tuned 2 epochs of 3 steps."""
+    model: torch.nn.Module
+    theta: dict
+    lam: dict
+    hyper: object
+    data: ClientData
+    bn0: object
+    cfg: MetaConfig
+
+    @classmethod
+    def make(cls, lr_grad: str) -> LogClient:
+        model, theta, _, _, (x, y), bn0 = smooth_setup(n=48)
+        n_p = len(theta)
+        cfg = MetaConfig(head="log", lr_grad=lr_grad, meta_grad="fomaml", epochs=2, batch_size=16, base_lr=0.05,
+                         beta_init=0.5)
+        xi, xs = torch.zeros(len(bn0.mean), dtype=torch.float64), torch.zeros(2 * n_p, dtype=torch.float64)
+        lam = {k: v.double() for k, v in init_log_lambda(len(bn0.mean), 2 * n_p, n_p, cfg.base_lr, "both", 0).items()}
+        return cls(model, theta, lam, hyper_fn(xi, xs, n_p, cfg), ClientData((x, y), (x[:16], y[:16]), (x[:4], y[:4])),
+                   bn0, cfg)
+
+    def tune(self, scale: float) -> tuple[Strategy, object]:
+        with torch.no_grad():
+            beta, eta = self.hyper(self.lam)
+        s = Strategy(beta, eta * scale)
+        x, y = self.data.train
+        return s, finetune(self.model, self.theta, x, y, s, self.bn0, self.cfg.epochs, self.cfg.batch_size,
+                           torch.Generator().manual_seed(3), self.cfg.client_bn)
+
+    def slope(self, lr_grad: str, ft) -> float:
+        """d L_V / d log s from the code path meta-train runs: log eta~'s FOMAML+ meta-gradient, summed."""
+        cfg = dataclasses.replace(self.cfg, lr_grad=lr_grad)
+        mg = meta_grads.Fomaml().one(self.model, ft, self.lam, self.hyper, self.data, cfg, torch.Generator().manual_seed(4))
+        return float(mg.grads["logeta"].sum())
+
+
 def test_the_trajectory_lr_gradient_matches_finite_differences_over_the_whole_fine_tuning():
     """dL_V / d log s for a common LR scale s, on a smooth float64 model fine-tuned for 6 steps: the meta-gradient
     of log eta~ under --lr-grad trajectory (the code path meta-train runs) against central differences of the whole
     fine-tuning (same batches; the client's BN statistics held, as the estimate holds them). The last-step path is
     about 1/steps of it; the trajectory estimate is within x1.5."""
-    model, theta, _, _, (x, y), bn0 = smooth_setup(n=48)
-    n_p = len(theta)
-    cfg = MetaConfig(head="log", lr_grad="trajectory", meta_grad="fomaml", epochs=2, batch_size=16, base_lr=0.05,
-                     beta_init=0.5)
-    xi, xs = torch.zeros(len(bn0.mean), dtype=torch.float64), torch.zeros(2 * n_p, dtype=torch.float64)
-    lam = {k: v.double() for k, v in init_log_lambda(len(bn0.mean), 2 * n_p, n_p, cfg.base_lr, "both", 0).items()}
-    hyper = hyper_fn(xi, xs, n_p, cfg)
-    data = ClientData((x, y), (x[:16], y[:16]), (x[:4], y[:4]))
-    with torch.no_grad():
-        beta, eta = hyper(lam)
-
-    def tune(scale: float):
-        s = Strategy(beta, eta * scale)
-        return s, finetune(model, theta, x, y, s, bn0, cfg.epochs, cfg.batch_size, torch.Generator().manual_seed(3),
-                           cfg.client_bn)
-
-    s, ft = tune(1.0)
+    c = LogClient.make("trajectory")
+    s, ft = c.tune(1.0)
     h = 1e-3
-    fd = (_val_loss(model, tune(math.exp(h))[1].params, s, ft.bn, *data.val)
-          - _val_loss(model, tune(math.exp(-h))[1].params, s, ft.bn, *data.val)) / (2 * h)
-    traj = meta_grads.Fomaml().one(model, ft, lam, hyper, data, cfg, torch.Generator().manual_seed(4))
-    last = meta_grads.Fomaml().one(model, ft, lam, hyper, data, dataclasses.replace(cfg, lr_grad="last-step"),
-                                   torch.Generator().manual_seed(4))
-    est, est_last = float(traj.grads["logeta"].sum()), float(last.grads["logeta"].sum())
+    fd = (_val_loss(c.model, c.tune(math.exp(h))[1].params, s, ft.bn, *c.data.val)
+          - _val_loss(c.model, c.tune(math.exp(-h))[1].params, s, ft.bn, *c.data.val)) / (2 * h)
+    est, est_last = c.slope("trajectory", ft), c.slope("last-step", ft)
     assert abs(fd) > 1e-3
     assert 1 / 1.5 < est / fd < 1.5, (est, fd)
     assert abs(est_last / fd) < 0.5, (est_last, fd)  # the last of 6 steps: a fraction of the slope
     # beta's meta-gradient does not depend on the LR path
+    g = torch.Generator
+    traj = meta_grads.Fomaml().one(c.model, ft, c.lam, c.hyper, c.data, c.cfg, g().manual_seed(4))
+    last = meta_grads.Fomaml().one(c.model, ft, c.lam, c.hyper, c.data, dataclasses.replace(c.cfg, lr_grad="last-step"),
+                                   g().manual_seed(4))
     assert torch.allclose(traj.grads["bnnet.2.bias"], last.grads["bnnet.2.bias"])
 
 
 def test_the_trajectory_bn_lr_gradient_matches_finite_differences_with_the_statistics_recomputed():
     """--lr-grad trajectory-bn: the same slope, with the client's BN statistics recomputed after each fine-tuning
     (PreciseBN, as evaluation does) on both sides: the estimate differentiates through them, and lands within x1.5 of
-    central differences; the plain trajectory estimate, which holds them, is further off."""
-    model, theta, _, _, (x, y), bn0 = smooth_setup(n=48)
-    n_p = len(theta)
-    cfg = MetaConfig(head="log", lr_grad="trajectory-bn", meta_grad="fomaml", epochs=2, batch_size=16, base_lr=0.05,
-                     beta_init=0.5)
-    xi, xs = torch.zeros(len(bn0.mean), dtype=torch.float64), torch.zeros(2 * n_p, dtype=torch.float64)
-    lam = {k: v.double() for k, v in init_log_lambda(len(bn0.mean), 2 * n_p, n_p, cfg.base_lr, "both", 0).items()}
-    hyper = hyper_fn(xi, xs, n_p, cfg)
-    data = ClientData((x, y), (x[:16], y[:16]), (x[:4], y[:4]))
-    with torch.no_grad():
-        beta, eta = hyper(lam)
+    central differences."""
+    c = LogClient.make("trajectory-bn")
 
     def loss_at(scale: float) -> float:
-        s = Strategy(beta, eta * scale)
-        ft = finetune(model, theta, x, y, s, bn0, cfg.epochs, cfg.batch_size, torch.Generator().manual_seed(3))
-        return _val_loss(model, ft.params, s, ft.bn, *data.val)  # its own recomputed statistics
+        s, ft = c.tune(scale)
+        return _val_loss(c.model, ft.params, s, ft.bn, *c.data.val)  # its own recomputed statistics
 
     h = 1e-3
     fd = (loss_at(math.exp(h)) - loss_at(math.exp(-h))) / (2 * h)
-    ft = finetune(model, theta, x, y, Strategy(beta, eta), bn0, cfg.epochs, cfg.batch_size, torch.Generator().manual_seed(3))
-    est = {g: float(meta_grads.Fomaml().one(model, ft, lam, hyper, data, dataclasses.replace(cfg, lr_grad=g),
-                                            torch.Generator().manual_seed(4)).grads["logeta"].sum())
-           for g in ("trajectory-bn", "trajectory")}
-    assert 1 / 1.5 < est["trajectory-bn"] / fd < 1.5, (est, fd)
+    est = c.slope("trajectory-bn", c.tune(1.0)[1])
+    assert 1 / 1.5 < est / fd < 1.5, (est, fd)
 
 
 def test_the_bn_path_slope_is_the_derivative_through_recomputed_statistics():
