@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.func import grad, vmap
 
 from . import kernels
-from .bn import BNPolicy, MixBN, _dims, _expand
+from .bn import BNPolicy, MixBN, _dims, _expand, normalize_with
 from .finetune import ClientBN, FinetuneResult, Strategy, inference_policy
 from .functional import Params, epochs_of_batches, forward, random_batch
 
@@ -45,11 +45,8 @@ class MaskedPolicy(BNPolicy):
         dims = _dims(x)
         mean_b = (x * w).sum(dims) / count.clamp_min(1)
         var_b = ((x - _expand(mean_b, x)).square() * w).sum(dims) / count.clamp_min(1)
-        b = x.new_ones(()) if self.beta is None else self.beta[m.bn_index]
-        mean, var = torch.lerp(m.running_mean, mean_b, b), torch.lerp(m.running_var, var_b, b)
-        scale = torch.rsqrt(var + m.eps) * m.weight
         self.moments[m.bn_index] = (mean_b, var_b, count)
-        return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
+        return normalize_with(m, x, *self.mixed(m, mean_b, var_b))
 
 
 def _plain(fn: Callable) -> Callable:

@@ -159,8 +159,29 @@ class BNPolicy:
             b = self.beta[i]
             mean = (1 - b) * m.running_mean + b * cm
             var = (1 - b) * m.running_var + b * cv
-        scale = torch.rsqrt(var + m.eps) * m.weight  # per channel; then one fused pass over x: x * scale + shift
-        return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
+        return normalize_with(m, x, mean, var)
+
+    def mixed(self, m: MixBN, mean_b: Tensor, var_b: Tensor) -> tuple[Tensor, Tensor]:
+        """Eq. 2 with batch moments: the pretrained statistics and (mean_b, var_b) mixed by the layer's beta (1
+        without one)."""
+        b = mean_b.new_ones(()) if self.beta is None else self.beta[m.bn_index]
+        return torch.lerp(m.running_mean, mean_b, b), torch.lerp(m.running_var, var_b, b)
+
+
+class PathPolicy(BNPolicy):
+    """Training-mode BN mixing by beta whose batch moments stay differentiable functions of the weights (where
+    MixedBatchNorm records them as constants): `finetune.precise_bn_path`'s forward."""
+
+    def normalize(self, m: MixBN, x: Tensor) -> Tensor:
+        mean_b, var_b = batch_moments(x)
+        self.recorded[m.bn_index] = (mean_b, var_b, x.numel() // x.shape[1])
+        return normalize_with(m, x, *self.mixed(m, mean_b, var_b))
+
+
+def normalize_with(m: MixBN, x: Tensor, mean: Tensor, var: Tensor) -> Tensor:
+    """x normalised by per-channel (mean, var) under the layer's affine weights: one fused pass x * scale + shift."""
+    scale = torch.rsqrt(var + m.eps) * m.weight
+    return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .bn import BNPolicy, MixBN, _expand, batch_moments, update_running
+from .bn import BNPolicy, MixBN, PathPolicy, update_running
 from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward, mean_loss
 
 
@@ -117,8 +117,7 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
     if len(x) <= chunk:
         pol = BNPolicy(beta, train=True)
         forward(model, params, x, pol)
-        order = sorted(pol.recorded)
-        return ClientBN([pol.recorded[i][0] for i in order], [pol.recorded[i][1] for i in order])
+        return recorded_bn(pol)
     n_bn = len(beta)
     mean: list[Tensor] = [x.new_empty(0)] * n_bn
     var: list[Tensor] = [x.new_empty(0)] * n_bn
@@ -132,26 +131,17 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
     return ClientBN(mean, var)
 
 
-class _PathPolicy(BNPolicy):
-    """Training-mode BN mixing by beta whose batch moments stay differentiable functions of the weights (the composite
-    path, where MixedBatchNorm records them as constants): `precise_bn_path`'s forward."""
-
-    def normalize(self, m: MixBN, x: Tensor) -> Tensor:
-        i = m.bn_index
-        mean_b, var_b = batch_moments(x)
-        b = x.new_ones(()) if self.beta is None else self.beta[i]
-        mean, var = torch.lerp(m.running_mean, mean_b, b), torch.lerp(m.running_var, var_b, b)
-        self.recorded[i] = (mean_b, var_b, x.numel() // x.shape[1])
-        scale = torch.rsqrt(var + m.eps) * m.weight
-        return torch.addcmul(_expand(m.bias - mean * scale, x), x, _expand(scale, x))
-
-
 def precise_bn_path(model: nn.Module, params: Params, x: Tensor, beta: Tensor) -> ClientBN:
     """`precise_bn` (one full-batch forward) with the statistics differentiable in `params`: evaluation recomputes the
     client's statistics after fine-tuning, so a change of the fine-tuned weights reaches the validation loss through
     them too (`--lr-grad trajectory-bn`)."""
-    pol = _PathPolicy(beta, train=True)
+    pol = PathPolicy(beta, train=True)
     forward(model, params, x, pol)
+    return recorded_bn(pol)
+
+
+def recorded_bn(pol: BNPolicy) -> ClientBN:
+    """The client statistics a full-batch training-mode forward under `pol` recorded, layer by layer."""
     order = sorted(pol.recorded)
     return ClientBN([pol.recorded[i][0] for i in order], [pol.recorded[i][1] for i in order])
 
