@@ -56,6 +56,7 @@ class MetaNets:
     norm: dict | None
     per_client: bool
     head: Any = None  # its --head entry (protocols.MetaHead; None: the built-in of meta.head)
+    trained: Any = None  # its meta-train run's settings (configs.MetaTrainConfig): its initial lambda re-drawn from them
 
 
 @dataclass
@@ -179,8 +180,9 @@ class Setup:
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
         _, lam, norm = meta_stage.load_lambda(self.store, art.id)
         check_shapes(art, lam, self.table)
-        meta = meta_stage.config_from_dict(art.config).meta
-        nets = MetaNets(lam, meta, norm, bool(art.config.get("local")), meta_stage.head_entry(meta.head))
+        trained = meta_stage.config_from_dict(art.config)
+        nets = MetaNets(lam, trained.meta, norm, bool(art.config.get("local")), meta_stage.head_entry(trained.meta.head),
+                        trained)
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
@@ -188,10 +190,9 @@ class Setup:
         """A learned row's spread across these clients under its meta-train run's initial lambda (re-drawn from its
         seed): the split that was there before any training. None for a row of per-client lambdas (L2P)."""
         nets = row.payload
-        if not isinstance(nets, MetaNets) or nets.per_client or row.artifact is None:
+        if not isinstance(nets, MetaNets) or nets.per_client or nets.trained is None:
             return None
-        cfg = meta_stage.config_from_dict(self.store.load("meta-train", row.artifact[1], verify=False).config)
-        lam0 = meta_stage.initial_lambda(cfg, self.n_bn, self.table.x.shape[1], self.n_params)
+        lam0 = meta_stage.initial_lambda(nets.trained, self.n_bn, self.table.x.shape[1], self.n_params)
         outs = []
         with torch.no_grad():
             for c in clients:
@@ -472,7 +473,8 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress(),
                           client_groups(runtime, len(clients)))
         results_h5.write(draft.path("results.h5"), r)
-        controls = {r_.name: c for r_ in rows if (c := setup.round0_control(r_, clients, part.domain[clients]))}
+        controls = {r_.name: c for r_ in rows if not r_.name.endswith(methods.registry.CHECKED)  # a checked row's are its row's
+                    and (c := setup.round0_control(r_, clients, part.domain[clients]))}
         s = summarize(r, part.domain_names, controls)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
         draft.path("summary.md").write_text(markdown(s))
