@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import get_args
 
 import torch
@@ -36,15 +37,21 @@ def init_mlp(prefix: str, d_in: int, d_out: int, bias: float, gen: torch.Generat
     if hidden_bias not in HIDDEN_BIAS:
         raise ValueError(f"hidden_bias must be one of {HIDDEN_BIAS}")
     out: Lambda = {}
-    layers = list(mlp.shapes(dims(d_in, d_out), prefix).items())
-    for i in range(0, len(layers), 2):
-        (wk, (b, a)), (bk, _) = layers[i], layers[i + 1]
+    for wk, bk, b, a, last in _layers(prefix, d_in, d_out):
         std = gain * math.sqrt(2.0 / (a + b))
         out[wk] = torch.randn(b, a, generator=gen, device=gen.device) * std
-        last = i == len(layers) - 2
         value = (bias if out_bias is None else out_bias) if last else (bias if hidden_bias == "paper" else 0.0)
         out[bk] = torch.full((b,), float(value), device=gen.device)
     return out
+
+
+def _layers(prefix: str, d_in: int, d_out: int) -> Iterator[tuple[str, str, int, int, bool]]:
+    """Each layer of a meta-net, in the order they run: its weight's and bias's keys, out and in widths, and whether
+    it is the output layer."""
+    layers = list(mlp.shapes(dims(d_in, d_out), prefix).items())
+    for i in range(0, len(layers), 2):
+        (wk, (b, a)), (bk, _) = layers[i], layers[i + 1]
+        yield wk, bk, b, a, i == len(layers) - 2
 
 
 def dims(d_in: int, d_out: int) -> tuple[int, ...]:
@@ -80,10 +87,7 @@ def init_log_mlp(prefix: str, d_in: int, d_out: int, out_bias: float, gen: torch
     the last hidden layer at unit scale; the output layer's weights are 0, so every client starts at the same output
     (`out_bias`) and any difference between clients has to be learned."""
     out: Lambda = {}
-    layers = list(mlp.shapes(dims(d_in, d_out), prefix).items())
-    for i in range(0, len(layers), 2):
-        (wk, (b, a)), (bk, _) = layers[i], layers[i + 1]
-        last = i == len(layers) - 2
+    for wk, bk, b, a, last in _layers(prefix, d_in, d_out):
         out[wk] = (torch.zeros(b, a, device=gen.device) if last
                    else torch.randn(b, a, generator=gen, device=gen.device) * math.sqrt(2.0 / a))
         out[bk] = torch.full((b,), float(out_bias) if last else 0.0, device=gen.device)
