@@ -6,6 +6,7 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +39,11 @@ from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_
 from .interface import Inputs, StageContext
 from .pretrain import write_history
 
+if TYPE_CHECKING:
+    from ..catalog import Kind
+
+T = TypeVar("T")
+
 NORM_PREFIX = "input_norm."
 NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
 
@@ -54,23 +60,25 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
 
 def meta_grad_entry(name: str) -> MetaGradient:
     """The meta-gradient registered as `name` (`UnknownName` naming the choices, for --meta-grad)."""
-    from .. import plugins
     from ..catalog import META_GRAD
-    return plugins.current().get(META_GRAD, name)
+    return _entry(META_GRAD, name)
 
 
 def head_entry(name: str) -> MetaHead:
     """The meta-net head registered as `name` (`UnknownName` naming the choices, for --head)."""
-    from .. import plugins
     from ..catalog import META_HEAD
-    return plugins.current().get(META_HEAD, name)
+    return _entry(META_HEAD, name)
 
 
 def server_step_entry(name: str) -> ServerStep:
     """The server step registered as `name` (`UnknownName` naming the choices, for --meta-opt)."""
-    from .. import plugins
     from ..catalog import SERVER_STEP
-    return plugins.current().get(SERVER_STEP, name)
+    return _entry(SERVER_STEP, name)
+
+
+def _entry(kind: Kind[T], name: str) -> T:
+    from .. import plugins
+    return plugins.current().get(kind, name)
 
 
 @dataclass
