@@ -73,11 +73,12 @@ def client_row(ctx, c: int, cfg, h: float, seed: int) -> dict:
     traj_formula = sum(float((a * (t - t0)).sum()) for a, t, t0 in zip(v, ft.params.values(), ctx.theta_g.values()))
     # the code path: FOMAML+ with --lr-grad trajectory, its validation batch the whole validation set
     full = type(cfg)(**{**cfg.__dict__, "batch_size": max(cfg.batch_size, len(yv))})
-    mg = meta_grads.Fomaml().one(ctx.model, ft, lam, hyper, data, full, generator(seed, 1, c))
+    mg = meta_grads.builtin("fomaml", full.lr_grad).one(ctx.model, ft, lam, hyper, data, full, generator(seed, 1, c))
     code = float(mg.grads["logeta"].sum())
     full_bn = type(full)(**{**full.__dict__, "lr_grad": "trajectory-bn"})
-    code_bn = float(meta_grads.Fomaml().one(ctx.model, ft, lam, hyper, data, full_bn, generator(seed, 1, c))
-                    .grads["logeta"].sum())
+    mg_bn = meta_grads.builtin("fomaml", "trajectory-bn").one(ctx.model, ft, lam, hyper, data, full_bn,
+                                                              generator(seed, 1, c))
+    code_bn = float(mg_bn.grads["logeta"].sum())
     fd = (lp - lm) / (2 * h)
     return {"client": c, "domain": ctx.part.domain_names[int(ctx.part.domain[c])], "fd": fd,
             "fd_fixed_bn": (fp - fm) / (2 * h), "last_step": last,

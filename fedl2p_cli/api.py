@@ -19,7 +19,9 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - a meta-net head (`meta-train --head NAME`: how BNNet's and LRNet's outputs become beta and eta, and how lambda is
   drawn): `registry.add_meta_head(head)`, a `MetaHead`;
 - a server step (`meta-train --meta-opt NAME`: how the server moves lambda each round): `registry.add_server_step(
-  step)`, a `ServerStep`.
+  step)`, a `ServerStep`;
+- an LR meta-gradient (`meta-train --lr-grad NAME`: the path along which the fine-tuning's LRs moved the weights):
+  `registry.add_lr_grad(entry)`, an `LrGradient`; a meta-gradient takes it through `with_lr_grad` (`TakesLrGrad`).
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -42,6 +44,7 @@ from .plugins import Registry
 from .protocols import (
     Dataset,
     DatasetLoader,
+    LrGradient,
     MetaGradient,
     MetaHead,
     ModelFactory,
@@ -49,6 +52,7 @@ from .protocols import (
     PretrainClient,
     PretrainClients,
     ServerStep,
+    TakesLrGrad,
 )
 from .runtime import Executor, Job, Pool
 
@@ -187,7 +191,7 @@ __all__ = [
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
-    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep",
+    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad",
     # what a meta-gradient is handed and returns, and the built-ins to build on
     "FinetuneResult", "MetaGrad", "Fomaml", "Ift", "random_batch",
     # what a method is handed in `personalize`

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, cast
 
 from .errors import FedL2PError
 from .protocols import (
+    LrGradient,
     MetaGradient,
     MetaHead,
     Method,
@@ -115,8 +116,9 @@ PRETRAIN_ALGO: Kind[PretrainAlgo] = Kind("pretrain-algo", "algorithm", "--algo")
 META_GRAD: Kind[MetaGradient] = Kind("meta-grad", "meta-gradient", "--meta-grad")
 META_HEAD: Kind[MetaHead] = Kind("meta-head", "meta-net head", "--head")
 SERVER_STEP: Kind[ServerStep] = Kind("server-step", "server step", "--meta-opt")
+LR_GRAD: Kind[LrGradient] = Kind("lr-grad", "LR meta-gradient", "--lr-grad")
 KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad", "meta-head",
-         "server-step")  # EXECUTOR: in runtime.py
+         "server-step", "lr-grad")  # EXECUTOR: in runtime.py
 
 
 @dataclass(frozen=True)

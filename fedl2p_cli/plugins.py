@@ -35,6 +35,7 @@ from .catalog import (
     BUILTIN,
     DATASET,
     KINDS,
+    LR_GRAD,
     META_GRAD,
     META_HEAD,
     METHOD,
@@ -54,6 +55,7 @@ from .runtime import EXECUTOR
 
 if TYPE_CHECKING:
     from .protocols import (
+        LrGradient,
         MetaGradient,
         MetaHead,
         Method,
@@ -143,6 +145,13 @@ class Registry:
         if not all(hasattr(step, a) for a in ("name", "about", "step")):
             raise PluginError(f"{self.plugin.describe()}: add_server_step takes an api.ServerStep (name, about, step)")
         self._add(SERVER_STEP, step.name, step)
+
+    def add_lr_grad(self, lr_grad: LrGradient) -> None:
+        """How FedL2P's learned LRs get their meta-gradient (`meta-train --lr-grad NAME`): an `api.LrGradient` (its
+        `name`, `about`, `path(ft)` and `slope(...)`); a meta-gradient takes it through its `with_lr_grad`."""
+        if not all(hasattr(lr_grad, a) for a in ("name", "about", "path", "slope")):
+            raise PluginError(f"{self.plugin.describe()}: add_lr_grad takes an api.LrGradient (name, about, path, slope)")
+        self._add(LR_GRAD, lr_grad.name, lr_grad)
 
     def _add(self, kind: Kind[T], name: str, value: T) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -263,6 +263,25 @@ class ServerStep(Protocol):
              lr: float) -> tuple[Lambda, dict[str, Tensor]]: ...
 
 
+class LrGradient(Protocol):
+    """The learned LRs' meta-gradient (`meta-train --lr-grad NAME`): `path(ft)` is the direction along which the
+    fine-tuning's LRs moved theta* (per parameter tensor; None: the meta-gradient's own, FOMAML+'s last step or the
+    IFT's `--eta-grad`); `slope(...)` hands the LRs' per-tensor slopes dL_V/d log eta [|P|] directly, in place of
+    the path's (None: from the path). The built-ins: `last-step`, `trajectory`, `trajectory-bn`
+    (algorithms/lr_grads.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def path(self, ft: FinetuneResult) -> list[Tensor] | None: ...
+
+    def slope(self, model: nn.Module, ft: FinetuneResult, beta: Tensor, val: tuple[Tensor, Tensor], x_train: Tensor,
+              val_stats: str) -> Tensor | None: ...
+
+
 # -- meta-gradients -------------------------------------------------------------------------------------------------
 HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]]  # (lambda, xi, x) -> (beta, eta)
 
@@ -287,3 +306,11 @@ class MetaGradient(Protocol):
              gens: list[torch.Generator]) -> list[MetaGrad]:
         """`one` for a group of clients as one computation; each client draws its batches as `one` does."""
         ...
+
+
+@runtime_checkable
+class TakesLrGrad(Protocol):
+    """A meta-gradient that takes `--lr-grad`: `with_lr_grad(entry)` is the same meta-gradient with its LRs' path
+    from `entry`. One without it runs only at `--lr-grad last-step` (its own LR path)."""
+
+    def with_lr_grad(self, entry: LrGradient) -> MetaGradient: ...

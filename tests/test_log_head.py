@@ -104,7 +104,8 @@ class LogClient:
     def slope(self, lr_grad: str, ft) -> float:
         """d L_V / d log s from the code path meta-train runs: log eta~'s FOMAML+ meta-gradient, summed."""
         cfg = dataclasses.replace(self.cfg, lr_grad=lr_grad)
-        mg = meta_grads.Fomaml().one(self.model, ft, self.lam, self.hyper, self.data, cfg, torch.Generator().manual_seed(4))
+        mg = meta_grads.builtin("fomaml", lr_grad).one(self.model, ft, self.lam, self.hyper, self.data, cfg,
+                                                      torch.Generator().manual_seed(4))
         return float(mg.grads["logeta"].sum())
 
 
@@ -124,9 +125,8 @@ def test_the_trajectory_lr_gradient_matches_finite_differences_over_the_whole_fi
     assert abs(est_last / fd) < 0.5, (est_last, fd)  # the last of 6 steps: a fraction of the slope
     # beta's meta-gradient does not depend on the LR path
     g = torch.Generator
-    traj = meta_grads.Fomaml().one(c.model, ft, c.lam, c.hyper, c.data, c.cfg, g().manual_seed(4))
-    last = meta_grads.Fomaml().one(c.model, ft, c.lam, c.hyper, c.data, dataclasses.replace(c.cfg, lr_grad="last-step"),
-                                   g().manual_seed(4))
+    traj = meta_grads.builtin("fomaml", "trajectory").one(c.model, ft, c.lam, c.hyper, c.data, c.cfg, g().manual_seed(4))
+    last = meta_grads.builtin("fomaml").one(c.model, ft, c.lam, c.hyper, c.data, c.cfg, g().manual_seed(4))
     assert torch.allclose(traj.grads["bnnet.2.bias"], last.grads["bnnet.2.bias"])
 
 
@@ -293,3 +293,71 @@ def test_a_head_and_a_server_step_are_one_registration_each(tiny_store, tmp_path
     assert "logeta" in lam and one.manifest.get("plugins")
     with pytest.raises(FedL2PError, match="unknown meta-net head 'pinned-beta' \\(--head\\); choose one of: paper, log"):
         meta_train.run(mine, store, *ids, force=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Doubled:
+    """A test's LR meta-gradient: the whole fine-tuning's path, twice over (every LR slope doubled)."""
+    name: str = "doubled"
+    about: str = "a test's LR path: the trajectory's, x2"
+    calls: list = dataclasses.field(default_factory=list, compare=False)
+
+    def path(self, ft):
+        self.calls.append("path")
+        return [2 * g for g in ft.grad_sum]
+
+    def slope(self, model, ft, beta, val, x_train, val_stats):
+        return None
+
+
+def test_an_lr_meta_gradient_is_one_registration(tiny_store, tmp_path):
+    """A plugin's --lr-grad entry reaches the meta-gradient through the catalog like the built-ins: the stage's
+    meta-gradient takes its path (log eta~'s and LRNet's meta-gradients double against `trajectory`'s, beta's stay),
+    meta-train runs it one client at a time and batched to the same artifact, the variant name carries its name, and a
+    meta-gradient that takes no LR path refuses any entry but last-step in one line."""
+    import shutil
+
+    from fedl2p_cli import plugins
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.core.config import ConfigError
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import meta_train
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
+
+    from .conftest import TINY_META
+    entry = Doubled()
+    catalog = plugins.build(lambda r: r.add_lr_grad(entry))
+    c = LogClient.make("doubled")
+    _, ft = c.tune(1.0)
+    with plugins.using(catalog):
+        mine = meta_train.meta_gradient_of(c.cfg)
+    traj = meta_grads.builtin("fomaml", "trajectory")
+    g = [m.one(c.model, ft, c.lam, c.hyper, c.data, c.cfg, torch.Generator().manual_seed(4)).grads for m in (mine, traj)]
+    assert torch.allclose(g[0]["logeta"], 2 * g[1]["logeta"]) and float(g[1]["logeta"].abs().max()) > 1e-6
+    assert torch.allclose(g[0]["bnnet.2.bias"], g[1]["bnnet.2.bias"])
+
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    store = Store(tmp_path / "s")
+    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last",
+                                     meta=dataclasses.replace(TINY_META, meta_grad="fomaml", head="log", lr_grad="doubled"))
+    assert "doubled" in cfg.variant().split("-")
+    inputs = Inputs.given({"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
+    one, _ = run_stage(meta_train, cfg, inputs, StageContext(store, Runtime(catalog=catalog)))
+    many, _ = run_stage(meta_train, cfg, inputs, StageContext(store, Runtime(engine="batched", client_batch=4,
+                                                                             catalog=catalog), force=True))
+    assert entry.calls and one.id == many.id and one.manifest.get("plugins")
+
+    @dataclasses.dataclass(frozen=True)
+    class OwnPath:  # a plugin meta-gradient without with_lr_grad
+        name: str = "own-path"
+        about: str = "a test's meta-gradient"
+
+        def one(self, *args):
+            return meta_grads.Fomaml().one(*args)
+
+        def many(self, *args):
+            return meta_grads.Fomaml().many(*args)
+
+    assert meta_grads.with_lr_grad(OwnPath(), meta_grads.builtin("fomaml").lr) == OwnPath()
+    with pytest.raises(ConfigError, match="--lr-grad doubled: the meta-gradient 'own-path' does not take an LR path"):
+        meta_grads.with_lr_grad(OwnPath(), entry)

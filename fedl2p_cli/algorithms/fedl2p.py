@@ -60,7 +60,7 @@ def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data
                   gen: torch.Generator, entry: MetaGradient | None = None) -> MetaGrad:
     """The meta-gradient of one iteration (Alg. 1 line 10) after fine-tuning `ft`: `entry`, the catalog's
     `--meta-grad` entry the stage looked up (None: the built-in of that name, algorithms/meta_grads.py)."""
-    return (entry or meta_grads.builtin(cfg.meta_grad)).one(model, ft, lam, hyper, data, cfg, gen)
+    return (entry or meta_grads.builtin(cfg.meta_grad, cfg.lr_grad)).one(model, ft, lam, hyper, data, cfg, gen)
 
 
 def bound_eta(lam: Lambda, cfg: MetaConfig) -> Lambda:
@@ -171,7 +171,7 @@ def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: lis
                     entry: MetaGradient | None = None, head: MetaHead | None = None) -> dict[int, MetaGrad]:
     """Each live client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
     hyper = head_fn(n_p, cfg, head)
-    out = (entry or meta_grads.builtin(cfg.meta_grad)).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
+    out = (entry or meta_grads.builtin(cfg.meta_grad, cfg.lr_grad)).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
                                              [inputs[c] for c in live], [datas[c] for c in live], cfg,
                                              [gens[c] for c in live])
     return dict(zip(live, out))

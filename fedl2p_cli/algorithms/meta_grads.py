@@ -9,10 +9,11 @@ FOMAML+ (App. F) and the IFT (Alg. 2). Adding one is one module with a class lik
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from ..protocols import HyperMany, MetaGradient
+from ..protocols import HyperMany, LrGradient, MetaGradient
+from .lr_grads import LastStep
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,10 @@ class Fomaml:
     """FOMAML+ (App. F): only the last fine-tuning step is differentiated, on its batch and one validation batch."""
     name: str = "fomaml"
     about: str = "FOMAML+ (App. F): the last fine-tuning step differentiated"
+    lr: LrGradient = field(default_factory=LastStep)  # --lr-grad: the LRs' path
+
+    def with_lr_grad(self, entry: LrGradient) -> MetaGradient:
+        return replace(self, lr=entry)
 
     def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any], data: ClientData,
             cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
@@ -51,8 +56,8 @@ class Fomaml:
         vi = random_batch(len(yv), cfg.batch_size, gen)
         val = (xv[vi], yv[vi])
         return fomaml_gradient(model, ft.prev_params, lam, hyper, (xt[ft.last_batch], yt[ft.last_batch]),
-                               val, ft.bn, cfg.val_stats, eta_step=_trajectory(ft, cfg),
-                               eta_slope=_slope(model, ft, hyper(lam)[0], val, xt, cfg))
+                               val, ft.bn, cfg.val_stats, eta_step=self.lr.path(ft),
+                               eta_slope=self.lr.slope(model, ft, hyper(lam)[0], val, xt, cfg.val_stats))
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
@@ -60,8 +65,8 @@ class Fomaml:
         from ..core.batched import fomaml_many
         val = _val(datas, cfg, gens)
         last = [(d.train[0][ft.last_batch], d.train[1][ft.last_batch]) for d, ft in zip(datas, fts)]
-        traj = [_trajectory(ft, cfg) for ft in fts]
-        slopes = _slopes(model, fts, lams, hyper, inputs, val, datas, cfg)
+        traj = [self.lr.path(ft) for ft in fts]
+        slopes = _slopes(self.lr, model, fts, lams, hyper, inputs, val, datas, cfg)
         return _results(fomaml_many(model, hyper, lams, inputs, [ft.prev_params for ft in fts], last, val,
                                     [ft.bn for ft in fts], cfg.val_stats,
                                     eta_dirs=None if traj[0] is None else traj,  # type: ignore[arg-type]
@@ -74,6 +79,10 @@ class Ift:
     --ift-at, --eta-grad, --eta-bound, --scale-by-psi)."""
     name: str = "ift"
     about: str = "the implicit function theorem (Alg. 2, the paper's)"
+    lr: LrGradient = field(default_factory=LastStep)  # --lr-grad: the LRs' path (last-step: --eta-grad's)
+
+    def with_lr_grad(self, entry: LrGradient) -> MetaGradient:
+        return replace(self, lr=entry)
 
     def one(self, model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper: Callable[[Lambda], Any], data: ClientData,
             cfg: MetaConfig, gen: torch.Generator) -> MetaGrad:
@@ -81,14 +90,14 @@ class Ift:
         from ..core.hypergrad import ift_hypergradient
         (xt, yt), (xv, yv) = data.train, data.val
         vi = random_batch(len(yv), cfg.batch_size, gen)
-        slope = _slope(model, ft, hyper(lam)[0], (xv[vi], yv[vi]), xt, cfg)
+        slope = self.lr.slope(model, ft, hyper(lam)[0], (xv[vi], yv[vi]), xt, cfg.val_stats)
         last = cfg.ift_at == "last-step"  # L_T at the last fine-tuning step, on its batch and gradient
         ti = ft.last_batch if last else random_batch(len(yt), cfg.batch_size, gen)
         return ift_hypergradient(model, ft.params, lam, hyper, (xt[ti], yt[ti]), (xv[vi], yv[vi]), ft.bn,
                                  cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power,
                                  theta_train=ft.prev_params if last else None,
                                  inner_grad=ft.last_grad if last else None, val_stats=cfg.val_stats,
-                                 eta_step=None if slope is not None else _eta_path(ft, cfg), eta_slope=slope)
+                                 eta_step=None if slope is not None else _eta_path(self.lr, ft, cfg), eta_slope=slope)
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
@@ -100,8 +109,8 @@ class Ift:
         tis = [ft.last_batch if last else random_batch(len(d.train[1]), cfg.batch_size, g)
                for d, ft, g in zip(datas, fts, gens)]
         train = [(d.train[0][ti], d.train[1][ti]) for d, ti in zip(datas, tis)]
-        paths = [_eta_path(ft, cfg) for ft in fts]
-        slopes = _slopes(model, fts, lams, hyper, inputs, val, datas, cfg)
+        paths = [_eta_path(self.lr, ft, cfg) for ft in fts]
+        slopes = _slopes(self.lr, model, fts, lams, hyper, inputs, val, datas, cfg)
         s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last,
                         paths[0] is not None or slopes is not None, cfg.val_stats)
         return _results(ift_many(model, hyper, lams, inputs, [ft.params for ft in fts],
@@ -111,53 +120,51 @@ class Ift:
                                  eta_slopes=slopes))
 
 
-def _trajectory(ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:
-    """--lr-grad trajectory: the fine-tuning's summed gradient, the path along which its LRs moved theta*."""
-    if cfg.lr_grad == "last-step":
-        return None
-    if ft.grad_sum is None:
-        raise ValueError("--lr-grad trajectory needs the fine-tuning's summed gradient (FinetuneResult.grad_sum)")
-    return ft.grad_sum
-
-
-def _slope(model: nn.Module, ft: FinetuneResult, beta: Tensor, val: tuple[Tensor, Tensor], x_train: Tensor,
-           cfg: MetaConfig) -> Tensor | None:
-    """--lr-grad trajectory-bn: the LRs' per-tensor slopes through the recomputed BN statistics too (None otherwise)."""
-    if cfg.lr_grad != "trajectory-bn":
-        return None
-    from ..core.hypergrad import lr_slope_bn
-    return lr_slope_bn(model, ft.params, beta, val, x_train, _trajectory(ft, cfg) or [], cfg.val_stats)
-
-
-def _slopes(model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+def _slopes(lr: LrGradient, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
             inputs: list[tuple[Tensor, Tensor]], val: list[tuple[Tensor, Tensor]], datas: list[ClientData],
             cfg: MetaConfig) -> list[Tensor] | None:
-    """`_slope` for a group, one client at a time (a full-batch pass over each client's own training data)."""
-    if cfg.lr_grad != "trajectory-bn":
-        return None
+    """`lr.slope` for a group, one client at a time (None where the entry hands no slopes)."""
     import torch
     out = []
     for ft, lam, (xi, x), v, d in zip(fts, lams, inputs, val, datas):
         with torch.no_grad():
             beta = hyper(lam, xi, x)[0]
-        out.append(cast("Tensor", _slope(model, ft, beta, v, d.train[0], cfg)))
+        s = lr.slope(model, ft, beta, v, d.train[0], cfg.val_stats)
+        if s is None:
+            return None
+        out.append(s)
     return out
 
 
-def _eta_path(ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:
-    """The IFT's LR path: the whole run's (--lr-grad trajectory), the last step's (--eta-grad last-step), or none
-    (--eta-grad ift: Alg. 2's implicit term)."""
-    traj = _trajectory(ft, cfg)
-    return traj if traj is not None else (ft.last_grad if cfg.eta_grad == "last-step" else None)
+def _eta_path(lr: LrGradient, ft: FinetuneResult, cfg: MetaConfig) -> list[Tensor] | None:
+    """The IFT's LR path: the entry's (--lr-grad), else the last step's (--eta-grad last-step), or none (--eta-grad
+    ift: Alg. 2's implicit term)."""
+    path = lr.path(ft)
+    return path if path is not None else (ft.last_grad if cfg.eta_grad == "last-step" else None)
 
 
 BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())
 
 
-def builtin(name: str) -> MetaGradient:
-    """The built-in meta-gradient `name`; a plugin's comes from the catalog (`stages.meta_train.meta_grad_entry`), which
-    the stage passes to the client update (algorithms/ reads no catalog)."""
+def builtin(name: str, lr_grad: str = "last-step") -> MetaGradient:
+    """The built-in meta-gradient `name` with the built-in `--lr-grad` entry `lr_grad`; a plugin's comes from the
+    catalog (`stages.meta_train.meta_grad_entry`, `with_lr_grad`), which the stage passes to the client update
+    (algorithms/ reads no catalog)."""
+    from .lr_grads import builtin as lr_builtin
     for mg in BUILTIN:
         if mg.name == name:
-            return mg
+            return with_lr_grad(mg, lr_builtin(lr_grad))
     raise ValueError(f"'{name}' is not a built-in meta-gradient: pass the catalog's entry (stages.meta_train.meta_grad_entry)")
+
+
+def with_lr_grad(mg: MetaGradient, entry: LrGradient) -> MetaGradient:
+    """`mg` with its LRs' path from `entry` (`--lr-grad`). A meta-gradient without `with_lr_grad` keeps its own path,
+    so it runs only with the last step's entry; any other is refused in one line naming both."""
+    from ..errors import ConfigError
+    from ..protocols import TakesLrGrad
+    if isinstance(mg, TakesLrGrad):
+        return mg.with_lr_grad(entry)
+    if entry.name == "last-step":
+        return mg
+    raise ConfigError(f"--lr-grad {entry.name}: the meta-gradient '{mg.name}' does not take an LR path (it has no "
+                      "with_lr_grad); use --lr-grad last-step")

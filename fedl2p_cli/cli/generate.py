@@ -133,7 +133,7 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
 PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<plugin-pretrain-algos>": "pretrain-algo",
                 "<plugin-systems>": "system", "<plugin-methods>": "method", "<plugin-meta-grads>": "meta-grad",
                 "<plugin-executors>": "executor", "<plugin-meta-heads>": "meta-head",
-                "<plugin-server-steps>": "server-step"}
+                "<plugin-server-steps>": "server-step", "<plugin-lr-grads>": "lr-grad"}
 
 
 def load_pieces(ctx) -> None:

@@ -18,9 +18,9 @@ ClientBNMode = Literal["precise", "running"]      # how the client's statistics 
 EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes with the pretrained statistics at test time
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
-LrGrad = Literal["last-step", "trajectory", "trajectory-bn"]  # the learned LRs' meta-gradient: the last step's, or the run's
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
+LR_GRAD_TAGS = {"trajectory": "traj", "trajectory-bn": "trajbn"}  # --lr-grad's words in variant names
 DEFAULT_LOGETA_LR = 0.05  # --head log: SGD step of log eta~ (a 0.05 step moves every client's LR of a tensor by ~5%)
 DEFAULT_PSI_POWER = 3  # Krylov products for psi = min(psi, 0.5/lambda_max), shared with the Q = 3 series (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
@@ -104,9 +104,11 @@ class MetaConfig:
     lr_logeta: float = opt(DEFAULT_LOGETA_LR, "--head log: SGD learning rate of log eta~ (a relative step).",
                            NON_NEGATIVE, identity_default=True,
                            tag=Tag("logetalr{v:g}", 215, lambda m: m.head == "log"))
-    lr_grad: LrGrad = opt("last-step", "The learned LRs' meta-gradient: last-step (App. F) | trajectory = the whole "
-                                       "fine-tuning's | trajectory-bn = and through the recomputed BN statistics.",
-                          identity_default=True, tag=Tag({"trajectory": "traj", "trajectory-bn": "trajbn"}, 75))
+    # a catalog entry (algorithms/lr_grads.py): the built-ins keep their short tags, a plugin's names itself
+    lr_grad: str = opt("last-step", "The LRs' meta-gradient: last-step (App. F) | trajectory = the whole "
+                                    "fine-tuning's | trajectory-bn = and through the BN statistics | a "
+                                    "plugin's.<plugin-lr-grads>",
+                       identity_default=True, tag=Tag(lambda v, _m: LR_GRAD_TAGS.get(v, v), 75))
 
     @property
     def meta_lrs(self) -> dict[str, float]:

@@ -145,7 +145,7 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
         theta_g = {n: theta[n] for n, _ in model.named_parameters()}
         return mt.guarded(c, lambda timer: client_update(
             model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
-            generator(cfg_dict["seed"], rnd, c), timer, mt.meta_grad_entry(meta.meta_grad), mt.head_entry(meta.head)))
+            generator(cfg_dict["seed"], rnd, c), timer, mt.meta_gradient_of(meta), mt.head_entry(meta.head)))
     return OnDevice((model.eval(), data), runtime.torch_device)(update, (theta, lam))
 
 

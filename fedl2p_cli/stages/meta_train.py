@@ -13,7 +13,7 @@ import torch
 
 from .. import methods
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
-from ..algorithms.meta_grads import MetaGradient
+from ..algorithms.meta_grads import MetaGradient, with_lr_grad
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
 from ..configs import MetaTrainConfig
@@ -30,7 +30,7 @@ from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
-from ..protocols import MetaHead, ServerStep
+from ..protocols import LrGradient, MetaHead, ServerStep
 from ..runtime import Runtime
 from . import partition as partition_stage
 from . import pretrain as pretrain_stage
@@ -50,7 +50,7 @@ NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+
 
 def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
-    meta_grad_entry(cfg.meta.meta_grad)  # catalog entries: an unknown name stops here, naming the choices
+    meta_gradient_of(cfg.meta)  # catalog entries: an unknown name stops here, naming the choices
     head_entry(cfg.meta.head)
     server_step_entry(cfg.meta_opt)
     if cfg.local and runtime.engine != "local":
@@ -62,6 +62,17 @@ def meta_grad_entry(name: str) -> MetaGradient:
     """The meta-gradient registered as `name` (`UnknownName` naming the choices, for --meta-grad)."""
     from ..catalog import META_GRAD
     return _entry(META_GRAD, name)
+
+
+def lr_grad_entry(name: str) -> LrGradient:
+    """The LR meta-gradient registered as `name` (`UnknownName` naming the choices, for --lr-grad)."""
+    from ..catalog import LR_GRAD
+    return _entry(LR_GRAD, name)
+
+
+def meta_gradient_of(meta: MetaConfig) -> MetaGradient:
+    """The client update's meta-gradient: the --meta-grad entry with its LRs' path from the --lr-grad entry."""
+    return with_lr_grad(meta_grad_entry(meta.meta_grad), lr_grad_entry(meta.lr_grad))
 
 
 def head_entry(name: str) -> MetaHead:
@@ -99,7 +110,7 @@ class Context:
         """One client's update, where the context and `lam` are (the executor put them there)."""
         xi, x = self.inputs(c)
         return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
-                             self.cfg.meta, gen, timer, meta_grad_entry(self.cfg.meta.meta_grad),
+                             self.cfg.meta, gen, timer, meta_gradient_of(self.cfg.meta),
                              head_entry(self.cfg.meta.head))
 
     def update_many(self, cs: list[int], lams: list[Lambda], gens: list[torch.Generator], timer: Timer
@@ -107,7 +118,7 @@ class Context:
         """Several clients' updates as one batched computation (`client_update_many`): per client as `update`."""
         return client_update_many(self.model, self.theta_g, lams, [self.inputs(c) for c in cs],
                                   [self.stats.client_bn(c) for c in cs], [self.part.client(c) for c in cs],
-                                  self.cfg.meta, gens, timer, meta_grad_entry(self.cfg.meta.meta_grad),
+                                  self.cfg.meta, gens, timer, meta_gradient_of(self.cfg.meta),
                                   head_entry(self.cfg.meta.head))
 
     def snapshot(self, lam: Lambda) -> dict:
