@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import http
 import ipaddress
 import socket
@@ -38,13 +37,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..errors import FedL2PError
 from . import fleet_routes as fr
+from . import memory
 from .admission import Budget, Conn, Rate, Slots, Window, prefix
 
+if TYPE_CHECKING:
+    from .relay import Body
+
 MiB = 1 << 20
+SEND_TIMEOUT = 10.0  # seconds a client has to take one of the gateway's own (short) answers
 # response headers the gateway recomputes or that belong to one connection
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"content-encoding", b"upgrade",
        b"te", b"trailer", b"proxy-authenticate"}
@@ -206,11 +210,19 @@ class Gateway:
         finally:
             self.slots.drop(c)
             if self.tls is not None:
-                self.tls_closed += 1
+                self._tls_gone()
             if c.evicted:
                 _reset(writer)
             else:
                 await _close(writer)
+
+    def _tls_gone(self) -> None:
+        """A TLS connection closed: its buffers are freed by the next collection (housekeeping's, once a second), or
+        now when `memory.COLLECT_EVERY` have closed since the last (a flood of handshakes)."""
+        self.tls_closed += 1
+        if self.tls_closed >= memory.COLLECT_EVERY:
+            self.tls_closed = 0
+            memory.release()
 
     def _evict(self, victim: Conn) -> None:
         """Close a stranger's connection for a newcomer: its handler is cancelled and the connection reset."""
@@ -234,6 +246,7 @@ class Gateway:
         that never speaks, a bad client hello) is one log line (summed up per prefix under a flood)."""
         try:
             await writer.start_tls(self.tls, ssl_handshake_timeout=self.limits.header_timeout)
+            memory.limit_tls_input(writer)
             return True
         except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as e:
             why = getattr(e, "reason", None)
@@ -278,6 +291,7 @@ class Gateway:
             try:
                 status = await self._forward(conn, writer, peer, req, path, body, c)
             finally:
+                del body  # freed with its budget, not held while the connection waits for its next request
                 hold.release()
                 self._account(c, status)
                 self.slots.busy(c, False)
@@ -339,16 +353,17 @@ class Gateway:
                 raw.append(data[:self.limits.max_header])
             conn.receive_data(data)
 
-    async def _body(self, reader, leftover: bytes, n: int, hold: Hold) -> tuple[bytearray, bytes]:
-        """The body's `n` bytes, read into one buffer, each read's bytes taken from the budget as they arrive; and the
+    async def _body(self, reader, leftover: bytes, n: int, hold: Hold) -> tuple[Body, bytes]:
+        """The body's `n` bytes, read into one buffer (relay.Body), each read's bytes taken from the budget as they arrive; and the
         bytes after it (a pipelined request). It must arrive within `body_timeout`, with no gap of `idle_timeout`,
         and at `min_body_rate` on average once `grace` seconds are over."""
+        from .relay import Body
         lim = self.limits
-        body = bytearray()
+        body = Body(n)
         first, pending = leftover[:n], leftover[n:]
         if first:
             hold.take(len(first))
-            body += first
+            body.add(first)
         t0 = last = time.monotonic()
         while len(body) < n:
             now = time.monotonic()
@@ -360,41 +375,67 @@ class Gateway:
                 raise Reject(408, f"request body slower than --min-body-rate ({lim.min_body_rate >> 10} KiB/s)")
             wait = min(lim.body_timeout - (now - t0), lim.idle_timeout - (now - last), 1.0)
             try:
-                data = await asyncio.wait_for(reader.read(min(65536, n - len(body))), wait)
+                data = await asyncio.wait_for(reader.read(min(memory.READ, n - len(body))), wait)
             except TimeoutError:
                 continue
             if not data:
                 raise ConnectionError("peer closed mid-body")
             hold.take(len(data))
-            body += data
+            body.add(data)
             last = time.monotonic()
         return body, pending
 
-    async def _forward(self, conn, writer, peer: str, req, path: str, body: bytearray, c: Conn) -> int | None:
+    async def _forward(self, conn, writer, peer: str, req, path: str, body: Body, c: Conn) -> int | None:
         """Forward one call and answer it; the SuperLink's status (None: it did not answer)."""
         import httpx
+
+        from . import relay
         t0 = time.perf_counter()
         headers = [*fr.passed_headers(list(req.headers)), (b"content-length", str(len(body)).encode())]
         request = self.client.build_request("POST", path, headers=headers)
-        # the buffer itself, not a copy of it: httpcore writes any bytes-like
-        request.stream = httpx.ByteStream(body)  # type: ignore[arg-type]
+        request.stream = stream = relay.Chunks(body)  # views of the one buffer, a chunk at a time: never copied whole
         try:
-            r = await self.client.send(request)
+            r = await self.client.send(request, stream=True)
         except httpx.HTTPError as e:
             await self._reject(conn, writer, peer, req, c, Reject(502, "the SuperLink did not answer", retry=1),
                                len(body), f"upstream error: {type(e).__name__}")
             return None
+        finally:
+            stream.drop()
+        try:
+            return await self._answer(conn, writer, peer, req, c, r, len(body), t0)
+        finally:
+            await r.aclose()
+
+    async def _answer(self, conn, writer, peer: str, req, c: Conn, r, n_in: int, t0: float) -> int:
+        """Relay the SuperLink's answer `r` to the client a chunk at a time (never held whole); its status. A client
+        that does not read it within --idle-timeout, or leaves, is cut (ConnectionError), after its log line."""
+        import h11
+        import httpx
+
+        from . import relay
         ms = 1e3 * (time.perf_counter() - t0)
         quiet = None if c.authed or r.status_code < 400 else c.prefix
         out = [(k, v) for k, v in r.headers.raw if k.lower() not in HOP]
+        n = relay.declared_length(r.headers.raw)
+        if n is not None:
+            out.append((b"content-length", str(n).encode()))
+        sent, wait = 0, self.limits.idle_timeout
         try:
-            await _send(conn, writer, r.status_code, out, r.content)
+            writer.write(conn.send(h11.Response(status_code=r.status_code, headers=out,
+                                                reason=reason_phrase(r.status_code))))
+            sent = await relay.relay_body(conn, writer, r.aiter_bytes(relay.CHUNK), wait)
+        except TimeoutError:
+            note = f"the client did not read its answer within --idle-timeout ({wait:g} s)"
         except (ConnectionError, OSError) as e:  # forwarded, answered upstream, the client gone before our answer
-            self.log.request(peer, req.method, req.target, r.status_code, len(body), 0, ms,
-                             f"client gone before the answer: {type(e).__name__}", quiet)
-            raise
-        self.log.request(peer, req.method, req.target, r.status_code, len(body), len(r.content), ms, "", quiet)
-        return r.status_code
+            note = f"client gone before the answer: {type(e).__name__}"
+        except httpx.HTTPError as e:
+            note = f"the SuperLink's answer broke off: {type(e).__name__}"
+        else:
+            self.log.request(peer, req.method, req.target, r.status_code, n_in, sent, ms, "", quiet)
+            return r.status_code
+        self.log.request(peer, req.method, req.target, r.status_code, n_in, sent, ms, note, quiet)
+        raise ConnectionError(note)
 
     async def _reject(self, conn, writer, peer: str, req, c: Conn, r: Reject, n_in: int = 0, note: str = "") -> None:
         """Answer a request here. A site's connection never gets a 4xx for load or slowness: those become 503 with
@@ -412,15 +453,15 @@ class Gateway:
         self.log.request(peer, method, target, status, n_in, len(text), None, note, None if c.authed else c.prefix)
 
     async def housekeeping(self) -> None:
-        """Once a second: collect the closed TLS connections' buffers (asyncio's SSL protocol keeps 256 KiB buffers
-        in reference cycles that only the cyclic collector frees); once per log interval: sum up the held-back log
+        """Once a second: collect the closed TLS connections' buffers (asyncio's SSL protocol keeps its buffers in
+        reference cycles that only the cyclic collector frees) and hand the memory back; once per log interval: sum up the held-back log
         lines and forget idle prefixes."""
         last = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
             if self.tls_closed:
                 self.tls_closed = 0
-                gc.collect()
+                memory.release()
             if time.monotonic() - last >= self.limits.log_interval:
                 last = time.monotonic()
                 self.log.roll()
@@ -441,7 +482,7 @@ async def _send(conn, writer, status: int, headers: list, body: bytes) -> None:
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     writer.write(conn.send(h11.Response(status_code=status, headers=headers, reason=reason_phrase(status))))
     writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
-    await writer.drain()
+    await asyncio.wait_for(writer.drain(), SEND_TIMEOUT)
 
 
 def framing(req) -> fr.Verdict:
@@ -525,6 +566,7 @@ def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
 async def run(host: str, port: int, gateway: Gateway, tls: ssl.SSLContext | None,
               ready: Callable[[], None] = lambda: None) -> None:
     gateway.tls = tls
+    memory.small_tls_buffers()
     server = await asyncio.start_server(gateway.connection, host, port, limit=gateway.limits.max_header,
                                         backlog=1024)  # a burst of connections waits in the queue, not refused
     chores = asyncio.ensure_future(gateway.housekeeping())
