@@ -168,3 +168,15 @@ def test_per_prefix_limits_answer_503_with_retry_after_and_spare_other_prefixes(
             s.close()
     finally:
         n.stop()
+
+
+@needs_nginx
+def test_a_head_over_the_gateways_bound_is_refused_and_one_within_it_passes(nginx, upstream):
+    """nginx bounds a request head to 1 + 16 KB (one large header buffer), as the gateway bounds it to 16 KB."""
+    def head_of(n: int, size: int) -> bytes:
+        pad = {f"x-pad-{i}".encode(): b"a" * size for i in range(n)}
+        return request(b"/v1/fleet/get-run", headers=pad | {b"connection": b"close"})
+    before = len(upstream.seen)
+    assert status(nginx.send(head_of(8, 5000))) == 400  # 40 KB of headers, each under 16 KB
+    assert len(upstream.seen) == before
+    assert status(nginx.send(head_of(3, 4000))) == 200  # 12 KB

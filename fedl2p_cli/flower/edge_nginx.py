@@ -12,7 +12,13 @@ The rules are the gateway's, expressed in nginx's terms:
 - only the headers a SuperNode sends are passed on (`proxy_pass_request_headers off`, then each by name);
 - per prefix (IPv4 /24 and IPv6 /64 by default, from a `map` on the address's text): at most `max_per_peer`
   connections (`limit_conn`) and `new_per_second` requests per second with a burst of twice that (`limit_req`);
-- header, body and idle timeouts, `client_max_body_size`, and an access log line per request.
+- header, body and idle timeouts, a head of at most 1 + 16 KB, `client_max_body_size`, a timed-out client reset,
+  and an access log line per request.
+
+What nginx 1.22 cannot bound as the gateway does: a whole body's time (`client_body_timeout` is the gap between two
+reads, so a body trickled a byte per gap lasts up to `max_body` gaps) and a minimum body rate; and connections that
+hold no request (`limit_conn` counts requests in progress: idle and handshaking connections are bounded only by
+`worker_connections`, beyond which nginx closes its idle ones first).
 """
 
 from __future__ import annotations
@@ -128,7 +134,9 @@ http {{
         client_max_body_size {cfg.max_body}m;
         client_body_buffer_size 64k;
         client_header_buffer_size 1k;
-        large_client_header_buffers 4 16k;
+        large_client_header_buffers 1 16k;   # a head of at most 1 + 16 KB (the gateway's bound: 16 KB), else 400
+        reset_timedout_connection on;        # a timed-out client is reset: its buffers are freed at once
+        lingering_time {_s(cfg.header_timeout)};   # the unread body of a refused call is discarded this long at most
         limit_conn fleet_conn {cfg.max_per_peer};
         limit_req zone=fleet_req burst={burst} nodelay;
         error_page 503 @busy;{host_check}
