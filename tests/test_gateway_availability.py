@@ -4,6 +4,7 @@ upstream: strangers cannot hold a site's slot, a trickled body ends at --body-ti
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -372,3 +373,47 @@ def test_a_reconnect_storm_of_strangers_leaves_the_site_served(upstream):
         for t in threads:
             t.join(5)
         g.stop()
+
+
+class Big(ThreadingHTTPServer):
+    """A SuperLink whose every answer is `size` bytes (a site pulling a large object)."""
+    daemon_threads = True
+
+    def __init__(self, size: int):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(h):  # noqa: N802
+                h.rfile.read(int(h.headers.get("content-length", 0)))
+                h.send_response(200)
+                h.send_header("content-length", str(size))
+                h.end_headers()
+                with contextlib.suppress(OSError):
+                    h.wfile.write(b"\0" * size)
+
+            def log_message(h, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_at_the_idle_timeout():
+    """A slow read: the answer is relayed a chunk at a time, and a client that takes none of it for --idle-timeout
+    is cut (one log line), instead of holding its connection, and the SuperLink's, for ever."""
+    big = Big(16 << 20)
+    g = Running(big, limits(idle_timeout=1.0))
+    try:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", g.port))
+        s.sendall(site_call(close=False))  # and never read
+        deadline = time.monotonic() + 10
+        while "did not read its answer" not in g.out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        line = next((ln for ln in g.out.getvalue().splitlines() if "did not read" in ln), "")
+        assert "POST /v1/fleet/get-run 200" in line and "within --idle-timeout (1 s)" in line, g.out.getvalue()
+        s.close()
+    finally:
+        g.stop()
+        big.shutdown()
