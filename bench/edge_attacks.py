@@ -1,8 +1,8 @@
 """One attack suite for both public edges (`make bench-gateway`): the gateway before issue 72, the gateway now, and
 nginx from `fedl2p flower edge --nginx`, side by side, on loopback with TLS, at their default limits.
 
-Each edge fronts the same recording upstream (TLS; it answers 200 to a call carrying the site's key and 401 to any
-other; the 400 and 412 the real SuperLink also gives strangers count the same: tests/test_gateway_availability.py).
+Each edge fronts the same recording upstream (TLS; it answers 200 to a call carrying the site's key and, as the real
+SuperLink answers strangers, 412 to another's `activate-node`, 400 to a body it cannot parse, 401 to the rest).
 For each attack, a site calls `get-run` every 0.2 s on one kept-alive connection (as a SuperNode's httpx client
 does; it reconnects when closed) and on a fresh connection, while attacker processes run for `--seconds`. Measured:
 the share of the site's calls answered 200 at the first try (a 503 that flwr would retry counts as a failure here),
@@ -53,7 +53,7 @@ def upstream_main(port: int, certs: Path, refuse: int, counter) -> None:
         wbufsize = 65536  # head and body in one write (two small writes meet Nagle and a delayed ACK: 40 ms)
 
         def do_POST(h):  # noqa: N802
-            h.rfile.read(int(h.headers.get("content-length", 0)))
+            body = h.rfile.read(int(h.headers.get("content-length", 0)))
             ok = h.headers.get("flwr-public-key") == SITE_KEY.decode()
             if not ok:
                 with counter.get_lock():
@@ -61,7 +61,7 @@ def upstream_main(port: int, certs: Path, refuse: int, counter) -> None:
             if h.path not in ALLOWED:
                 with counter.get_lock():
                     counter.value += 1_000_000  # a request outside the allowlist reached the upstream
-            h.send_response(200 if ok else refuse)
+            h.send_response(200 if ok else stranger_status(h.path, body, refuse))
             h.send_header("content-type", "application/protobuf")
             h.send_header("content-length", "3")
             h.end_headers()
@@ -79,6 +79,14 @@ def upstream_main(port: int, certs: Path, refuse: int, counter) -> None:
     ctx.load_cert_chain(str(certs / "server.pem"), str(certs / "server.key"))
     srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     srv.serve_forever()
+
+
+def stranger_status(path: str, body: bytes, refuse: int) -> int:
+    """What the real SuperLink answers a stranger: 412 to `activate-node` signed with an unregistered key, 400 to a
+    body it cannot parse (here: one that begins with 0xff), 401 to the rest."""
+    if path.endswith("/activate-node"):
+        return 412
+    return 400 if body[:1] == b"\xff" else refuse
 
 
 ALLOWED = {f"/v1/fleet/{r}" for r in ("activate-node", "deactivate-node", "send-node-heartbeat", "pull-messages",
@@ -268,17 +276,18 @@ def attack_budget_hold(port, certs, end, n=16):
         time.sleep(0.05)
 
 
-def attack_refused_flood(port, certs, end, src=None, conns=4):
-    """Calls the upstream refuses, as fast as `conns` kept-alive connections from `src` go (default: the site's own
-    address: a NAT the site shares with the stranger)."""
+def attack_refused_flood(port, certs, end, src=None, conns=4, raw=None):
+    """Calls the upstream refuses (`raw`, default a `get-run`: 401), as fast as `conns` kept-alive connections from
+    `src` go (default: the site's own address: a NAT the site shares with the stranger)."""
     socks: list = [None] * conns
     src = src or SITE_IP
+    raw = raw or request(b"/v1/fleet/get-run")
     while time.monotonic() < end:
         for i in range(conns):
             try:
                 if socks[i] is None:
                     socks[i] = _tls(port, src, certs)
-                socks[i].sendall(request(b"/v1/fleet/get-run"))
+                socks[i].sendall(raw)
                 socks[i].settimeout(2)
                 data = socks[i].recv(65536)
                 if not data or b"connection: close" in data.lower():
@@ -289,6 +298,41 @@ def attack_refused_flood(port, certs, end, src=None, conns=4):
                     socks[i].close()
                 socks[i] = None
                 time.sleep(0.01)
+
+
+def attack_refused_400(port, certs, end):
+    """Unparsable bodies (answered 400 by the SuperLink) from a stranger's /24, on 4 kept-alive connections."""
+    attack_refused_flood(port, certs, end, src="127.82.0.1", raw=request(b"/v1/fleet/get-run", body=b"\xff\xff"))
+
+
+def attack_refused_412(port, certs, end):
+    """`activate-node` signed with a key the SuperLink does not know (answered 412) from a stranger's /24."""
+    attack_refused_flood(port, certs, end, src="127.83.0.1", raw=request(b"/v1/fleet/activate-node"))
+
+
+def attack_slow_reads(port, certs, end, n=64, pipelined=400):
+    """64 connections from 64 /24s that each send 400 pipelined calls at once and never read an answer (a receive
+    buffer of 4 KiB): the edge's answers pile up towards them."""
+    socks = []
+    raw = request(b"/v1/fleet/get-run") * pipelined
+    for i in range(n):
+        try:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.bind((f"127.84.{i}.1", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", port))
+            t = site_ctx(certs).wrap_socket(s, server_hostname="127.0.0.1")
+            t.setblocking(False)
+            with contextlib.suppress(OSError, ssl.SSLWantWriteError):
+                t.send(raw)
+            socks.append(t)
+        except OSError:
+            pass
+    while time.monotonic() < end:
+        time.sleep(0.2)
+    for t in socks:
+        t.close()
 
 
 def attack_refused_spread(port, certs, end):
@@ -413,13 +457,15 @@ ATTACK_LIST = [
     ("budget hold: 16 heads of 4 MiB, no body", attack_budget_hold, {"warmup": 4.0}),
     ("NAT-shared address: refused calls (401)", attack_refused_flood, {}),
     ("refused calls from 200 addresses of one /24", attack_refused_spread, {}),
+    ("400 flood: unparsable bodies from a stranger's /24", attack_refused_400, {}),
+    ("412 flood: activate-node with an unknown key, a stranger's /24", attack_refused_412, {}),
     ("fresh-connection eviction: 50/s from 200 addresses", attack_fresh_eviction, {}),
-    ("storm: 10 addresses, 1000/s", attack_storm, {"addresses": 10, "rate": 1000}),
-    ("storm: 50 addresses, 300/s", attack_storm, {"addresses": 50, "rate": 300}),
-    ("storm: 200 addresses, 100/s", attack_storm, {"addresses": 200, "rate": 100}),
+    *[(f"storm: {n} addresses, {r}/s", attack_storm, {"addresses": n, "rate": r})
+      for n in (10, 50, 200) for r in (100, 300, 1000)],
     ("replayed ClientHello flood (40 addresses, 4 /24s)", attack_hello_flood, {}),
     ("bodies at the limit: 8 x 4 MiB", attack_big_bodies, {}),
     ("slow heads: 200 connections, 1 byte/s", attack_slow_heads, {"warmup": 4.0}),
+    ("slow reads: 64 connections, 400 calls each, never read", attack_slow_reads, {"warmup": 2.0}),
 ]
 
 

@@ -6,7 +6,8 @@ authentication on loopback, the edge in front, and one registered SuperNode that
 attack runs for `--seconds` from loopback; the SuperNode's calls are read from the edge's access log (the attackers
 call `get-run`, the SuperNode `pull-messages`/`send-node-heartbeat`): its answered polls during the attack and in the
 `--after` seconds after it, and whether its process is still up. The NAT attack comes from 127.0.0.1, the SuperNode's
-own address. Writes bench/edge_supernode.json and prints a table.
+own address; the SuperLink answers the stranger's calls as it answers them (401 without a signature, 400 for a body
+it cannot parse). Writes bench/edge_supernode.json and prints a table.
 """
 
 from __future__ import annotations
@@ -37,8 +38,26 @@ def nat_flood(port, certs, end):
     ea.attack_refused_flood(port, certs, end, src="127.0.0.1")
 
 
+def nat_400(port, certs, end):
+    ea.attack_refused_flood(port, certs, end, src="127.0.0.1", raw=ea.request(b"/v1/fleet/get-run", body=b"\xff\xff"))
+
+
+def nat_412(port, certs, end):
+    ea.attack_refused_flood(port, certs, end, src="127.0.0.1", raw=ea.request(b"/v1/fleet/activate-node"))
+
+
+def storm(port, certs, end):
+    ea.attack_storm(port, certs, end, 200, 1000)
+
+
 ATTACKS = [("NAT-shared address: refused calls (401)", nat_flood),
-           ("budget hold: 16 heads of 4 MiB, no body", ea.attack_budget_hold)]
+           ("budget hold: 16 heads of 4 MiB, no body", ea.attack_budget_hold),
+           ("NAT-shared address: unparsable bodies", nat_400),
+           ("NAT-shared address: activate-node with an unknown key", nat_412),
+           ("fresh-connection eviction: 50/s from 200 addresses", ea.attack_fresh_eviction),
+           ("storm: 200 addresses, 1000/s", storm),
+           ("replayed ClientHello flood (40 addresses, 4 /24s)", ea.attack_hello_flood),
+           ("slow reads: 64 connections, 400 calls each, never read", ea.attack_slow_reads)]
 
 
 def polls(log: Path, since: float, until: float) -> tuple[int, int]:
@@ -66,9 +85,11 @@ def federation(edge: str, tmp: Path, old: Path | None) -> Loopback:
     return fed
 
 
-def run_edge(edge: str, tmp: Path, old: Path | None, seconds: float, after: float) -> list[dict]:
+def run_edge(edge: str, tmp: Path, old: Path | None, seconds: float, after: float, only: list[str]) -> list[dict]:
     rows = []
     for k, (name, fn) in enumerate(ATTACKS):
+        if only and not any(name.startswith(o) for o in only):
+            continue
         work = tmp / f"{edge.replace(' ', '_')}-{k}"
         work.mkdir()
         fed = federation(edge, work, old)
@@ -98,8 +119,9 @@ def run_edge(edge: str, tmp: Path, old: Path | None, seconds: float, after: floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--after", type=float, default=15.0)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--after", type=float, default=10.0)
+    ap.add_argument("--only", nargs="*", help="attack names (a prefix of each) to run")
     ap.add_argument("--edges", nargs="*", default=["gateway before", "gateway", "nginx"])
     a = ap.parse_args()
     if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
@@ -108,7 +130,7 @@ def main() -> None:
     old = ea.old_tree(tmp) if "gateway before" in a.edges else None
     rows = []
     for edge in a.edges:
-        rows += run_edge(edge, tmp, old if edge == "gateway before" else None, a.seconds, a.after)
+        rows += run_edge(edge, tmp, old if edge == "gateway before" else None, a.seconds, a.after, a.only or [])
     out = {"cpu": ea.cpu_name(), "seconds": a.seconds, "after": a.after, "rows": rows}
     (HERE / "edge_supernode.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"CPU: {out['cpu']}; a real SuperNode (flwr {version()}) behind each edge, each attack {a.seconds:g} s, "
