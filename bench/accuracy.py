@@ -295,6 +295,8 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     default recomputed ones: FT baselines and the meta-net variants, same clients, seeds and batches."""
     from fedl2p_cli import methods as registry
     from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.cli import options
+    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     main = store.load("personalize", row["personalize"], verify=False)
@@ -302,7 +304,8 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     out = {"precise": {m: v["mean"] for m, v in row["methods"].items() if m != "ft-tuned"}}
     cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(registry.baselines()), epochs=EPOCHS,
                                        batch_size=32, base_lr=BASE_LR, seeds=SEEDS, client_bn="running")
-    art, _ = pers_stage.run(cfg, store, main.parents["pretrain"], main.parents["stats"], metas)
+    art, _ = options.execute(pers_stage, cfg, {"pretrain": main.parents["pretrain"], "stats": main.parents["stats"], "meta": metas},
+                             store.root, Runtime(), False)
     out["running"] = {m: v["mean"] for m, v in json.loads(art.file("summary.json").read_text())["methods"].items()}
     return out
 

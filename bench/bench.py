@@ -17,6 +17,9 @@ from pathlib import Path
 
 import torch
 
+from fedl2p_cli.cli import options
+from fedl2p_cli.runtime import Runtime
+
 HERE = Path(__file__).resolve().parent
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
@@ -53,12 +56,12 @@ def plain_model(m: torch.nn.Module) -> torch.nn.Module:
 
 
 def bench_partition() -> dict:
-    from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import partition
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
-        art, _ = partition.run(partition.PartitionConfig(dataset="fmnist", alpha=0.1, clients=1000, samples_per_client=60,
-                                                         unseen_fraction=0.1), Store(d))
+        art, _ = options.execute(partition, partition.PartitionConfig(dataset="fmnist", alpha=0.1, clients=1000,
+                                                                      samples_per_client=60, unseen_fraction=0.1),
+                                 {}, Path(d), Runtime(), False, plot=False)
         secs = time.perf_counter() - t
         size = sum(p.stat().st_size for p in art.path.iterdir()) / 2**20
     return {"partition_1000_clients_s": secs, "partition_file_mb": size, "peak_rss_mb": peak_rss_mb()}
@@ -68,7 +71,8 @@ def _embedded(d: str, clients: int = 70):
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import partition
     store = Store(d)
-    art, _ = partition.run(partition.PartitionConfig(dataset="fmnist-c", alpha=0.5, clients=clients), store)
+    art, _ = options.execute(partition, partition.PartitionConfig(dataset="fmnist-c", alpha=0.5, clients=clients), {},
+                             store.root, Runtime(), False, plot=False)
     return store, art, partition.load(store, art.id)[1]
 
 
@@ -294,11 +298,12 @@ def bench_meta_round() -> dict:
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
     with tempfile.TemporaryDirectory() as d:
         store, part_art, _ = _embedded(d)
-        pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
+        pre, _ = options.execute(pretrain, pretrain.PretrainConfig(rounds=2, fraction=0.1), {"partition": part_art.id},
+                                 store.root, Runtime(), False, plot=False)
         st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
                           StageContext(store))
         cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
-        art, _ = meta_train.run(cfg, store, pre.id, st.id)
+        art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root, Runtime(), False)
         import csv
         with open(art.file("history.csv")) as f:
             rows = list(csv.DictReader(f))[1:]
@@ -318,13 +323,13 @@ def bench_workers() -> dict:
     import importlib.util
 
     from fedl2p_cli.algorithms.fedl2p import MetaConfig
-    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train, pretrain, stats
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
     out = {}
     with tempfile.TemporaryDirectory() as d:
         store, part_art, _ = _embedded(d)
-        pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=2, fraction=0.1), store, part_art.id, plot=False)
+        pre, _ = options.execute(pretrain, pretrain.PretrainConfig(rounds=2, fraction=0.1), {"partition": part_art.id},
+                                 store.root, Runtime(), False, plot=False)
         st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
                           StageContext(store))
         runs = [("1 process, 1 thread", 1, 1, "local"), ("1 process, 2 threads", 1, 2, "local"),
@@ -336,7 +341,8 @@ def bench_workers() -> dict:
             cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, seed=len(out),
                                              meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
             t = time.perf_counter()
-            art, _ = meta_train.run(cfg, store, pre.id, st.id, runtime=Runtime(workers=workers, engine=engine))
+            art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root,
+                                     Runtime(workers=workers, engine=engine), False)
             total = time.perf_counter() - t
             with open(art.file("history.csv")) as f:
                 rows = list(csv.DictReader(f))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Tag, between, opt, variant_words
+from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Tag, between, opt, stored, variant_words
 from .core.settings import Aggregator, ClientBNMode, EvalStats, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
@@ -150,6 +150,15 @@ class MetaTrainConfig:
         from its default."""
         return "-".join([self.family(), *variant_words(self)])
 
+
+
+def config_from_dict(d: dict) -> MetaTrainConfig:
+    """A meta-train artifact's settings (its stored config: the inverse of dataclasses.asdict, as a deployment's run
+    config carries them too); runtime keys (a run config written when they were settings) are left to
+    `Runtime.from_dict`."""
+    known = set(MetaTrainConfig.__dataclass_fields__) - {"meta"}
+    top = stored(MetaTrainConfig, {k: v for k, v in d.items() if k in known})
+    return MetaTrainConfig(**top, meta=MetaConfig(**stored(MetaConfig, d["meta"])))
 
 @dataclass(kw_only=True)
 class PFLConfig:

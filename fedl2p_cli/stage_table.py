@@ -31,6 +31,8 @@ class Stage:
     parents: tuple[str, ...] = ()  # the stages whose artifacts a pipeline's step of it reads (its default plan; the
     # compiler refuses a step that reads another, stages/pipeline.py `undeclared_reads`)
     implied: bool = False  # a pipeline runs it with its defaults where the file has no section of it
+    reader: str | None = None  # "module:function": one of its artifacts -> what it wrote, as a later stage reads it
+    # (`inputs.get(name).value`, stages/interface.py); None: no stage reads it
 
     def config_type(self, config: dict[str, Any]) -> type | None:
         """The config class an artifact's config was made from (None: a stage without one)."""
@@ -41,35 +43,39 @@ STAGES: tuple[Stage, ...] = (
     Stage("partition", {"": configs.PartitionConfig}, "partition", "fedl2p_cli.cli.partition:partition",
           "1. Split a dataset into clients -> partition.h5.",
           "fedl2p partition --dataset fmnist-c --alpha 0.1 --clients 70",
-          required=True, label=("config", "dataset"), colour="#ddf4ff", module="fedl2p_cli.stages.partition"),
+          required=True, label=("config", "dataset"), colour="#ddf4ff", module="fedl2p_cli.stages.partition",
+          reader="fedl2p_cli.stages.partition:read"),
     Stage("pretrain", {"": configs.PretrainConfig}, "pretrain", "fedl2p_cli.cli.pretrain:pretrain",
           "2. Pretrain the global model federatedly (or import one with --init).",
           "fedl2p pretrain --algo fedavg --rounds 40", required=True, trains=True, colour="#fff8c5",
-          module="fedl2p_cli.stages.pretrain", parents=("partition",)),
+          module="fedl2p_cli.stages.pretrain", reader="fedl2p_cli.stages.pretrain:read", parents=("partition",)),
     Stage("stats", {"": configs.StatsConfig}, "stats", "fedl2p_cli.cli.stats:stats",
           "3. Each client's data statistics under the pretrained model (the meta-nets' inputs).", "fedl2p stats",
-          colour="#f6f8fa", module="fedl2p_cli.stages.stats", parents=("partition", "pretrain"), implied=True),
+          colour="#f6f8fa", module="fedl2p_cli.stages.stats", reader="fedl2p_cli.stages.stats:read",
+          parents=("partition", "pretrain"), implied=True),
     Stage("meta-train", {"": configs.MetaTrainConfig}, "meta-train", "fedl2p_cli.cli.meta_train:meta_train",
           "4. Federatedly learn the meta-nets BNNet and LRNet (FedL2P).",
           "fedl2p meta-train --meta-grad fomaml --rounds 20", repeated=True, trains=True, method=True,
-          label=("metrics", "variant"), colour="#fbefff", module="fedl2p_cli.stages.meta_train",
+          label=("metrics", "variant"), colour="#fbefff", module="fedl2p_cli.stages.meta_train", reader="fedl2p_cli.stages.meta_train:read",
           parents=("pretrain", "stats")),
     Stage("pfl", {"": configs.PFLConfig}, "pfl-train", "fedl2p_cli.cli.pfl:pfl_train",
           "4b. Train another personalised-FL system (pFedLA, HeurpFedLA, CAFeMe, or a plugin's).", "fedl2p pfl-train --algo pfedla",
           repeated=True, trains=True, method=True, label=("config", "algo"), colour="#ffebe9",
-          module="fedl2p_cli.stages.pfl", parents=("partition",)),
+          module="fedl2p_cli.stages.pfl", reader="fedl2p_cli.stages.pfl:read", parents=("partition",)),
     Stage("personalize", {"": configs.PersonalizeConfig}, "personalize", "fedl2p_cli.cli.personalize:personalize",
           "5. Fine-tune every client under each method and compare them.",
           "fedl2p personalize --unseen --seeds 0,1,2", label=("metrics", "pool"), colour="#dafbe1",
-          module="fedl2p_cli.stages.personalize", parents=("pretrain", "stats", "meta-train", "pfl")),
+          module="fedl2p_cli.stages.personalize", reader="fedl2p_cli.stages.personalize:read",
+          parents=("pretrain", "stats", "meta-train", "pfl")),
     Stage("analyze", {"clusters": configs.ClustersConfig, "beta-grid": configs.BetaGridConfig,
                       "decompose": configs.DecomposeConfig}, "analyze", "fedl2p_cli.cli.analyze:app",
           "6. Analyse the results (clusters of the learned strategies).", "fedl2p analyze clusters",
           label=("config", "analysis"), colour="#fff1e5", module="fedl2p_cli.stages.analyze",
-          parents=("personalize",)),
+          parents=("personalize", "stats")),  # stats: beta-grid's
     Stage("report", {}, "report", "fedl2p_cli.cli.report:report",
           "Write one HTML page of pipelines or artifacts (lineage, results, plots).",
-          "fedl2p report quickstart quickstart-planted -o report.html", section=False),
+          "fedl2p report quickstart quickstart-planted -o report.html", section=False,
+          module="fedl2p_cli.stages.report"),
 )
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 SECTIONS: tuple[str, ...] = tuple(s.name for s in STAGES if s.section)  # a pipeline file's stage sections, in order

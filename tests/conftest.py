@@ -31,13 +31,14 @@ TINY_META = MetaConfig(epochs=1, batch_size=16, base_lr=0.01, meta_grad="ift", b
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("store"))
-    part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
-    pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, part.id, plot=False)
+    part, _ = execute(partition, partition.PartitionConfig(**TINY_PARTITION), store, plot=False)
+    pre, _ = execute(pretrain, pretrain.PretrainConfig(**TINY_PRETRAIN), store, {"partition": part.id}, plot=False)
     st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre.id})
-    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store, pre.id, st.id)
-    pers, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
-                                                           methods=["ft-bnc", "ft-bng", "ft-bni", "fedl2p"]),
-                              store, pre.id, st.id, [meta.id])
+    meta, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store,
+                      {"pretrain": pre.id, "stats": st.id})
+    pcfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
+                                         methods=["ft-bnc", "ft-bng", "ft-bni", "fedl2p"])
+    pers, _ = execute(personalize, pcfg, store, {"pretrain": pre.id, "stats": st.id, "meta": [meta.id]})
     return {"store": store, "partition": part, "pretrain": pre, "stats": st, "meta": meta, "personalize": pers}
 
 

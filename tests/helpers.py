@@ -10,11 +10,12 @@ from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.models.registry import build
 
 
-def execute(module, cfg, store, parents: dict[str, str | None] | None = None, force: bool = False, runtime=None):
-    """A stage run through its interface, as a command makes it: parent ids by name (None: the stage's default)."""
+def execute(module, cfg, store, parents: dict | None = None, force: bool = False, runtime=None, **ctx):
+    """A stage run through its interface, as a command makes it: parent ids by name (an id, a list of them, or None:
+    the stage's default) and the rest of the context (progress, resume, plot)."""
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
-    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, runtime or Runtime(), force))
+    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, runtime or Runtime(), force, **ctx))
 
 
 def detached_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

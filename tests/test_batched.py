@@ -26,6 +26,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train
 
 from .conftest import TINY_META
+from .helpers import execute
 
 SIZES = (37, 64, 20)  # ragged: different numbers of batches, a short last batch, a client smaller than a batch
 
@@ -169,7 +170,8 @@ def test_batched_meta_train_rounds_write_the_same_artifact(tiny_store, tmp_path)
     for name, rt in (("one", Runtime()), ("many", Runtime(engine="batched", client_batch=2))):
         root = tmp_path / name
         shutil.copytree(tiny_store["store"].root, root)
-        arts.append(meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id, runtime=rt)[0])
+        arts.append(execute(meta_train, cfg, Store(root),
+                            {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, runtime=rt)[0])
     from fedl2p_cli.io import weights
     one, many = (weights.load(a.file("lambda.safetensors")) for a in arts)
     assert arts[0].id == arts[1].id
@@ -257,8 +259,9 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
     for name, rt in (("one", Runtime()), ("many", Runtime(client_batch=3))):
         root = tmp_path / name
         shutil.copytree(tiny_store["store"].root, root)
-        art, _ = personalize.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id,
-                                 [tiny_store["meta"].id], force=True, runtime=rt)
+        art, _ = execute(personalize, cfg, Store(root),
+                         {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [tiny_store["meta"].id]},
+                         force=True, runtime=rt)
         out.append((art, personalize.load(Store(root), art.id)[1]))
         counts.append(len(alone))
     (a1, one), (a2, many) = out
@@ -282,7 +285,7 @@ def test_batched_pretraining_writes_the_same_model(tiny_store, tmp_path, algo):
         store = Store(tmp_path / name)
         shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
         cfg = pretrain.PretrainConfig(**(TINY_PRETRAIN | {"algo": algo}))
-        art, _ = pretrain.run(cfg, store, tiny_store["partition"].id, plot=False, runtime=rt)
+        art, _ = execute(pretrain, cfg, store, {"partition": tiny_store["partition"].id}, plot=False, runtime=rt)
         states.append((art.id, weights.load(art.file("model.safetensors"))))
     (id1, one), (id2, many) = states
     assert id1 == id2 and one.keys() == many.keys()

@@ -17,6 +17,8 @@ from fedl2p_cli.cli.main import app, run_cli
 from fedl2p_cli.engine.loop import Checkpoint
 from fedl2p_cli.io import weights
 
+from .helpers import execute
+
 
 def cli(capsys, monkeypatch, store, *args):
     """Run `fedl2p ARGS` in-process against `store`: (exit code, stdout, stderr)."""
@@ -248,7 +250,7 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the CLI (--threads 1): float reductions depend on the thread count
     try:
-        ref_id = meta_train.run(ref_cfg, Store(ref_root), *ids.values())[0].id
+        ref_id = execute(meta_train, ref_cfg, Store(ref_root), {k[2:]: v for k, v in ids.items()})[0].id
     finally:
         torch.set_num_threads(threads)
     env = dict(os.environ, FEDL2P_STORE=str(kill_root))

@@ -45,17 +45,18 @@ def test_analyze_stage_on_tiny_store_and_single_domain_refused(tiny_store, tmp_p
     assert (art.path / "distance_map_beta.png").is_file()
     # a single-domain partition is refused with a clear message
     s = Store(tmp_path)
-    p, _ = partition.run(partition.PartitionConfig(dataset="digits", alpha=1.0, clients=6, samples_per_client=40,
-                                                   unseen_fraction=0), s)
-    pre, _ = pretrain.run(pretrain.PretrainConfig(rounds=1, fraction=1.0, batch_size=16), s, p.id, plot=False)
+    p, _ = execute(partition, partition.PartitionConfig(dataset="digits", alpha=1.0, clients=6, samples_per_client=40,
+                                                   unseen_fraction=0), s, plot=False)
+    pre, _ = execute(pretrain, pretrain.PretrainConfig(rounds=1, fraction=1.0, batch_size=16), s, {"partition": p.id}, plot=False)
     st, _ = execute(stats, stats.StatsConfig(), s, {"partition": p.id, "pretrain": pre.id})
-    pers, _ = personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, seeds=[0]), s, pre.id, st.id)
+    pers, _ = execute(personalize, personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, seeds=[0]), s,
+                      {"pretrain": pre.id, "stats": st.id})
     with pytest.raises(FedL2PError, match="single domain"):
         execute(analyze, analyze.ClustersConfig(), s, {"personalize": pers.id})
     # and stats of another pretrained model are refused
     with pytest.raises(FedL2PError, match="was computed for pretrained model"):
-        meta_train.run(meta_train.MetaTrainConfig(rounds=1), tiny_store["store"], tiny_store["pretrain"].id,
-                       _foreign_stats(tiny_store, s, st))
+        execute(meta_train, meta_train.MetaTrainConfig(rounds=1), tiny_store["store"],
+                {"pretrain": tiny_store["pretrain"].id, "stats": _foreign_stats(tiny_store, s, st)})
 
 
 def _foreign_stats(tiny_store, other_store, st):

@@ -34,9 +34,9 @@ def on_cuda():
 
 def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
     store = Store(tmp_path)
-    part, _ = partition.run(partition.PartitionConfig(**TINY_PARTITION), store)
+    part, _ = execute(partition, partition.PartitionConfig(**TINY_PARTITION), store, plot=False)
     rt = on_cuda
-    pres = {a: pretrain.run(pretrain.PretrainConfig(algo=a, **TINY_PRETRAIN), store, part.id, plot=False, runtime=rt)[0]
+    pres = {a: execute(pretrain, pretrain.PretrainConfig(algo=a, **TINY_PRETRAIN), store, {"partition": part.id}, plot=False, runtime=rt)[0]
             for a in ("fedavg", "fedbabu", "perfedavg-hf")}
     pre = pres["fedavg"]
     assert pre.id == tiny_store["pretrain"].id and pre.manifest["computed_on"]["device"] == "cuda:0"
@@ -45,22 +45,23 @@ def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
     for k, v in cpu_model.items():
         torch.testing.assert_close(gpu_model[k], v, rtol=1e-2, atol=1e-3)  # 3 rounds of SGD drift a little further
     st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre.id}, runtime=rt)
-    metas = [meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store, pre.id, st.id, runtime=rt)[0]
+    metas = [execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store,
+                     {"pretrain": pre.id, "stats": st.id}, runtime=rt)[0]
              for m in (TINY_META, replace(TINY_META, hessian="exact"), replace(TINY_META, meta_grad="fomaml"),
                        replace(TINY_META, ift_at="last-step"))]
-    metas.append(meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, local=True, meta=TINY_META), store,
-                                pre.id, st.id, runtime=rt)[0])
+    metas.append(execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, local=True, meta=TINY_META), store,
+                         {"pretrain": pre.id, "stats": st.id}, runtime=rt)[0])
     assert all(m.metrics["diverged"] is None for m in metas)
     for algo in ("pfedla", "heurpfedla", "cafeme"):
-        pfl.run(pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02, eval_every=1),
-                store, part.id, runtime=rt)
+        execute(pfl, pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02, eval_every=1), store,
+                {"partition": part.id}, runtime=rt)
     for unseen in (False, True):
         for eval_stats in ("running", "test-batch"):
             cfg = personalize.PersonalizeConfig(unseen=unseen, methods=["ft-bnc", "ft-bng", "ft-bni", "ft-tuned", "pfedla",
                                                                         "cafeme"], epochs=1, batch_size=16, base_lr=0.01,
                                                 seeds=[0], pfl_steps=3, eval_stats=eval_stats)
-            art, _ = personalize.run(cfg, store, pre.id, st.id, [metas[0].id] if unseen else [m.id for m in metas],
-                                     runtime=rt)
+            art, _ = execute(personalize, cfg, store,
+                             {"pretrain": pre.id, "stats": st.id, "meta": [metas[0].id] if unseen else [m.id for m in metas]}, runtime=rt)
             _, r = personalize.load(store, art.id)
             assert np.isfinite(r.acc_after[[i for i, m in enumerate(r.methods) if m != "pfedla"]]).all()
 
@@ -142,9 +143,10 @@ def test_batched_meta_train_on_cuda_matches_one_client_at_a_time(tiny_store, on_
     for name, rt in (("one", on_cuda.replace(client_batch=1)), ("many", on_cuda.replace(engine="batched", client_batch=4))):
         shutil.copytree(tiny_store["store"].root, tmp_path / name)
         store = Store(tmp_path / name)
-        art, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, runtime=rt)
+        art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, runtime=rt)
         pcfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], methods=["ft-bnc", "ft-tuned"])
-        pers, _ = personalize.run(pcfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, [art.id], runtime=rt)
+        pers, _ = execute(personalize, pcfg, store,
+                          {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [art.id]}, runtime=rt)
         arts.append((art, personalize.load(store, pers.id)[1]))
     (one, r1), (many, r2) = arts
     assert one.id == many.id

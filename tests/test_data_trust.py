@@ -24,6 +24,8 @@ from fedl2p_cli.data.sources import Source
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import partition
 
+from .helpers import execute
+
 PLUGIN = plugins.Plugin("tp_data", "fedl2p-tp-data", "0.1")
 WHO = "dataset 'tp-data' from plugin 'tp_data' (fedl2p-tp-data 0.1)"
 CFG = dict(dataset="tp-data", clients=4, samples_per_client=10, alpha=1000.0, seed=0)
@@ -125,9 +127,9 @@ def test_a_bad_dataset_is_one_line_naming_dataset_plugin_and_field_and_writes_no
 def test_float_images_in_0_1_are_stored_as_uint8(register, tmp_path):
     """Float images in [0, 1] are the same partition as their uint8 pixels (round(255 x)), stored as uint8."""
     register(_float01)
-    a_art, _ = partition.run(PartitionConfig(**CFG), Store(tmp_path / "a"))
+    a_art, _ = execute(partition, PartitionConfig(**CFG), Store(tmp_path / "a"), plot=False)
     register(lambda cfg, d: good())
-    b_art, _ = partition.run(PartitionConfig(**CFG), Store(tmp_path / "b"))
+    b_art, _ = execute(partition, PartitionConfig(**CFG), Store(tmp_path / "b"), plot=False)
     assert a_art.id == b_art.id
     p = partition.load(Store(tmp_path / "a"), a_art.id)[1]
     assert p.images.dtype == torch.uint8 and p.mean == (0.5,)
@@ -144,7 +146,7 @@ def _first(register, tmp_path) -> tuple:
     register(lambda cfg, d: calls.append(d) or npz_load(cfg, d))
     store = Store(tmp_path / "store")
     a = _npz(tmp_path / "a.npz", good())
-    first, reused = partition.run(PartitionConfig(**CFG, data_dir=str(a)), store)
+    first, reused = execute(partition, PartitionConfig(**CFG, data_dir=str(a)), store, plot=False)
     return calls, store, a, first, reused
 
 
@@ -155,23 +157,23 @@ def test_changed_data_is_a_new_partition_and_the_same_data_elsewhere_the_same(re
     other = tmp_path / "elsewhere"
     other.mkdir()
     shutil.copy(a, other / "copy.npz")
-    again, reused = partition.run(PartitionConfig(**CFG, data_dir=str(other / "copy.npz")), store)
+    again, reused = execute(partition, PartitionConfig(**CFG, data_dir=str(other / "copy.npz")), store, plot=False)
     assert (again.id, reused) == (first.id, True)
     broken = good()
     broken.labels = broken.labels.flip(0)
     _npz(tmp_path / "b.npz", broken)
-    changed, reused = partition.run(PartitionConfig(**CFG, data_dir=str(tmp_path / "b.npz")), store)
+    changed, reused = execute(partition, PartitionConfig(**CFG, data_dir=str(tmp_path / "b.npz")), store, plot=False)
     assert changed.id != first.id and not reused
 
 
 def test_a_rerun_reads_the_fingerprint_from_the_cache_until_a_file_changes(register, tmp_path):
     calls, store, a, first, _ = _first(register, tmp_path)
-    again, reused = partition.run(PartitionConfig(**CFG, data_dir=str(a)), store)
+    again, reused = execute(partition, PartitionConfig(**CFG, data_dir=str(a)), store, plot=False)
     assert (again.id, reused, len(calls)) == (first.id, True, 1)  # the re-run loaded nothing
     shifted = good()
     shifted.images = 255 - shifted.images
     _npz(a, shifted)  # the same path, new content (and size or mtime)
-    changed, reused = partition.run(PartitionConfig(**CFG, data_dir=str(a)), store)
+    changed, reused = execute(partition, PartitionConfig(**CFG, data_dir=str(a)), store, plot=False)
     assert changed.id != first.id and not reused and len(calls) == 2
 
 
@@ -198,5 +200,5 @@ def test_debian_fashion_mnist_is_the_pinned_fingerprint():
 def test_partition_refuses_before_the_store_exists(register, tmp_path):
     register(with_(labels=torch.arange(119) % 3))
     with pytest.raises(FedL2PError, match="labels number 119"):
-        partition.run(PartitionConfig(**CFG), Store(tmp_path / "store"))
+        execute(partition, PartitionConfig(**CFG), Store(tmp_path / "store"), plot=False)
     assert not (tmp_path / "store").exists()

@@ -12,6 +12,8 @@ from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train
 from tests.conftest import TINY_META
 
+from .helpers import execute
+
 
 def _copy(tiny_store, dst) -> Store:
     """The tiny store's partition, pretrain and stats artifacts (no meta-train) in a store of our own."""
@@ -24,19 +26,19 @@ def test_more_rounds_continue_a_shorter_run_and_equal_a_run_from_the_start(tiny_
     cfg = lambda r: meta_train.MetaTrainConfig(rounds=r, fraction=0.5, seed=5, keep="last", meta=TINY_META)  # noqa: E731
     pre, st = tiny_store["pretrain"].id, tiny_store["stats"].id
     scratch = _copy(tiny_store, tmp_path / "a")
-    whole, _ = meta_train.run(cfg(3), scratch, pre, st)
+    whole, _ = execute(meta_train, cfg(3), scratch, {"pretrain": pre, "stats": st})
     assert "extended_from" not in whole.metrics
 
     steps = _copy(tiny_store, tmp_path / "b")
-    short, _ = meta_train.run(cfg(2), steps, pre, st)
-    longer, reused = meta_train.run(cfg(3), steps, pre, st)
+    short, _ = execute(meta_train, cfg(2), steps, {"pretrain": pre, "stats": st})
+    longer, reused = execute(meta_train, cfg(3), steps, {"pretrain": pre, "stats": st})
     assert not reused and longer.id == whole.id and longer.metrics["extended_from"] == short.id
     assert longer.metrics["rounds_run"] == 3
     a, b = (weights.load(x.file("lambda.safetensors")) for x in (whole, longer))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the shorter run is never a source for a run of other settings
-    other, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=3, fraction=0.5, seed=6, keep="last",
-                                                         meta=TINY_META), steps, pre, st)
+    other, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=3, fraction=0.5, seed=6, keep="last",
+                                                         meta=TINY_META), steps, {"pretrain": pre, "stats": st})
     assert "extended_from" not in other.metrics
 
 
@@ -45,11 +47,11 @@ def test_keep_last_of_as_many_rounds_reuses_a_keep_best_run_and_equals_a_run_fro
     is its last state, with no round run again, and equals a --keep last run from the start."""
     cfg = lambda keep: meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=5, keep=keep, meta=TINY_META)  # noqa: E731
     pre, st = tiny_store["pretrain"].id, tiny_store["stats"].id
-    whole, _ = meta_train.run(cfg("last"), _copy(tiny_store, tmp_path / "a"), pre, st)
+    whole, _ = execute(meta_train, cfg("last"), _copy(tiny_store, tmp_path / "a"), {"pretrain": pre, "stats": st})
 
     store = _copy(tiny_store, tmp_path / "b")
-    best, _ = meta_train.run(cfg("best"), store, pre, st)
-    last, reused = meta_train.run(cfg("last"), store, pre, st)
+    best, _ = execute(meta_train, cfg("best"), store, {"pretrain": pre, "stats": st})
+    last, reused = execute(meta_train, cfg("last"), store, {"pretrain": pre, "stats": st})
     assert not reused and last.id == whole.id and last.metrics["extended_from"] == best.id
     assert last.metrics["kept_round"] == 2 and last.metrics["rounds_run"] == 2
     a, b = (weights.load(x.file("lambda.safetensors")) for x in (whole, last))

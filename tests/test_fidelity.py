@@ -19,7 +19,7 @@ from fedl2p_cli.stages import meta_train, partition, personalize, pipeline, stat
 from fedl2p_cli.stages.common import NoProgress
 
 from .conftest import TINY_META, TINY_PARTITION
-from .helpers import detached_params
+from .helpers import detached_params, execute
 
 
 @torch.no_grad()
@@ -75,7 +75,7 @@ def test_ft_tuned_reports_the_validation_choice(tiny_store):
     store = tiny_store["store"]
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"], epochs=1, batch_size=16,
                                         base_lr=0.01, seeds=[0, 1])
-    art, _ = personalize.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, [])
+    art, _ = execute(personalize, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": []})
     r = results_h5.read(art.file("results.h5"))
     cand = r.candidates
     assert cand.shape == (2, len(r.client), len(candidates()), 3)
@@ -104,7 +104,7 @@ def test_input_standardisation_is_stored_and_used_at_personalisation(tiny_store)
     store = tiny_store["store"]
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, input_norm="standardize", meta_opt="fedadam", meta=TINY_META)
     assert cfg.variant() == "fedl2p-std-adam"
-    art, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     _, lam, norm = meta_train.load_lambda(store, art.id)
     assert norm is not None and not any(k.startswith("input_norm") for k in lam)
     _, table = stats.load(store, tiny_store["stats"].id)
@@ -115,7 +115,7 @@ def test_input_standardisation_is_stored_and_used_at_personalisation(tiny_store)
     assert all(torch.equal(norm[k], ref[k]) for k in ref)
     pcfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p-std-adam"], epochs=1, batch_size=16, base_lr=0.01,
                                          seeds=[0])
-    pers, _ = personalize.run(pcfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, [art.id])
+    pers, _ = execute(personalize, pcfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [art.id]})
     r = results_h5.read(pers.file("results.h5"))
     c = int(r.client[0])
     beta, _ = hyperparameters(lam, *normalize_inputs(norm, *table.inputs(c)), len(table.param_names), 0.01, 1.0)
@@ -195,7 +195,7 @@ def test_keep_last_returns_the_final_aggregate_and_best_the_scored_broadcast(tin
     got = {}
     for keep in ("best", "last"):
         cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep=keep, seed=5, meta=TINY_META)
-        art, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+        art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
         got[keep] = meta_train.load_lambda(store, art.id)[1]
     _, table = stats.load(store, tiny_store["stats"].id)
     lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(table.param_names), TINY_META.base_lr, "both", 5)

@@ -22,6 +22,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages.meta_train import MetaReply, MetaTask
 
 from .conftest import TINY_META, TINY_PRETRAIN
+from .helpers import execute
 
 HAS_FLOWER = all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
 needs_flower = pytest.mark.skipif(not HAS_FLOWER, reason="Flower extra not installed (pip install 'fedl2p[flower]'; "
@@ -110,8 +111,9 @@ def test_flower_meta_train_matches_the_in_process_engine(tiny_store, tmp_path):
             root = tmp_path / engine
             shutil.copytree(tiny_store["store"].root, root)
             cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=31, meta=TINY_META)
-            arts[engine] = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id,
-                                          runtime=Runtime(engine=engine, workers=2))[0]
+            arts[engine] = execute(meta_train, cfg, Store(root),
+                                   {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id},
+                                   runtime=Runtime(engine=engine, workers=2))[0]
     finally:
         torch.set_num_threads(threads)
     a, b = arts["local"], arts["flower"]
@@ -133,7 +135,7 @@ def test_flower_pretraining_matches_the_in_process_engine(tiny_store, tmp_path):
         store.root.mkdir(parents=True)
         shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
         cfg = pretrain.PretrainConfig(**TINY_PRETRAIN)
-        arts.append(pretrain.run(cfg, store, tiny_store["partition"].id, plot=False, runtime=Runtime(engine=engine))[0])
+        arts.append(execute(pretrain, cfg, store, {"partition": tiny_store["partition"].id}, plot=False, runtime=Runtime(engine=engine))[0])
     assert arts[0].id == arts[1].id
     wa, wb = (weights.load(a.file("model.safetensors")) for a in arts)
     for k in wa:

@@ -13,6 +13,8 @@ from fedl2p_cli.flower import app as flower_app
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train, personalize
 
+from .helpers import execute
+
 
 def deployment(tiny_store, out, perturb=0.01):
     """A run config folder as `fedl2p flower run-config` writes it, with the results a ServerApp writes."""
@@ -39,9 +41,9 @@ def test_a_deployments_result_is_imported_and_personalized(tiny_store, tmp_path,
     got = weights.load(art.file("lambda.safetensors"))
     assert all(torch.equal(got[k], v) for k, v in weights.load(tmp_path / "deploy" / "lambda.safetensors").items())
     assert run_cli(["flower", "import", str(tmp_path / "deploy")]) == 0 and "reused" in capsys.readouterr().out
-    p, _ = personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, batch_size=16, base_lr=0.01,
-                                                         seeds=[0]), store, tiny_store["pretrain"].id,
-                           tiny_store["stats"].id, [art.id])
+    p, _ = execute(personalize, personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, batch_size=16, base_lr=0.01,
+                                                              seeds=[0]), store,
+                   {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [art.id]})
     _, r = personalize.load(store, p.id)
     assert p.parents[f"meta-train:{cfg.variant()}"] == art.id and not np.isnan(r.acc_after).any()
 

@@ -13,6 +13,8 @@ from fedl2p_cli.configs import PartitionConfig
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages import partition
 
+from .helpers import execute
+
 
 def folder(root, size=(20, 12), odd=None):
     rng = np.random.default_rng(0)
@@ -32,26 +34,26 @@ def cfg(root, **kw) -> PartitionConfig:
 
 def test_image_folder_keeps_the_size_or_resizes_when_asked(tmp_path):
     root, store = folder(tmp_path / "imgs"), Store(tmp_path / "s")
-    kept, _ = partition.run(cfg(root), store)
+    kept, _ = execute(partition, cfg(root), store, plot=False)
     _, p = partition.load(store, kept.id)
     assert tuple(p.images.shape[1:]) == (3, 12, 20) and kept.metrics["source"] == "kept 24 images at their size, 20x12"
     assert kept.config["image_size"] is None  # a new id: before --image-size, image-folder always resized to 64
-    small, _ = partition.run(cfg(root, image_size=8), store)
+    small, _ = execute(partition, cfg(root, image_size=8), store, plot=False)
     _, p = partition.load(store, small.id)
     assert tuple(p.images.shape[1:]) == (3, 8, 8) and "resized 24 images (1 size) to 8x8" in small.metrics["source"]
-    legacy, _ = partition.run(cfg(root, image_size=64), store)
+    legacy, _ = execute(partition, cfg(root, image_size=64), store, plot=False)
     assert "image_size" not in legacy.config  # the older artifacts' id
 
 
 def test_mixed_sizes_need_image_size(tmp_path):
     root = folder(tmp_path / "imgs", odd=(16, 16))
     with pytest.raises(FedL2PError, match="the images have 2 sizes .* pass --image-size N"):
-        partition.run(cfg(root), Store(tmp_path / "s"))
+        execute(partition, cfg(root), Store(tmp_path / "s"), plot=False)
     assert not (tmp_path / "s" / "partition").exists()
-    art, _ = partition.run(cfg(root, image_size=10), Store(tmp_path / "s"))
+    art, _ = execute(partition, cfg(root, image_size=10), Store(tmp_path / "s"), plot=False)
     assert "(2 sizes) to 10x10" in art.metrics["source"]
 
 
 def test_image_size_applies_to_image_folder_only(tmp_path):
     with pytest.raises(FedL2PError, match="--image-size does not apply to --dataset digits"):
-        partition.run(PartitionConfig(dataset="digits", image_size=8), Store(tmp_path / "s"))
+        execute(partition, PartitionConfig(dataset="digits", image_size=8), Store(tmp_path / "s"), plot=False)

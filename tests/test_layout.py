@@ -223,6 +223,66 @@ def test_the_stage_list_scan_finds_one(tmp_path):
     assert len(stage_lists(f, stage_names())) == 2
 
 
+
+# -- stages read each other through the table ---------------------------------------------------------------------
+# the stage interface and what the stages share: these may import stage modules as the table needs (the pipeline
+# loads each row's module, the harness asks a pFL system for its accuracy)
+STAGE_INFRA = {"__init__", "interface", "common", "harness", "pipeline", "pipeline_files"}
+STORE_CALLS = {"load", "newest", "iter", "ids", "exists", "resolve", "workdir"}
+
+
+def stage_module_reads(path: Path, names: set[str], own: str | None) -> list[str]:
+    """Where a stage module reads another stage around the table: an import of another stage module (module level,
+    in a function or for the type checker), or a store call naming another stage in a string (`store.load("stats",
+    ...)`, `Store(root).newest(...)`). What a stage reads comes through its inputs and the rows' readers
+    (`inputs.get("stats").value`, `inputs.newest(...)`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            pkg = node.level == 1 or node.module in ("fedl2p_cli.stages", None)
+            mods = [a.name for a in node.names] if node.module is None or node.module == "fedl2p_cli.stages" else \
+                [node.module.rpartition(".")[2] if node.module.startswith("fedl2p_cli.stages.") else node.module.split(".")[0]]
+            if pkg or (node.module or "").startswith("fedl2p_cli.stages."):
+                found += [f"{path.stem}:{node.lineno} imports {m}" for m in mods
+                          if m not in STAGE_INFRA and m != path.stem and (path.parent / f"{m}.py").is_file()]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STORE_CALLS
+              and "store" in ast.unparse(node.func.value).rpartition(".")[2].lower()
+              and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in names - {own}):
+            found.append(f"{path.stem}:{node.lineno} {node.func.attr}({node.args[0].value!r})")
+    return sorted(found, key=lambda hit: int(hit.split(":")[1].split()[0]))
+
+
+def stage_modules() -> dict[Path, str | None]:
+    """The stage modules (stages/ minus the interface and what it shares) and the stage each runs (None: a module the
+    table does not name, such as analyze's beta_grid)."""
+    from fedl2p_cli.stage_table import STAGES
+    own = {s.module.rpartition(".")[2]: s.name for s in STAGES if s.module}
+    return {p: own.get(p.stem) for p in sorted((PACKAGE / "stages").glob("*.py")) if p.stem not in STAGE_INFRA}
+
+
+def test_stages_read_each_other_only_through_the_table():
+    """No stage module imports another, and none names another stage to the store: adding a stage that a later one
+    reads is its module, its row (with its `reader`), its config and the reader's row's `parents`."""
+    from fedl2p_cli.stage_table import NAMES
+    names = set(NAMES)
+    found = [hit for p, own in stage_modules().items() for hit in stage_module_reads(p, names, own)]
+    assert not found, f"stage modules reading another stage around the table: {found}"
+
+
+def test_the_stage_read_scan_finds_each_kind(tmp_path):
+    stages = tmp_path / "fedl2p_cli" / "stages"
+    stages.mkdir(parents=True)
+    for name in ("stats", "interface", "common"):
+        (stages / f"{name}.py").write_text("")
+    f = stages / "m.py"
+    f.write_text("from . import stats as stats_stage\nfrom .interface import Inputs\nfrom .common import x\n"
+                 "from fedl2p_cli.stages.stats import load\n"
+                 "def g(store, inputs):\n    from .stats import read\n    store.load('pretrain', None)\n"
+                 "    store.load('m', None)\n    Store(r).newest('stats', lambda a: True)\n    inputs.get('stats')\n"
+                 "    inputs.newest('stats', lambda a: True)\n")
+    assert stage_module_reads(f, {"pretrain", "stats", "m"}, "m") == [
+        "m:1 imports stats", "m:4 imports stats", "m:6 imports stats", "m:7 load('pretrain')", "m:9 newest('stats')"]
+
 # -- process state: what a module keeps for the whole process besides its constants -----------------------------
 # the state a module may keep, each with its reason; anything else found by `process_state` fails the test
 PROCESS_STATE = {
@@ -420,7 +480,6 @@ INTERFACES = {
     "client_task": "a round strategy's module: one client's update from its context (engine/workers.py)",
     "client_tasks": "a round strategy's module: a group's updates as one computation (the batched executor)",
     "client_update": "an algorithm's one-client update (algorithms/fedl2p.py, algorithms/cafeme.py)",
-    "method_of": "the personalisation method an artifact belongs to (meta-train's, and personalize's over any stage)",
 }
 
 

@@ -28,7 +28,7 @@ from fedl2p_cli.core.metanets import (
 )
 from fedl2p_cli.core.settings import MetaConfig
 
-from .helpers import smooth_setup
+from .helpers import execute, smooth_setup
 
 
 def test_the_log_head_starts_every_client_at_the_same_strategy():
@@ -224,7 +224,7 @@ def test_meta_train_under_the_log_head_records_its_round_0_control(tiny_store, t
                                lr_lrnet=0.05)
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=meta, input_norm="robust", client_weights="equal",
                                      keep="last")
-    art, _ = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(meta_train, cfg, Store(root), {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     assert art.metrics["variant"] == "fedl2p-fomaml-traj-rstd-last-log-bnnetlr0.05-lrnetlr0.05-eqw"
     split = art.metrics["split"]
     assert split["round 0"]["split_beta"] == 0.0 and split["round 0"]["split_lr"] == 1.0
@@ -292,7 +292,7 @@ def test_a_head_and_a_server_step_are_one_registration_each(tiny_store, tmp_path
     lam = weights.load(one.file("lambda.safetensors"))
     assert "logeta" in lam and one.manifest.get("plugins")
     with pytest.raises(FedL2PError, match="unknown meta-net head 'pinned-beta' \\(--head\\); choose one of: paper, log"):
-        meta_train.run(mine, store, *ids, force=True)
+        run_stage(meta_train, mine, inputs, StageContext(store, force=True))
 
 
 @dataclasses.dataclass(frozen=True)

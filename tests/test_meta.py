@@ -8,10 +8,10 @@ from fedl2p_cli.core.metanets import clamp_ste, hyperparameters, init_lambda, sg
 from fedl2p_cli.engine.loop import Checkpoint
 from fedl2p_cli.io import weights
 from fedl2p_cli.runtime import Runtime
-from fedl2p_cli.stages import meta_train, partition
+from fedl2p_cli.stages import meta_train, partition, stats
 
 from .conftest import TINY_META
-from .helpers import KillAfter, Killed
+from .helpers import KillAfter, Killed, execute
 
 
 def test_every_metanet_bias_is_the_paper_constant():
@@ -69,7 +69,7 @@ def test_unseen_clients_never_meta_trained(tiny_store):
 def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
     store = tiny_store["store"]
     cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
-    full, _ = meta_train.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+    full, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     lam_full = weights.load(full.file("lambda.safetensors"))
     with open(full.file("history.csv")) as f:
         hist_full = list(csv.DictReader(f))
@@ -77,9 +77,10 @@ def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
     cfg2 = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
 
     with pytest.raises(Killed):
-        meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True, progress=KillAfter(2))
+        execute(meta_train, cfg2, store,
+                {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, force=True, progress=KillAfter(2))
     assert Checkpoint(store.workdir("meta-train", full.id)).load().next_round == 2
-    resumed, _ = meta_train.run(cfg2, store, tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
+    resumed, _ = execute(meta_train, cfg2, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, force=True)
     lam_res = weights.load(resumed.file("lambda.safetensors"))
     for k in lam_full:
         assert torch.equal(lam_full[k], lam_res[k]), k
@@ -103,7 +104,8 @@ def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
 
     monkeypatch.setattr(meta_train, "client_update", flaky)
     cfg = meta_train.MetaTrainConfig(rounds=4, fraction=0.5, meta=TINY_META, seed=7)
-    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id, force=True)
+    art, _ = execute(meta_train, cfg, tiny_store["store"],
+                     {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, force=True)
     assert "round 2" in art.metrics["diverged"]
     assert art.metrics["rounds_run"] == 1
     with open(art.file("history.csv")) as f:
@@ -112,7 +114,7 @@ def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
     assert art.metrics["kept_round"] == 1 and "round 1" in art.metrics["kept"]
     lam = weights.load(art.file("lambda.safetensors"))
     # round 1 scored the only validation loss, so the kept lambda is the one broadcast in round 1: the initial one
-    _, table = meta_train.stats_stage.load(tiny_store["store"], tiny_store["stats"].id)
+    _, table = stats.load(tiny_store["store"], tiny_store["stats"].id)
     lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(table.param_names), TINY_META.base_lr, "both", 7)
     assert lam.keys() == lam0.keys() and all(torch.equal(lam[k], lam0[k]) for k in lam0)
 
@@ -130,10 +132,10 @@ def test_real_nan_in_round_one_keeps_the_initial_lambda(tiny_store):
     lambda (the best so far), never NaN, so a pipeline comparing variants goes on."""
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=3,
                                      meta=fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=1e6, meta_grad="ift", beta_init=0.5))
-    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(meta_train, cfg, tiny_store["store"], {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     lam = weights.load(art.file("lambda.safetensors"))
     assert "round 1" in art.metrics["diverged"] and art.metrics["rounds_run"] == 0
-    _, table = meta_train.stats_stage.load(tiny_store["store"], tiny_store["stats"].id)
+    _, table = stats.load(tiny_store["store"], tiny_store["stats"].id)
     lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(table.param_names), 1e6, "both", 3)
     assert all(torch.equal(lam[k], lam0[k]) for k in lam0)
 
@@ -193,7 +195,7 @@ def test_ift_last_step_meta_trains_on_the_last_fine_tuning_step(tiny_store):
     """--ift-at last-step runs end to end, moves lambda, and is its own artifact next to the default reading's."""
     meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, ift_at="last-step", meta_grad="ift", beta_init=0.5)
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
-    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(meta_train, cfg, tiny_store["store"], {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     assert art.metrics["variant"] == "fedl2p-laststep-seed1" and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
     assert all(torch.isfinite(v).all() for v in lam.values()) and art.id != tiny_store["meta"].id
@@ -204,7 +206,7 @@ def test_val_stats_test_batch_meta_trains_and_is_its_own_variant(tiny_store, met
     """--val-stats test-batch runs end to end for both meta-gradients, with finite losses, under its own name."""
     meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad=meta_grad, val_stats="test-batch")
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
-    art, _ = meta_train.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(meta_train, cfg, tiny_store["store"], {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     assert art.metrics["variant"].endswith("-valtbs-seed1") and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
     assert all(torch.isfinite(v).all() for v in lam.values())

@@ -17,6 +17,8 @@ from fedl2p_cli.engine.loop import generator
 from fedl2p_cli.models.registry import head_prefix
 from fedl2p_cli.stages import partition, personalize, pretrain, stats
 
+from .helpers import execute
+
 
 def test_the_builtin_methods():
     assert methods.baselines() == ("ft-bnc", "ft-bng", "ft-bni")
@@ -54,7 +56,7 @@ def check_a_new_method(tiny_store, tmp_path):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "ft-half"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
-    art, _ = personalize.run(cfg, store, pre, st)
+    art, _ = execute(personalize, cfg, store, {"pretrain": pre, "stats": st})
     _, r = personalize.load(store, art.id)
     assert r.methods == ["ft-bnc", "ft-half"]
     np.testing.assert_array_equal(r.beta["ft-half"], 0.5)
@@ -62,7 +64,7 @@ def check_a_new_method(tiny_store, tmp_path):
     assert "| FT (half) |" in art.file("summary.md").read_text()
     _, part = partition.load(store, tiny_store["partition"].id)
     _, model, state = pretrain.load(store, pre)
-    _, table = stats.load_matching(store, st, pre)
+    _, table = stats.load(store, st)
     theta = {n: state[n] for n, _ in model.named_parameters()}
     c = int(r.client[0])
     data, s = part.client(c), Strategy(torch.full((3,), 0.5), torch.full((len(theta),), 0.005))
@@ -86,7 +88,7 @@ def check_some_tensors(tiny_store, tmp_path, head):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
     cfg = personalize.PersonalizeConfig(methods=["ft-head"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
-    art, _ = personalize.run(cfg, store, pre, st)
+    art, _ = execute(personalize, cfg, store, {"pretrain": pre, "stats": st})
     _, r = personalize.load(store, art.id)
     _, model, state = pretrain.load(store, pre)
     names = [n for n, _ in model.named_parameters()]
@@ -95,7 +97,7 @@ def check_some_tensors(tiny_store, tmp_path, head):
     np.testing.assert_allclose(r.eta["ft-head"][:, chosen], 0.01)
     np.testing.assert_array_equal(r.eta["ft-head"][:, ~chosen], 0.0)
     _, part = partition.load(store, tiny_store["partition"].id)
-    _, table = stats.load_matching(store, st, pre)
+    _, table = stats.load(store, st)
     theta = {n: state[n] for n in names}
     c = int(r.client[0])
     s = Strategy(torch.ones(3), torch.tensor(chosen, dtype=torch.float32) * 0.01)
@@ -113,17 +115,16 @@ def test_a_learned_methods_name_means_its_newest_run_of_any_variant(tiny_store, 
     assert DEFAULT_METHODS[-1] == "fedl2p"
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
-    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=1, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16,
-                                                                                              base_lr=0.01)),
-                             store, pre, st)
+    mcfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16, base_lr=0.01))
+    meta, _ = execute(meta_train, mcfg, store, {"pretrain": pre, "stats": st})
     assert meta.metrics["variant"] == "fedl2p-fomaml-binit0.9"
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
-    art, _ = personalize.run(cfg, store, pre, st)
+    art, _ = execute(personalize, cfg, store, {"pretrain": pre, "stats": st})
     _, r = personalize.load(store, art.id)
     assert r.methods == ["ft-bnc", "fedl2p-fomaml-binit0.9"] and art.parents["meta-train:fedl2p-fomaml-binit0.9"] == meta.id
     # given by id, any FedL2P variant answers the default --methods' `fedl2p`
-    art2, _ = personalize.run(personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0]), store, pre, st,
-                              [tiny_store["meta"].id])
+    art2, _ = execute(personalize, personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0]), store,
+                      {"pretrain": pre, "stats": st, "meta": [tiny_store["meta"].id]})
     assert personalize.load(store, art2.id)[1].methods[-1] == tiny_store["meta"].metrics["variant"]
 
 
@@ -135,14 +136,14 @@ def test_a_checked_learned_strategy_picks_by_validation(tiny_store, tmp_path):
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st, meta = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["meta"]
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p-checked"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
-    art, _ = personalize.run(cfg, store, pre, st, [meta.id])
+    art, _ = execute(personalize, cfg, store, {"pretrain": pre, "stats": st, "meta": [meta.id]})
     _, r = personalize.load(store, art.id)
     v = meta.metrics["variant"]
     assert r.methods == ["ft-bnc", v, f"{v}-checked"]
     np.testing.assert_array_equal(r.beta[v], r.beta[f"{v}-checked"])
     _, part = partition.load(store, tiny_store["partition"].id)
     _, model, state = pretrain.load(store, pre)
-    _, table = stats.load_matching(store, st, pre)
+    _, table = stats.load(store, st)
     theta = {n: state[n] for n, _ in model.named_parameters()}
     picks_differ = False
     for j in range(len(r.client)):

@@ -13,6 +13,8 @@ from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import personalize, pretrain, stats
 
+from .helpers import execute
+
 
 @pytest.fixture()
 def bn_model():
@@ -121,14 +123,14 @@ def test_eval_stats_names_the_learned_methods_and_leaves_baselines_alone(tiny_st
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")  # a copy: other tests read the newest artifacts
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
     cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], eval_stats="test-batch")
-    art, _ = personalize.run(cfg, store, pre, st, [tiny_store["meta"].id])
+    art, _ = execute(personalize, cfg, store, {"pretrain": pre, "stats": st, "meta": [tiny_store["meta"].id]})
     assert art.id != tiny_store["personalize"].id
     _, r = personalize.load(store, art.id)
     _, r0 = personalize.load(store, tiny_store["personalize"].id)
     assert r.methods == ["ft-bnc", "ft-bng", "ft-bni", "fedl2p-tbs"] and r.attrs["eval_stats"] == "test-batch"
     np.testing.assert_array_equal(r.acc_after[:3], r0.acc_after[:3])
     with pytest.raises(USER_ERRORS, match="unknown --eval-stats"):
-        personalize.run(personalize.PersonalizeConfig(eval_stats="batch"), store, pre, st)
+        execute(personalize, personalize.PersonalizeConfig(eval_stats="batch"), store, {"pretrain": pre, "stats": st})
 
 
 def test_results_and_summary(tiny_store):
@@ -163,7 +165,7 @@ def test_summary_gives_the_learned_beta_per_domain_and_layer(tiny_store):
 def test_bad_inputs(tiny_store):
     store, pre, st = tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id
     with pytest.raises(FedL2PError, match="unknown method"):
-        personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc", "nope"]), store, pre, st)
+        execute(personalize, personalize.PersonalizeConfig(methods=["ft-bnc", "nope"]), store, {"pretrain": pre, "stats": st})
     # meta-nets for another model shape
     d = store.draft("meta-train", {"meta": MetaConfig().__dict__, "fake": 1}, {"pretrain": pre})
     lam = init_lambda(5, 20, 40, 1e-3, "both", 0)
@@ -171,7 +173,7 @@ def test_bad_inputs(tiny_store):
     d.metrics = {"variant": "fedl2p-other"}
     other = d.publish()
     with pytest.raises(FedL2PError, match="another model shape"):
-        personalize.run(personalize.PersonalizeConfig(methods=["ft-bnc"]), store, pre, st, [other.id])
+        execute(personalize, personalize.PersonalizeConfig(methods=["ft-bnc"]), store, {"pretrain": pre, "stats": st, "meta": [other.id]})
     import shutil
     shutil.rmtree(other.path)
 
@@ -184,7 +186,7 @@ def test_an_untrained_variant_is_refused_naming_the_trained_ones(tiny_store):
     from fedl2p_cli.stages import personalize as pers
     cfg = pers.PersonalizeConfig(methods=["ft-bnc", "fedl2p-fomaml-nb99"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
     with pytest.raises(FedL2PError, match=r"'fedl2p-fomaml-nb99'.*this model's trained variants: (.*, )?fedl2p[ ,]"):
-        pers.run(cfg, tiny_store["store"], None, tiny_store["stats"].id)
+        execute(pers, cfg, tiny_store["store"], {"pretrain": None, "stats": tiny_store["stats"].id})
 
 
 def test_meta_id_of_another_variant_answers_the_default_methods(tiny_store, tmp_path):

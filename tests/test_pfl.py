@@ -14,6 +14,8 @@ from fedl2p_cli.data.partition import shards_partition
 from fedl2p_cli.models import registry
 from fedl2p_cli.stages import personalize, pfl
 
+from .helpers import execute
+
 NAMES = ["a.weight", "a.bias", "b.weight"]
 
 
@@ -162,18 +164,20 @@ def test_rotation_domains():
 def test_pfl_train_and_personalize_in_one_table(tiny_store):
     store = tiny_store["store"]
     part = tiny_store["partition"]
-    a, _ = pfl.run(pfl.PFLConfig(algo="heurpfedla", rounds=2, local_epochs=1, batch_size=16, lr=0.01, eval_every=1), store, part.id)
-    b, _ = pfl.run(pfl.PFLConfig(algo="cafeme", rounds=2, fraction=0.5, batch_size=16, lr=0.05, eval_every=1), store, part.id)
+    a, _ = execute(pfl, pfl.PFLConfig(algo="heurpfedla", rounds=2, local_epochs=1, batch_size=16, lr=0.01, eval_every=1), store,
+                   {"partition": part.id})
+    b, _ = execute(pfl, pfl.PFLConfig(algo="cafeme", rounds=2, fraction=0.5, batch_size=16, lr=0.05, eval_every=1), store,
+                   {"partition": part.id})
     assert a.metrics["server_state_bytes"] > 0 and np.isfinite(b.metrics["val_acc"])
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "heurpfedla", "cafeme"], epochs=1, batch_size=16, base_lr=0.01,
                                         seeds=[0], pfl_steps=3)
-    art, _ = personalize.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(personalize, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     _, r = personalize.load(store, art.id)
     # one order whatever the order given (issue 51): hand-made in registry order, then the others by name
     assert r.methods == ["ft-bnc", "cafeme", "heurpfedla"] and not np.isnan(r.acc_after).any()
     assert art.parents["pfl:heurpfedla"] == a.id and art.parents["pfl:cafeme"] == b.id
     cfg.unseen = True
-    art, _ = personalize.run(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+    art, _ = execute(personalize, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     _, r = personalize.load(store, art.id)
     assert np.isnan(r.acc_after[2]).all() and not np.isnan(r.acc_after[1]).any()  # pFedLA: no model for unseen clients
     assert "| HeurpFedLA | N/A |" in art.file("summary.md").read_text()
@@ -188,12 +192,12 @@ def test_pfl_resume_is_bit_identical(tiny_store):
     for algo, name in (("pfedla", "server.safetensors"), ("cafeme", "omega.safetensors")):
         cfg = pfl.PFLConfig(algo=algo, rounds=3, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02, eval_every=2,
                             outer="adam", seed=1)
-        full, _ = pfl.run(cfg, store, part.id)
+        full, _ = execute(pfl, cfg, store, {"partition": part.id})
         want = full.file(name).read_bytes()
         with pytest.raises(Killed):
-            pfl.run(cfg, store, part.id, force=True, progress=KillAfter(2))
+            execute(pfl, cfg, store, {"partition": part.id}, force=True, progress=KillAfter(2))
         assert Checkpoint(store.workdir("pfl", full.id)).load().next_round == 2
-        again, _ = pfl.run(cfg, store, part.id, force=True)
+        again, _ = execute(pfl, cfg, store, {"partition": part.id}, force=True)
         assert again.file(name).read_bytes() == want, algo
 
 

@@ -41,8 +41,8 @@ def test_personalize_records_the_checked_picks_and_the_round_0_control(tiny_stor
     control beside it."""
     cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
                                         methods=["ft-tuned", "fedl2p", "fedl2p-checked"])
-    art, _ = personalize.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id,
-                             [tiny_store["meta"].id])
+    art, _ = execute(personalize, cfg, tiny_store["store"],
+                     {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [tiny_store["meta"].id]})
     _, r = personalize.load(tiny_store["store"], art.id)
     checked = [m for m in r.methods if m.endswith("-checked")]
     assert checked and set(r.checked) == set(checked)
@@ -63,7 +63,7 @@ def test_analyze_clusters_prints_the_round_0_control(tiny_store):
     from fedl2p_cli.configs import ClustersConfig
     from fedl2p_cli.stages import analyze
     cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], methods=["fedl2p"])
-    pers, _ = personalize.run(cfg, tiny_store["store"], tiny_store["pretrain"].id, tiny_store["stats"].id,
-                              [tiny_store["meta"].id])
+    pers, _ = execute(personalize, cfg, tiny_store["store"],
+                      {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [tiny_store["meta"].id]})
     art, _ = execute(analyze, ClustersConfig(), tiny_store["store"], {"personalize": pers.id})
     assert "(round 0: " in art.file("ari.md").read_text()

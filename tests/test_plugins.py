@@ -18,6 +18,8 @@ import pytest
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.stages import partition
 
+from .helpers import execute
+
 PLUGIN = '''
 from torch import nn
 from fedl2p_cli.api import HandMade
@@ -61,8 +63,8 @@ def site(tmp_path_factory) -> dict:
     (info / "entry_points.txt").write_text("[fedl2p.plugins]\ntp = tp_installed\n")
     (info / "top_level.txt").write_text("tp_installed\n")
     store = Store(root / "store")
-    part, _ = partition.run(partition.PartitionConfig(dataset="digits-c", clients=6, samples_per_client=30,
-                                                      corruptions=["clean", "invert"], seed=0), store)
+    part, _ = execute(partition, partition.PartitionConfig(dataset="digits-c", clients=6, samples_per_client=30,
+                                                      corruptions=["clean", "invert"], seed=0), store, plot=False)
     return {"mods": mods, "installed": installed, "store": store, "partition": part.id, "root": root}
 
 

@@ -14,7 +14,7 @@ from fedl2p_cli.models import registry
 from fedl2p_cli.stages import partition, pretrain
 
 from .conftest import TINY_PARTITION, TINY_PRETRAIN
-from .helpers import KillAfter, Killed
+from .helpers import KillAfter, Killed, execute
 
 
 def test_weighted_aggregation_exact():
@@ -27,8 +27,9 @@ def test_weighted_aggregation_exact():
 
 def test_fedavg_one_client_full_participation_equals_sgd(tmp_path):
     store = Store(tmp_path)
-    part_art, _ = partition.run(partition.PartitionConfig(**(TINY_PARTITION | {"clients": 3, "unseen_fraction": 0,
-                                                                                "corruptions": ["clean", "invert", "contrast"]})), store)
+    part_art, _ = execute(partition, partition.PartitionConfig(**(TINY_PARTITION | {"clients": 3, "unseen_fraction": 0,
+                                                                                "corruptions": ["clean", "invert", "contrast"]})),
+                          store, plot=False)
     _, part = partition.load(store, part_art.id)
     part.unseen[:] = True
     part.unseen[0] = False  # one seen client
@@ -45,8 +46,8 @@ def test_fedavg_one_client_full_participation_equals_sgd(tmp_path):
 
 def test_fedbabu_head_is_bit_identical_to_init(tiny_store, tmp_path):
     store = tiny_store["store"]
-    art, _ = pretrain.run(pretrain.PretrainConfig(**(TINY_PRETRAIN | {"algo": "fedbabu", "rounds": 2})), store,
-                          tiny_store["partition"].id, plot=False)
+    art, _ = execute(pretrain, pretrain.PretrainConfig(**(TINY_PRETRAIN | {"algo": "fedbabu", "rounds": 2})), store,
+                     {"partition": tiny_store["partition"].id}, plot=False)
     state = weights.load(art.file("model.safetensors"))
     model = registry.build("small-cnn", 1, 10, 0)
     init = get_state(model)

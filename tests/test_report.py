@@ -14,6 +14,7 @@ from fedl2p_cli.cli.main import run_cli
 from fedl2p_cli.stages import report
 
 from .conftest import TINY_PARTITION
+from .helpers import execute
 
 PIPELINE = """
 name = "tiny-meta"
@@ -55,7 +56,7 @@ def test_report_is_an_artifact_with_every_table_and_plot(tiny_store, tmp_path):
     assert run_cli(["report", str(f), pers.id[:8], "--store", str(store.root), "-o", str(tmp_path / "r.html")]) == 0
     sections = [report.from_pipeline(f, store.root)[0], report.from_artifact(store, pers.id)]
     assert [a.id for _, a in sections[0].arts] == [tiny_store[k].id for k in ("partition", "pretrain", "stats", "meta")]
-    art, reused = report.run(sections, store)
+    art, reused = execute(report, sections, store)
     assert reused and art.stage == "report"  # the CLI built it; the same inputs name the same artifact
     page = art.file("report.html").read_text()
     assert (tmp_path / "r.html").read_text() == page
@@ -67,7 +68,7 @@ def test_report_is_an_artifact_with_every_table_and_plot(tiny_store, tmp_path):
     assert page.count('src="data:image/png;base64,') == lineage_pngs(store, pers) > 0  # every plot, once each
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page  # offline
     # another set of inputs is another report
-    assert report.run([sections[1]], store)[0].id != art.id
+    assert execute(report, [sections[1]], store)[0].id != art.id
 
 
 def test_pipeline_not_run_yet_is_one_line(tmp_path, capsys):
@@ -104,7 +105,7 @@ def test_report_renders_in_headless_chromium(tiny_store, tmp_path):
     if browser is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
     store, pers = tiny_store["store"], tiny_store["personalize"]
-    art, _ = report.run([report.from_artifact(store, pers.id)], store)
+    art, _ = execute(report, [report.from_artifact(store, pers.id)], store)
     page = tmp_path / "page.html"  # the report with a probe appended (the artifact itself stays as it is)
     page.write_text(art.file("report.html").read_text().replace("</body>", CHECK))
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",

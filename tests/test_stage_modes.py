@@ -19,11 +19,12 @@ from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import build_or_reuse
 
 from .conftest import TINY_META
-from .helpers import KillAfter, Killed
+from .helpers import KillAfter, Killed, execute
 
 
 def run(tiny, cfg, **kw):
-    return meta_train.run(cfg, tiny["store"], tiny["pretrain"].id, tiny["stats"].id, **kw)
+    return execute(meta_train, cfg, tiny["store"], {"pretrain": tiny["pretrain"].id, "stats": tiny["stats"].id},
+                   **kw)
 
 
 def lam_of(art):
@@ -157,8 +158,8 @@ def test_two_workers_write_the_same_artifact_as_one(tiny_store, tmp_path):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            art, _ = meta_train.run(cfg, Store(root), tiny_store["pretrain"].id, tiny_store["stats"].id,
-                                    runtime=Runtime(workers=workers))
+            art, _ = execute(meta_train, cfg, Store(root),
+                             {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, runtime=Runtime(workers=workers))
         finally:
             torch.set_num_threads(threads)
         roots.append(art)
@@ -184,7 +185,8 @@ def test_pretraining_with_two_workers_writes_the_same_model(tiny_store, tmp_path
             import shutil
             shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
             cfg = pretrain.PretrainConfig(**TINY_PRETRAIN)
-            arts.append(pretrain.run(cfg, store, tiny_store["partition"].id, plot=False, runtime=Runtime(workers=workers))[0])
+            arts.append(execute(pretrain, cfg, store,
+                                {"partition": tiny_store["partition"].id}, plot=False, runtime=Runtime(workers=workers))[0])
     finally:
         torch.set_num_threads(threads)
     assert arts[0].id == arts[1].id == tiny_store["pretrain"].id

@@ -20,6 +20,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import partition, personalize, pfl
 
 from . import toy_system_v1
+from .helpers import execute
 
 
 def register(registry):
@@ -42,14 +43,14 @@ def store(tiny_store, tmp_path):
 def test_a_new_system_is_one_class_and_one_registration(tiny_store, store):
     part_id = tiny_store["partition"].id
     with pytest.raises(FedL2PError, match="unknown pFL system 'toy-fedavg' \\(--algo\\); choose one of: pfedla"):
-        pfl.run(cfg_of("toy-fedavg"), store, part_id)
+        execute(pfl, cfg_of("toy-fedavg"), store, {"partition": part_id})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each worker process computes (the CLI's --threads default)
     try:
         with plugins.using(plugins.build("tests.test_systems")):
             art = trained_and_evaluated(cfg_of("toy-fedavg"), store, part_id, tiny_store)
             one = art.file("model.safetensors").read_bytes()
-            two, _ = pfl.run(cfg_of("toy-fedavg"), store, part_id, force=True, runtime=Runtime(workers=2))
+            two, _ = execute(pfl, cfg_of("toy-fedavg"), store, {"partition": part_id}, force=True, runtime=Runtime(workers=2))
     finally:
         torch.set_num_threads(threads)
     assert two.id == art.id and two.file("model.safetensors").read_bytes() == one  # the same path: read before
@@ -68,11 +69,11 @@ def test_a_module_system_of_api_1_still_trains_and_is_noted_once(tiny_store, sto
 
 
 def trained_and_evaluated(cfg, store, part_id, tiny_store, label="Toy FedAvg", accuracy=None):
-    art, reused = pfl.run(cfg, store, part_id)
-    assert not reused and pfl.run(cfg, store, part_id)[1] and art.file("model.safetensors").is_file()
+    art, reused = execute(pfl, cfg, store, {"partition": part_id})
+    assert not reused and execute(pfl, cfg, store, {"partition": part_id})[1] and art.file("model.safetensors").is_file()
     assert set(art.config) >= {"local_epochs", "lr"} and "hn_lr" not in art.config  # its own settings only
     pcfg = personalize.PersonalizeConfig(methods=["ft-bnc", cfg.algo], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
-    pers, _ = personalize.run(pcfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id)
+    pers, _ = execute(personalize, pcfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     _, r = personalize.load(store, pers.id)
     assert r.methods == ["ft-bnc", cfg.algo] and f"| {label} |" in pers.file("summary.md").read_text()
     t = pfl.load(store, art.id)
@@ -86,18 +87,18 @@ def trained_and_evaluated(cfg, store, part_id, tiny_store, label="Toy FedAvg", a
 def test_a_system_declares_its_own_options_and_they_enter_its_id(tiny_store, store):
     part_id = tiny_store["partition"].id
     with plugins.using(plugins.build("tests.test_systems")):
-        plain, _ = pfl.run(cfg_of("toy-scaled"), store, part_id)
-        same, reused = pfl.run(replace(cfg_of("toy-scaled"), options={"lr_scale": "1.0"}), store, part_id)
-        half, _ = pfl.run(replace(cfg_of("toy-scaled"), options={"lr_scale": "0.5"}), store, part_id)
+        plain, _ = execute(pfl, cfg_of("toy-scaled"), store, {"partition": part_id})
+        same, reused = execute(pfl, replace(cfg_of("toy-scaled"), options={"lr_scale": "1.0"}), store, {"partition": part_id})
+        half, _ = execute(pfl, replace(cfg_of("toy-scaled"), options={"lr_scale": "0.5"}), store, {"partition": part_id})
         assert plain.config["options"] == {"lr_scale": 1.0, "note": ""} and reused and same.id == plain.id
         assert half.id != plain.id and half.config["options"]["lr_scale"] == 0.5
         assert half.file("model.safetensors").read_bytes() != plain.file("model.safetensors").read_bytes()
         for options, line in [({"lr": "2"}, "has no option 'lr' \\(its options: lr_scale, note\\)"),
                               ({"lr_scale": "fast"}, "lr_scale must be a number, got 'fast'")]:
             with pytest.raises(FedL2PError, match="--options: .*" + line):
-                pfl.run(replace(cfg_of("toy-scaled"), options=options), store, part_id)
+                execute(pfl, replace(cfg_of("toy-scaled"), options=options), store, {"partition": part_id})
     with pytest.raises(FedL2PError, match="--options: pFL system 'pfedla' takes no options, got 'x'"):
-        pfl.run(replace(cfg_of("pfedla"), options={"x": "1"}), store, part_id)
+        execute(pfl, replace(cfg_of("pfedla"), options={"x": "1"}), store, {"partition": part_id})
     assert "options" not in pfl.identity(cfg_of("pfedla"))  # a system without options: its id as before
 
 
@@ -123,14 +124,14 @@ def test_personalize_refuses_two_artifacts_of_one_system_and_names_a_missing_plu
     plugin to load, not `meta-train`."""
     part_id = tiny_store["partition"].id
     pcfg = personalize.PersonalizeConfig(methods=["ft-bnc"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
-    ids = (tiny_store["pretrain"].id, tiny_store["stats"].id)
+    ids = {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}
     with plugins.using(plugins.build("tests.test_systems")):
-        a, _ = pfl.run(cfg_of("toy-fedavg"), store, part_id)
-        b, _ = pfl.run(replace(cfg_of("toy-fedavg"), rounds=1), store, part_id)
+        a, _ = execute(pfl, cfg_of("toy-fedavg"), store, {"partition": part_id})
+        b, _ = execute(pfl, replace(cfg_of("toy-fedavg"), rounds=1), store, {"partition": part_id})
         with pytest.raises(FedL2PError, match=f"--pfl: {a.id} and {b.id} are both 'toy-fedavg'; a personalisation"):
-            personalize.run(pcfg, store, *ids, pfl_refs=[a.id, b.id])
+            execute(personalize, pcfg, store, ids | {"pfl": [a.id, b.id]})
     with plugins.using(plugins.build()), pytest.raises(FedL2PError, match="tests.test_systems") as e:  # built-ins only:
-        personalize.run(replace(pcfg, methods=["ft-bnc", "toy-fedavg"]), store, *ids)  # another test may have loaded it
+        execute(personalize, replace(pcfg, methods=["ft-bnc", "toy-fedavg"]), store, ids)  # another test may have loaded it
     assert "meta-train" not in str(e.value), e.value
 
 

@@ -14,6 +14,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, pretrain
 
 from .conftest import TINY_META, TINY_PRETRAIN
+from .helpers import execute
 
 
 @pytest.fixture
@@ -47,10 +48,10 @@ def build_tracked(store_copy, backend: str, uri) -> tuple:
     store, tiny = store_copy
     tracking.check(backend, str(uri))
     rt = Runtime(track=backend, track_uri=str(uri))
-    pre, reused = pretrain.run(pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 2, "seed": 1})), store,
-                               tiny["partition"].id, plot=False, runtime=rt)
-    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=TINY_META), store,
-                             tiny["pretrain"].id, tiny["stats"].id, runtime=rt)
+    pre, reused = execute(pretrain, pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 2, "seed": 1})), store,
+                          {"partition": tiny["partition"].id}, plot=False, runtime=rt)
+    meta, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=TINY_META), store,
+                      {"pretrain": tiny["pretrain"].id, "stats": tiny["stats"].id}, runtime=rt)
     assert not reused
     return pre, meta
 
@@ -100,8 +101,8 @@ def test_tracking_is_not_part_of_the_id(store_copy, tmp_path):
     tracked = build_tracked(store_copy, "tensorboard", tmp_path / "runs")[0]
     other = Store(tmp_path / "other")
     shutil.copytree(tiny["partition"].path, other.root / "partition" / tiny["partition"].id)
-    plain, _ = pretrain.run(pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 2, "seed": 1})), other,
-                            tiny["partition"].id, plot=False)
+    plain, _ = execute(pretrain, pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 2, "seed": 1})), other,
+                       {"partition": tiny["partition"].id}, plot=False)
     assert plain.id == tracked.id and "tracking" not in plain.manifest
     assert (other.root / "pretrain" / plain.id / "history.csv").read_bytes() != b""
 

@@ -78,24 +78,24 @@ def outputs(store: Store, part: Artifact, pre_id: str, meta_id: str) -> dict:
     """Every output of the table, computed from partition `part` with the given upstream model and meta-nets (the
     seen pool's personalisation uses those meta-nets; pretraining, statistics, meta-training and pFL train afresh)."""
     out = {}
-    pre, _ = pretrain.run(pretrain.PretrainConfig(**TINY_PRETRAIN), store, part.id, plot=False)
+    pre, _ = execute(pretrain, pretrain.PretrainConfig(**TINY_PRETRAIN), store, {"partition": part.id}, plot=False)
     out["pretrain model"] = pre.file("model.safetensors").read_bytes()
     st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre_id})
     t = stats_h5.read(st.file("stats.h5"))
     seen = [t.row(c) for c in np.nonzero(~t.unseen)[0]]
     out["stats, seen rows"] = [t.x[seen], t.xi[seen], *[m[seen] for m in t.bn_mean], *[v[seen] for v in t.bn_var]]
     # keep = last: the aggregate after the final round (the kept "best" lambda can be round 1's, i.e. the initial one)
-    meta, _ = meta_train.run(meta_train.MetaTrainConfig(rounds=2, fraction=0.5, keep="last", meta=TINY_META), store,
-                             pre_id, st.id)
+    meta, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, keep="last", meta=TINY_META), store,
+                      {"pretrain": pre_id, "stats": st.id})
     out["meta-train lambda"] = weights.load(meta.file("lambda.safetensors"))
     for algo, name in (("pfedla", "server.safetensors"), ("cafeme", "omega.safetensors")):
-        a, _ = pfl.run(pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02,
-                                     eval_every=1), store, part.id)
+        a, _ = execute(pfl, pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02,
+                                     eval_every=1), store, {"partition": part.id})
         out[f"{algo} {name.split('.')[0]}"] = weights.load(a.file(name))
     for unseen in (False, True):
         cfg = personalize.PersonalizeConfig(unseen=unseen, methods=["ft-bnc", "ft-bng", "ft-bni", "ft-tuned"], epochs=1,
                                             batch_size=16, base_lr=0.01, seeds=[0])
-        art, _ = personalize.run(cfg, store, pre_id, st.id, [meta_id])
+        art, _ = execute(personalize, cfg, store, {"pretrain": pre_id, "stats": st.id, "meta": [meta_id]})
         _, r = personalize.load(store, art.id)
         if unseen:
             out["accuracy, unseen pool"] = r.acc_after

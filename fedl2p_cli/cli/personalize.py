@@ -26,8 +26,8 @@ def personalize(
     store: Path | None = options.STORE,
 ) -> None:
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
-    art, reused = stage.run(cfg, options.store(store), pretrain, stats, meta, force, render.RichProgress(), pfl,
-                            runtime=rt)
+    art, reused = options.execute(stage, cfg, {"pretrain": pretrain, "stats": stats, "meta": meta, "pfl": pfl}, store, rt,
+                                  force, progress=render.RichProgress())
     show(json.loads(art.file("summary.json").read_text()))
     render.artifact_line("personalize", art.id, art.path, reused)
 

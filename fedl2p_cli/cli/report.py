@@ -61,4 +61,4 @@ def write(sources: list[str], store: Path | None, force: bool = False, runtime: 
         sections.append(section or src)
     root = root or options.store(store)
     sections = [s if not isinstance(s, str) else stage.from_artifact(root, s) for s in sections]
-    return stage.run(sections, root, force, runtime)
+    return options.execute(stage, sections, {}, root.root, runtime or Runtime(), force)

@@ -12,9 +12,6 @@ from ..artifacts import Artifact, Draft
 from ..configs import ClustersConfig
 from ..core.config import validate
 from ..errors import FedL2PError
-from . import partition as partition_stage
-from . import personalize as personalize_stage
-from . import stats as stats_stage
 from .common import build_or_reuse
 from .interface import Inputs, Planned, SectionFile, StageContext
 
@@ -61,14 +58,14 @@ def execute(cfg: ClustersConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
     """The stage interface (`fedl2p analyze clusters`, a pipeline's [analyze]): the `personalize` run it analyses
     among the inputs (default: the newest)."""
     validate(cfg)
-    store = ctx.store
-    pers_art, results = personalize_stage.load(store, inputs.one("personalize"))
-    stats_art, table = stats_stage.load(store, pers_art.parents["stats"])
-    part_art, part = partition_stage.load(store, stats_art.parents["partition"])
+    pers = inputs.get("personalize")
+    stats_in = pers.parent("stats")
+    part_in = stats_in.parent("partition")
+    pers_art, results, metas = pers.artifact, pers.value.results, pers.value.learned
+    stats_art, table, part_art, part = stats_in.artifact, stats_in.value, part_in.artifact, part_in.value
     if len(np.unique(results.domain)) < 2:
         raise FedL2PError(f"partition {part_art.id} has a single domain among these clients; clustering by domain needs two or more "
                           "(use a feature-shift partition, e.g. --dataset fmnist-c; a speaker partition has one client per speaker)")
-    metas = personalize_stage.learned_rows(pers_art, results)
     features(table, results, cfg.method, metas)  # an unknown --method fails here, before anything is written
     parents = {"personalize": pers_art.id, "stats": stats_art.id}
 
@@ -89,7 +86,7 @@ def execute(cfg: ClustersConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
         draft.path("ari.md").write_text(markdown(ari, names, method) + spread_md(method, sp, r0))
         draft.metrics = {f"ari_{k}": v for k, v in ari.items()} | {"method": method}
 
-    return build_or_reuse(store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, ctx.force,
+    return build_or_reuse(ctx.store, "analyze", {"analysis": "clusters", **cfg.__dict__}, parents, build, ctx.force,
                           ctx.runtime)
 
 
@@ -103,7 +100,7 @@ def plan(file: SectionFile) -> list[Planned]:
     cfg = file.config(ClustersConfig, "analyze", values)
     if "personalize" not in file.sections:
         return []
-    pools = personalize_stage.pools(file)
+    pools = file.table("personalize").get("pools", ["seen"])  # checked by personalize's plan, which ran before
     pool = pools[-1] if pool is None else pool
     if pool not in pools:
         return []

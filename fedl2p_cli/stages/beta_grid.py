@@ -18,9 +18,6 @@ from ..configs import BetaGridConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
 from ..errors import FedL2PError
-from . import partition as partition_stage
-from . import pretrain as pretrain_stage
-from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import Harness
 from .interface import Inputs, StageContext
@@ -60,9 +57,9 @@ def execute(cfg: BetaGridConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
     store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
     if not cfg.levels or not cfg.seeds:
         raise FedL2PError("--levels and --seeds need at least one value each")
-    stats_art, table = stats_stage.load(store, inputs.one("stats"))
+    stats_in = inputs.get("stats")
+    stats_art, table, part = stats_in.artifact, stats_in.value, stats_in.parent("partition").value
     parents = {"stats": stats_art.id, "pretrain": stats_art.parents["pretrain"], "partition": stats_art.parents["partition"]}
-    _, part = partition_stage.load(store, parents["partition"])
     grid = vectors(cfg, table.xi.shape[1])
     clients = part.pool(False)
     if len(np.unique(part.domain[clients])) < 2:
@@ -70,7 +67,7 @@ def execute(cfg: BetaGridConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
                           "needs two or more (e.g. --dataset fmnist-c)")
 
     def build(draft: Draft) -> None:
-        _, model, state = pretrain_stage.load(store, parents["pretrain"])
+        model, state = stats_in.parent("pretrain").value
         h = Harness.on(runtime.torch_device, model, state, part, table, cfg.epochs, cfg.batch_size)
         sc = scores(cfg, h, clients, grid, progress or NoProgress())
         domain = np.asarray(part.domain[clients])

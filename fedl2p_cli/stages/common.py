@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import csv
 import dataclasses
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import plugins, tracking
@@ -115,3 +117,12 @@ def check_runtime(runtime: Runtime) -> None:
     validate(runtime)
     # --engine names a registered executor, which checks the options it reads
     executors.get(runtime.engine, plugins.of(runtime)).check(runtime)
+
+
+def write_history(path: Path, history: list[dict]) -> None:
+    """A stage's per-round records as CSV (the rounds' keys, in order of first appearance)."""
+    keys = list(dict.fromkeys(k for r in history for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(history)

@@ -20,11 +20,6 @@ from ..configs import DecomposeConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
 from ..errors import FedL2PError
-from . import meta_train as meta_stage
-from . import partition as partition_stage
-from . import personalize as personalize_stage
-from . import pretrain as pretrain_stage
-from . import stats as stats_stage
 from .common import NoProgress, build_or_reuse, config_dict
 from .harness import Harness
 from .interface import Inputs, StageContext
@@ -92,20 +87,20 @@ def execute(cfg: DecomposeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
     newest)."""
     validate(cfg)
     store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
-    art, r = personalize_stage.load(store, inputs.one("personalize"))
-    learned = [m for m in personalize_stage.learned_rows(art, r) if not np.isnan(r.eta[m]).all()]
+    pers = inputs.get("personalize")
+    art, r = pers.artifact, pers.value.results
+    learned = [m for m in pers.value.learned if not np.isnan(r.eta[m]).all()]
     if not learned or (cfg.method is not None and cfg.method not in learned):
         raise FedL2PError(f"personalize {art.id} has no learned method {cfg.method or ''}".rstrip() +
                           f" to take apart (learned: {', '.join(learned) or 'none'})")
     method = cfg.method or learned[0]
     meta_id = art.parents[f"meta-train:{method}"]
-    b_fixed = cfg.beta if cfg.beta is not None else meta_stage.config_from_dict(store.load("meta-train", meta_id).config).meta.beta_init
+    b_fixed = cfg.beta if cfg.beta is not None else pers.parent(f"meta-train:{method}").value.cfg.meta.beta_init
     parents = {"personalize": art.id, "meta-train": meta_id}
 
     def build(draft: Draft) -> None:
-        _, model, state = pretrain_stage.load(store, art.parents["pretrain"])
-        _, table = stats_stage.load(store, art.parents["stats"])
-        _, part = partition_stage.load(store, art.parents["partition"])
+        model, state = pers.parent("pretrain").value
+        table, part = pers.parent("stats").value, pers.parent("partition").value
         pc = art.config
         base_lr = float(pc["base_lr"])
         h = Harness.on(runtime.torch_device, model, state, part, table, int(pc["epochs"]), int(pc["batch_size"]),

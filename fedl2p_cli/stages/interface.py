@@ -2,36 +2,114 @@
 section compiles to.
 
 A stage module (the stage table's `module`) provides:
-- `execute(cfg, inputs: Inputs, ctx: StageContext) -> (Artifact, reused)`: one artifact from its config, the ids of
-  the artifacts it reads (its parents, by name) and what every stage shares (store, runtime, force, progress);
+- `execute(cfg, inputs: Inputs, ctx: StageContext) -> (Artifact, reused)`: one artifact from its config, the
+  artifacts it reads (its parents, by name: `inputs.get("stats")` is the stats artifact and, through the stats row's
+  `reader`, the table it holds) and what every stage shares (store, runtime, force, progress);
 - optionally `plan(file: SectionFile) -> list[Planned]`: the steps its section(s) compile to, where the default
   (one step per table of its section, parents from the table's `parents`) does not fit;
 - optionally `label(cfg) -> str` (a step's short name; default: the stage's name) and `check_planned(cfg)` (a check
   that needs more than the config's own validation, run at compile time).
 
 `pipeline.compile` walks the stage table and asks each stage for its steps: adding a stage is its module and one
-table row (and its config class, beside the others in configs.py)."""
+table row (and its config class, beside the others in configs.py). A stage never imports another stage's module nor
+names another stage to the store: what it reads comes through `Inputs` and the rows' readers (tests/test_layout.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Protocol
 
-from .. import plugins
+from .. import imports, plugins
 from ..artifacts import Artifact, Store
 from ..catalog import Catalog
 from ..core.config import ConfigError, flat_fields, from_flat, key_name, validate
-from ..errors import FedL2PError
+from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime, round_options
-from ..stage_table import Stage
+from ..stage_table import Stage, stage
 from .common import Progress
+
+
+def reader(name: str) -> Callable[[Artifact], Any]:
+    """The stage's reader (its row's `reader`): an artifact of it -> what the stage wrote."""
+    target = stage(name).reader
+    if target is None:
+        raise FedL2PError(f"stage {name} has no reader: nothing reads its artifacts")
+    return imports.load(target, imports.Why.OWN)  # type: ignore[no-any-return]  # a reader, by the table
+
+
+@dataclass
+class Read:
+    """One artifact a step reads, and (on first use) what its stage wrote, by its row's reader."""
+    artifact: Artifact
+    store: Store
+    plugins: bool = True  # its own parents are loaded checking their plugins (a report reads files: it needs none)
+
+    @cached_property
+    def value(self) -> Any:
+        return reader(self.artifact.stage)(self.artifact)
+
+    def parent(self, key: str) -> Read:
+        """One of its own parents (a grandparent of the step), by its key in the artifact's parents."""
+        return reading(self.store, key.split(":")[0], self.artifact.parents[key], plugins=self.plugins)
+
+
+def reading(store: Store, name: str, ref: str | None, verify: bool = True, plugins: bool = True) -> Read:
+    """The `name` stage's artifact `ref` (an id or a prefix; None: its newest), to be read by its row's reader."""
+    return Read(store.load(name, ref, verify=verify, plugins=plugins), store, plugins)
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """The artifacts a step reads: ids by parent name (a stage's name, or a name its plan gives), in plan order."""
+    """The artifacts a step reads: ids by parent name (a stage's name, or a name its plan gives), in plan order, and
+    the store they are read from (`run_stage` binds it)."""
     ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    store: Store | None = None
+
+    def get(self, name: str, default: str | None = None, stage: str | None = None, verify: bool = True) -> Read:
+        """The one artifact given as `name` (a parent of stage `stage`, default `name`), else `default` (an id the
+        stage derives, such as a parent's own parent), else the stage's newest."""
+        return self._read(stage or name, self.one(name) or default, verify)
+
+    def every(self, name: str, stage: str | None = None, verify: bool = True) -> list[Read]:
+        """Every artifact given as `name`, in plan order."""
+        return [self._read(stage or name, i, verify) for i in self.many(name)]
+
+    def made_from(self, name: str, parent: str, pid: str, what: str) -> Read:
+        """`name` among the inputs, which must have been made from the `parent` artifact `pid` (a `what`; default: the
+        newest so made); one made from another is refused with one line."""
+        ref = self.one(name)
+        if ref is None:
+            hit = self._store().newest(name, lambda a: a.parents.get(parent) == pid)
+            if hit is None:
+                raise ArtifactError(f"no {name} artifact for {what} {pid}; run `fedl2p {stage(name).command} --{parent} {pid}`")
+            ref = hit.id
+        got = self._read(name, ref, True)
+        if got.artifact.parents.get(parent) != pid:
+            raise ArtifactError(f"{name} {got.artifact.id} was computed for {what} {got.artifact.parents.get(parent)}, not {pid}")
+        return got
+
+    def at(self, name: str, ref: str, verify: bool = True) -> Read:
+        """The `name` stage's artifact `ref`, which the stage found itself (a `newest` match, an id a row names)."""
+        return self._read(name, ref, verify)
+
+    def newest(self, name: str, where: Callable[[Artifact], bool], verify: bool = True) -> Read | None:
+        """The newest artifact of the `name` stage that satisfies `where` (None: none does)."""
+        hit = self._store().newest(name, where)
+        return None if hit is None else self._read(name, hit.id, verify)
+
+    def stored(self, name: str) -> Iterator[Artifact]:
+        """Every artifact of the `name` stage in the store (unverified: for messages and choices)."""
+        return self._store().iter(name)
+
+    def _store(self) -> Store:
+        if self.store is None:
+            raise FedL2PError("Inputs are read from a store: run the stage through run_stage")
+        return self.store
+
+    def _read(self, name: str, ref: str | None, verify: bool) -> Read:
+        return reading(self._store(), name, ref, verify)
 
     def one(self, name: str) -> str | None:
         """The one artifact of that parent (None: none given; the stage then takes the newest or its default)."""
@@ -72,7 +150,7 @@ def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) 
     """A stage run: its module's `execute`, with the catalog handed over the one every lookup below it answers from
     (a model's factory, a dataset, a method: code that has no runtime in reach)."""
     with plugins.using(ctx.catalog):
-        return module.execute(cfg, inputs, ctx)
+        return module.execute(cfg, replace(inputs, store=ctx.store), ctx)
 
 
 @dataclass

@@ -11,15 +11,14 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
-from .. import methods
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..algorithms.meta_grads import MetaGradient, with_lr_grad
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
-from ..configs import MetaTrainConfig
+from ..configs import MetaTrainConfig, config_from_dict
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
-from ..core.config import stored, validate
+from ..core.config import validate
 from ..core.metanets import Lambda, input_normalizer, normalize_inputs
 from ..core.settings import LEGACY_IFT, RoundPolicy
 from ..engine.executors import open_pool
@@ -32,12 +31,8 @@ from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
 from ..protocols import LrGradient, MetaHead, ServerStep
 from ..runtime import Runtime
-from . import partition as partition_stage
-from . import pretrain as pretrain_stage
-from . import stats as stats_stage
-from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch
-from .interface import Inputs, StageContext
-from .pretrain import write_history
+from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
+from .interface import Inputs, StageContext, reading
 
 if TYPE_CHECKING:
     from ..catalog import Kind
@@ -170,10 +165,10 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
     """Everything a client update reads, from the store (also each worker's initializer; `table`: the statistics the
     caller already loaded). `runtime` is the builder's signature the executors call; the executor places it."""
     store = Store(root)
-    _, part = partition_stage.load(store, partition_id)
-    _, model, state = pretrain_stage.load(store, pretrain_id)
+    part = reading(store, "partition", partition_id).value
+    model, state = reading(store, "pretrain", pretrain_id).value
     if table is None:
-        _, table = stats_stage.load(store, stats_id)
+        table = reading(store, "stats", stats_id).value
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     norm = None
     if cfg.input_norm != "none":
@@ -382,13 +377,14 @@ def identity(cfg: MetaTrainConfig) -> dict:
     return config | {"variant": cfg.variant()}
 
 
-def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
-        force: bool = False, resume: bool = True, progress: Progress | None = None, runtime: Runtime | None = None
-        ) -> tuple[Artifact, bool]:
-    runtime = runtime or Runtime()
+def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The meta-nets learned federatedly (or per client: L2P) from the `pretrain`ed model and its `stats` among the
+    inputs (default: the newest model, and its newest statistics)."""
+    store, runtime, progress, resume = ctx.store, ctx.runtime, ctx.progress, ctx.resume
     check(cfg, runtime)
-    pre_art = store.load("pretrain", pretrain_ref)
-    stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
+    pre_art = inputs.get("pretrain").artifact
+    stats_in = inputs.made_from("stats", "pretrain", pre_art.id, "pretrained model")
+    stats_art, table = stats_in.artifact, stats_in.value
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
     config = identity(cfg)
 
@@ -435,7 +431,7 @@ def run(cfg: MetaTrainConfig, store: Store, pretrain_ref: str | None = None, sta
         if not cfg.local:
             learning_curves(curve, part.domain_names, draft.path("learning.png"))
 
-    return build_or_reuse(store, "meta-train", config, parents, build, force, runtime)
+    return build_or_reuse(store, "meta-train", config, parents, build, ctx.force, runtime)
 
 
 def by_kind_summary(snap: dict) -> dict:
@@ -482,31 +478,33 @@ def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> 
     return head_entry(cfg.meta.head).init(n_bn, n_x, n_params, cfg.meta, cfg.nets, cfg.seed)
 
 
-def method_of(art: Artifact) -> methods.Learned:
-    """The learned method a meta-train artifact belongs to (its options' family: --local is L2P)."""
-    return methods.learned(config_from_dict(art.config).family())  # type: ignore[return-value]  # every family is registered
+@dataclass(frozen=True)
+class MetaTrained:
+    """What a meta-train artifact holds, as a later stage reads it (the row's reader)."""
+    lam: Lambda
+    norm: dict | None  # the input standardisation it was trained with (None: raw inputs)
+    cfg: MetaTrainConfig  # its run's settings
+    head: MetaHead  # its --head entry
+
+    def initial(self, n_bn: int, n_x: int, n_params: int) -> Lambda:
+        """Its run's lambda at round 0 (re-drawn from its seed): the control a learned split is read beside."""
+        return initial_lambda(self.cfg, n_bn, n_x, n_params)
 
 
-def config_from_dict(d: dict) -> MetaTrainConfig:
-    """The inverse of dataclasses.asdict (how a deployment's run config carries the settings); runtime keys (a run
-    config written when they were settings) are left to `Runtime.from_dict`."""
-    known = set(MetaTrainConfig.__dataclass_fields__) - {"meta"}
-    top = stored(MetaTrainConfig, {k: v for k, v in d.items() if k in known})
-    return MetaTrainConfig(**top, meta=MetaConfig(**stored(MetaConfig, d["meta"])))
+def read(art: Artifact) -> MetaTrained:
+    """The stage's reader (its row's `reader`): lambda, its input standardisation, settings and head entry."""
+    stored_ = weights.load(art.file("lambda.safetensors"))
+    norm = {k[len(NORM_PREFIX):]: v for k, v in stored_.items() if k.startswith(NORM_PREFIX)}
+    cfg = config_from_dict(art.config)
+    return MetaTrained({k: v for k, v in stored_.items() if not k.startswith(NORM_PREFIX)}, norm or None, cfg,
+                       head_entry(cfg.meta.head))
 
 
 def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:
-    """lambda, and the input standardisation it was trained with (None: raw inputs)."""
+    """lambda and its input standardisation (None: raw inputs): for code outside the stages (tests, benches)."""
     art = store.load("meta-train", ref)
-    stored = weights.load(art.file("lambda.safetensors"))
-    norm = {k[len(NORM_PREFIX):]: v for k, v in stored.items() if k.startswith(NORM_PREFIX)}
-    return art, {k: v for k, v in stored.items() if not k.startswith(NORM_PREFIX)}, norm or None
-
-
-def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: the `pretrain`ed model and its `stats` among the inputs."""
-    return run(cfg, ctx.store, inputs.one("pretrain"), inputs.one("stats"), ctx.force, ctx.resume, ctx.progress,
-               runtime=ctx.runtime)
+    got = read(art)
+    return art, got.lam, got.norm
 
 
 def label(cfg: MetaTrainConfig) -> str:

@@ -17,7 +17,6 @@ from ..data import datasets, fingerprint, sources, speech
 from ..data.partition import ClientSplit, choose_unseen, dirichlet_partition, label_entropy, shards_partition, split_client
 from ..errors import DataError, FedL2PError
 from ..io import partition_h5
-from ..runtime import Runtime
 from .common import build_or_reuse, config_dict
 from .interface import Inputs, Planned, SectionFile, StageContext
 
@@ -204,15 +203,18 @@ def identify(cfg: PartitionConfig, store: Store, config: dict, force: bool
     return ds, fp, lambda: cache.put(key, fp)
 
 
-def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = False, runtime: Runtime | None = None
-        ) -> tuple[Artifact, bool]:
+def execute(cfg: PartitionConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """Clients of a dataset -> partition.h5. `exclude` among the inputs (or the config's) is the partition whose images
+    these clients must not get."""
+    store = ctx.store
     check(cfg)
     excluded = None
-    if cfg.exclude:
-        ex_art, ex = load(store, cfg.exclude)
-        if _base(ex.dataset) != _base(cfg.dataset):
-            raise FedL2PError(f"--exclude {ex_art.id} partitions '{ex.dataset}', not the same source images as '{cfg.dataset}'")
-        cfg.exclude, excluded = ex_art.id, ex.source_index.numpy()
+    if inputs.one("exclude") is not None or cfg.exclude:
+        ex = inputs.get("exclude", cfg.exclude, stage="partition")
+        if _base(ex.value.dataset) != _base(cfg.dataset):
+            raise FedL2PError(f"--exclude {ex.artifact.id} partitions '{ex.value.dataset}', not the same source images as "
+                              f"'{cfg.dataset}'")
+        cfg.exclude, excluded = ex.artifact.id, ex.value.source_index.numpy()
     # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
     # built before the option existed, keep their ids with --normalize partition)
     quiet: tuple[str, ...] = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
@@ -221,7 +223,7 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
     if cfg.image_size == sources.get(cfg.dataset).resized_before:
         quiet += ("image_size",)
     config = config_dict(cfg, exclude=("data_dir", "download", *quiet))
-    loaded, fp, remember = identify(cfg, store, config, force)
+    loaded, fp, remember = identify(cfg, store, config, ctx.force)
 
     def build(draft: Draft) -> None:
         ds = loaded if loaded is not None else load_source(cfg)
@@ -232,20 +234,13 @@ def run(cfg: PartitionConfig, store: Store, force: bool = False, plot: bool = Fa
         partition_h5.write(draft.path("partition.h5"), part)
         draft.metrics = summary(part) | ({"source": ds.note} if ds.note else {})
         draft.data = {"fingerprint": fp} | ({"known": fingerprint.known(fp)} if fingerprint.known(fp) else {})
-        if plot:
+        if ctx.plot:
             from ..analysis.plots import label_mix_heatmap
             label_mix_heatmap(part.label_hist, part.domain, part.domain_names, part.classes, draft.path("label_mix.png"))
 
-    out = build_or_reuse(store, "partition", with_data(config, fp), {}, build, force, runtime)
+    out = build_or_reuse(store, "partition", with_data(config, fp), {}, build, ctx.force, ctx.runtime)
     remember()  # after the build: a refused one leaves no store folder behind
     return out
-
-
-def execute(cfg: PartitionConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: `exclude` among the inputs is the partition whose images these clients must not get."""
-    if inputs.one("exclude") is not None:
-        cfg.exclude = inputs.one("exclude")
-    return run(cfg, ctx.store, ctx.force, plot=ctx.plot, runtime=ctx.runtime)
 
 
 def plan(file: SectionFile) -> list[Planned]:
@@ -270,6 +265,12 @@ def _base(dataset: str) -> str:
     return sources.get(dataset).base() if dataset in sources.names() else dataset
 
 
+def read(art: Artifact) -> partition_h5.Partition:
+    """The stage's reader (its row's `reader`): the clients a partition artifact holds."""
+    return partition_h5.read(art.file("partition.h5"))
+
+
 def load(store: Store, ref: str | None) -> tuple[Artifact, partition_h5.Partition]:
+    """A partition artifact (its newest for None) and its clients: for code outside the stages (the Flower sites)."""
     art = store.load("partition", ref)
-    return art, partition_h5.read(art.file("partition.h5"))
+    return art, read(art)

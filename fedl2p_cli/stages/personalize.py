@@ -7,6 +7,7 @@ over clients, seeds and rows on the personalisation harness (stages/harness.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -17,9 +18,9 @@ from .. import methods, protocols
 from .. import stage_table as table
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..analysis import picks, spread
-from ..analysis.text import signed
+from ..analysis.personalized import beta_table, fixed, markdown, row_cells, spread_lines  # noqa: F401 (the command's)
 from ..artifacts import Artifact, Draft, Store
-from ..configs import PersonalizeConfig
+from ..configs import PersonalizeConfig, config_from_dict
 from ..core import metanets
 from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
@@ -30,22 +31,12 @@ from ..errors import FedL2PError
 from ..io import results_h5
 from ..io.stats_h5 import StatsTable
 from ..runtime import Runtime
-from . import meta_train as meta_stage
-from . import partition as partition_stage
-from . import pfl as pfl_stage
-from . import pretrain as pretrain_stage
-from . import stats as stats_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
 from .interface import Inputs, Planned, SectionFile, StageContext, parents_of
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
 METHOD_STAGES = (None, *(s.name for s in table.STAGES if s.method))
-
-
-def fixed(m: str) -> bool:
-    """A hand-made method: one strategy for every client (the registry's HandMade)."""
-    return isinstance(methods.find(m), methods.HandMade)
 
 
 @dataclass
@@ -56,7 +47,7 @@ class MetaNets:
     norm: dict | None
     per_client: bool
     head: Any = None  # its --head entry (protocols.MetaHead; None: the built-in of meta.head)
-    trained: Any = None  # its meta-train run's settings (configs.MetaTrainConfig): its initial lambda re-drawn from them
+    initial: Callable[[int, int, int], dict] | None = None  # its run's lambda at round 0 from (n_bn, n_x, n_params)
 
 
 @dataclass
@@ -91,7 +82,7 @@ class Setup:
     """A personalisation being prepared: its config, the artifacts it reads and the device the rows' models go to.
     The method kinds ask it for what they need (`newest_meta`, `meta_row`, ...): the one place that meets the store."""
     cfg: PersonalizeConfig
-    store: Store
+    inputs: Inputs  # the step's inputs: how it reads the artifacts the methods ask for
     pretrain_id: str
     stats_id: str
     partition_id: str
@@ -120,7 +111,7 @@ class Setup:
         earlier one in its place."""
         out: list[Row] = []
         for stage in METHOD_STAGES:
-            given = [self.store.load(stage, r) for r in refs.get(stage, [])] if stage else []
+            given = [self.inputs.at(stage, r).artifact for r in refs.get(stage, [])] if stage else []
             rows = [_own(method_of(a).prepare(self, a)) for a in given]
             rows += [_own(kind.prepare(self, a)) for a in given for m in self.cfg.methods  # a checked row beside its own
                      if isinstance(kind := methods.find(m), methods.Checked) and stands_for(a, m)]
@@ -146,10 +137,9 @@ class Setup:
         return _own(kind.prepare(self, kind.resolve(self, m)))
 
     def unknown(self, m: str) -> str:
-        stored = self.store.newest("pfl", lambda a: a.config.get("algo") == m)
-        if stored is not None:  # a system whose plugin is not loaded: loading its artifact names the plugin to load
-            self.store.load("pfl", stored.id)
-        have = sorted({cast(str, a.metrics.get("variant")) for a in self.store.iter("meta-train")
+        # a system whose plugin is not loaded: loading its artifact (verified) names the plugin to load
+        self.inputs.newest("pfl", lambda a: a.config.get("algo") == m)
+        have = sorted({cast(str, a.metrics.get("variant")) for a in self.inputs.stored("meta-train")
                        if a.parents.get("pretrain") == self.pretrain_id})
         hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
                 if have else "; run `fedl2p meta-train` first")
@@ -161,28 +151,26 @@ class Setup:
         """The newest meta-train artifact of a learned family (`fedl2p`: any FedL2P variant, `l2p`: any L2P run)
         learned on these clients' statistics, else of this model: what a learned method's name in --methods means."""
         def mine(a: Artifact) -> bool:
-            return a.stage == "meta-train" and meta_stage.method_of(a).family == family
-        hit = (self.store.newest("meta-train", lambda a: mine(a) and a.parents.get("stats") == self.stats_id)
-               or self.store.newest("meta-train", lambda a: mine(a) and a.parents.get("pretrain") == self.pretrain_id))
+            return a.stage == "meta-train" and learned_family(a) == family
+        hit = (self.inputs.newest("meta-train", lambda a: mine(a) and a.parents.get("stats") == self.stats_id)
+               or self.inputs.newest("meta-train", lambda a: mine(a) and a.parents.get("pretrain") == self.pretrain_id))
         if hit is None:
             raise FedL2PError(self.unknown(family))
-        return self.store.load("meta-train", hit.id)
+        return hit.artifact
 
     def newest_meta(self, variant: str) -> Artifact:
         """The newest meta-train artifact of `variant` learned on these clients' statistics, else of this model."""
-        hit = (self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("stats") == self.stats_id)
-               or self.store.newest("meta-train", lambda a: a.metrics.get("variant") == variant
-                                    and a.parents.get("pretrain") == self.pretrain_id))
+        hit = (self.inputs.newest("meta-train", lambda a: a.metrics.get("variant") == variant and a.parents.get("stats") == self.stats_id)
+               or self.inputs.newest("meta-train", lambda a: a.metrics.get("variant") == variant
+                                     and a.parents.get("pretrain") == self.pretrain_id))
         if hit is None:
             raise FedL2PError(self.unknown(variant))
-        return self.store.load("meta-train", hit.id)
+        return hit.artifact
 
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
-        _, lam, norm = meta_stage.load_lambda(self.store, art.id)
-        check_shapes(art, lam, self.table)
-        trained = meta_stage.config_from_dict(art.config)
-        nets = MetaNets(lam, trained.meta, norm, bool(art.config.get("local")), meta_stage.head_entry(trained.meta.head),
-                        trained)
+        got = self.inputs.at("meta-train", art.id).value  # the meta-train row's reader: lambda, settings, head
+        check_shapes(art, got.lam, self.table)
+        nets = MetaNets(got.lam, got.cfg.meta, got.norm, got.cfg.local, got.head, got.initial)
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
@@ -190,9 +178,9 @@ class Setup:
         """A learned row's spread across these clients under its meta-train run's initial lambda (re-drawn from its
         seed): the split that was there before any training. None for a row of per-client lambdas (L2P)."""
         nets = row.payload
-        if not isinstance(nets, MetaNets) or nets.per_client or nets.trained is None:
+        if not isinstance(nets, MetaNets) or nets.per_client or nets.initial is None:
             return None
-        lam0 = meta_stage.initial_lambda(nets.trained, self.n_bn, self.table.x.shape[1], self.n_params)
+        lam0 = nets.initial(self.n_bn, self.table.x.shape[1], self.n_params)
         outs = []
         with torch.no_grad():
             for c in clients:
@@ -215,16 +203,17 @@ class Setup:
         return Strategy(beta, eta)
 
     def newest_pfl(self, algo: str) -> Artifact:
-        hit = self.store.newest("pfl", lambda a: a.config.get("algo") == algo and a.parents.get("partition") == self.partition_id)
+        hit = self.inputs.newest("pfl", lambda a: a.config.get("algo") == algo and a.parents.get("partition") == self.partition_id,
+                                 verify=False)
         if hit is None:
             raise FedL2PError(f"method '{algo}' has no pfl artifact for partition {self.partition_id}; run `fedl2p pfl-train "
                               f"--algo {algo}` first")
-        return hit
+        return hit.artifact
 
     def pfl_row(self, method: methods.System, art: Artifact) -> Row:
         if art.parents.get("partition") != self.partition_id:
             raise FedL2PError(f"pfl artifact {art.id} was trained on partition {art.parents.get('partition')}, not {self.partition_id}")
-        return self.row(method.name, method, art, OnDevice(pfl_stage.load(self.store, art.id), self.dev).context)
+        return self.row(method.name, method, art, OnDevice(self.inputs.at("pfl", art.id).value, self.dev).context)
 
 
 def _own(row: methods.registry.Row) -> Row:
@@ -245,9 +234,16 @@ def canonical(rows: list[Row]) -> list[Row]:
                                        order.get(r.name, len(order)) if r.artifact is None else 0, r.name))
 
 
+def learned_family(art: Artifact) -> str:
+    """The learned family (methods.Learned.family) a meta-train artifact belongs to, from its stored settings."""
+    return config_from_dict(art.config).family()
+
+
 def method_of(art: Artifact) -> protocols.Method:
     """The method an artifact given by id belongs to: a meta-train artifact's learned family, a pfl one's system."""
-    return meta_stage.method_of(art) if art.stage == "meta-train" else methods.get(art.config["algo"])
+    if art.stage == "meta-train":
+        return methods.learned(learned_family(art))  # type: ignore[return-value]  # every family is registered
+    return methods.get(art.config["algo"])
 
 
 def stands_for(art: Artifact, name: str) -> bool:
@@ -256,7 +252,7 @@ def stands_for(art: Artifact, name: str) -> bool:
     ID is the run asked for)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
     kind = methods.find(name)
-    checked = isinstance(kind, methods.Checked) and art.stage == "meta-train" and meta_stage.method_of(art).family == kind.family
+    checked = isinstance(kind, methods.Checked) and art.stage == "meta-train" and learned_family(art) == kind.family
     return name == own or method_of(art) is kind or checked
 
 
@@ -381,58 +377,6 @@ def deltas(acc: np.ndarray, best: np.ndarray | None, tuned: np.ndarray | None) -
     return out
 
 
-def markdown(s: dict) -> str:
-    lines = [f"Personalised test accuracy, {s['pool']} clients ({s['clients']}), mean ± SD over seeds {s['seeds']}", "",
-             "| method | accuracy (%) | Δ vs best FT | Δ vs FT tuned | clients better | sparsity |", "|---|---|---|---|---|---|",
-             f"| global model | {100 * s['global_acc']:.2f} | | | | |"]
-    for m, v in s["methods"].items():
-        lines.append("| " + " | ".join(row_cells(m, v)) + " |")
-    for m, v in s["methods"].items():
-        if "beta_per_domain" in v:
-            title, cols, rows = beta_table(m, v["beta_per_domain"])
-            lines += ["", f"{title} (mean over a domain's clients)", "",
-                      "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
-    spreads = spread_lines(s)
-    if spreads:
-        lines += ["", "Are the strategies personal? (spread across clients and domains)", ""] + [f"- {x}" for x in spreads]
-    return "\n".join(lines) + "\n"
-
-
-def spread_lines(s: dict) -> list[str]:
-    """Per learned row: the spread of its β and LRs across clients and domains beside its round-0 control, and one
-    line when every client got (nearly) the same strategy; a checked row's picks and ft-tuned's grid edge per kind."""
-    out = [line for m, v in s["methods"].items()
-           for line in spread.lines(methods.label(m), v.get("spread") or {}, v.get("spread_round0"))]
-    for m, v in s["methods"].items():
-        if "picks" in v:
-            out.append(f"{methods.label(m)} picked (seed × client, per kind): " + "; ".join(
-                f"{k} " + ", ".join(f"{lab} {n}" for lab, n in c.items()) for k, c in v["picks"].items()))
-        if "edge" in v:
-            out.append(f"{methods.label(m)} picked its grid's largest LR (×10) for " + ", ".join(
-                f"{k} {100 * x:.0f}%" for k, x in v["edge"].items() if k != "all")
-                + f" of clients (all: {100 * v['edge']['all']:.0f}%); where that is often, the grid's edge limits it")
-    return out
-
-
-def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[str], list[list[str]]]:
-    """Title, columns and rows of a learned method's β by domain (rows) and BN layer (columns): what an ARI alone
-    hides, how far apart the domains' β are."""
-    n = len(next(iter(per_domain.values())))
-    return (f"β per domain and BN layer, {methods.label(m)}",
-            ["domain"] + [f"bn{i}" for i in range(n)], [[d] + [f"{b:.2f}" for b in bs] for d, bs in per_domain.items()])
-
-
-def row_cells(m: str, v: dict) -> list[str]:
-    """One summary row: label, mean ± SD, Δ vs best FT, Δ vs ft-tuned, share of clients better, sparsity."""
-    fmt = lambda k: signed(100 * v[k]) if k in v else ""  # noqa: E731
-    if np.isnan(v["mean"]):  # e.g. pFedLA on unseen clients: it has no model for them
-        return [methods.label(m), "N/A", "", "", "", ""]
-    return [methods.label(m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
-            f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
-            f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""]
-
-
 def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:
     from ..analysis.plots import bar, hyperparam_boxes
     for m in r.methods:
@@ -448,30 +392,35 @@ def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:
         bar(sp, "share of parameters with learning rate 0", "sparsity", draft.path("sparsity.png"))
 
 
-def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, stats_ref: str | None = None,
-        meta_refs: list[str] | None = None, force: bool = False, progress: Progress | None = None,
-        pfl_refs: list[str] | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """Every client of the pool fine-tuned under each method -> results.h5, summaries, plots. Reads the `pretrain`ed
+    model (default: the one its `stats` name, else the newest), its `stats`, and the `meta-train` and `pfl` runs
+    whose methods join the table: a planned meta-train run whose method cannot personalise this pool is left out, one
+    the user named (`meta`, --meta) is kept (its row says N/A)."""
     check(cfg)
-    runtime = runtime or Runtime()
-    if pretrain_ref is None and stats_ref is not None:  # the statistics name their model
-        pretrain_ref = store.load("stats", stats_ref, verify=False).parents["pretrain"]
-    pre_art = store.load("pretrain", pretrain_ref)
-    stats_art, table = stats_stage.load_matching(store, stats_ref, pre_art.id)
-    parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
-    setup = Setup(cfg, store, pre_art.id, stats_art.id, parents["partition"], table, runtime.torch_device)
-    rows = canonical(setup.rows({"meta-train": meta_refs or [], "pfl": pfl_refs or []}))
+    default = None
+    if inputs.one("pretrain") is None and inputs.one("stats") is not None:  # the statistics name their model
+        default = inputs.get("stats", verify=False).artifact.parents["pretrain"]
+    pre = inputs.get("pretrain", default)
+    stats_in = inputs.made_from("stats", "pretrain", pre.artifact.id, "pretrained model")
+    table: StatsTable = stats_in.value
+    parents = {"partition": stats_in.artifact.parents["partition"], "pretrain": pre.artifact.id, "stats": stats_in.artifact.id}
+    setup = Setup(cfg, inputs, pre.artifact.id, stats_in.artifact.id, parents["partition"], table, ctx.runtime.torch_device)
+    pool = "unseen" if cfg.unseen else "seen"
+    metas = [r.artifact.id for r in inputs.every("meta-train", verify=False) if method_of(r.artifact).supports(pool)]
+    rows = canonical(setup.rows({"meta-train": metas + inputs.many("meta"), "pfl": inputs.many("pfl")}))
     parents |= {f"{r.artifact[0]}:{r.name}": r.artifact[1] for r in rows if r.artifact}
-    _, part = partition_stage.load(store, parents["partition"])
+    part = stats_in.parent("partition").value
     clients = part.pool(cfg.unseen)
     if not clients:
         raise FedL2PError(f"the {setup.pool} pool of partition {parents['partition']} is empty")
 
     def build(draft: Draft) -> None:
-        _, model, state = pretrain_stage.load(store, pre_art.id)
+        model, state = pre.value
         h = Harness.on(setup.dev, model, state, part, table, cfg.epochs, cfg.batch_size, cfg.client_bn)
         methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
-        r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, progress or NoProgress(),
-                          client_groups(runtime, len(clients)))
+        r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, ctx.progress or NoProgress(),
+                          client_groups(ctx.runtime, len(clients)))
         results_h5.write(draft.path("results.h5"), r)
         controls = {r_.name: c for r_ in rows if not r_.name.endswith(methods.registry.CHECKED)  # a checked row's are its row's
                     and (c := setup.round0_control(r_, clients, part.domain[clients]))}
@@ -484,7 +433,7 @@ def run(cfg: PersonalizeConfig, store: Store, pretrain_ref: str | None = None, s
     # the methods needing no artifact, in the registry's order: those with one are its parents (`--methods
     # ft-bnc,fedl2p-fomaml` stage by stage and a pipeline's methods plus its [[meta-train]] are one personalisation)
     ident = config_dict(cfg) | {"methods": [r.name for r in rows if r.artifact is None]}
-    return build_or_reuse(store, "personalize", ident, parents, build, force, runtime)
+    return build_or_reuse(ctx.store, "personalize", ident, parents, build, ctx.force, ctx.runtime)
 
 
 def client_groups(runtime: Runtime, clients: int) -> Any:
@@ -496,9 +445,17 @@ def client_groups(runtime: Runtime, clients: int) -> Any:
     return Groups(runtime.torch_device, None if n == "auto" else int(n), clients)
 
 
-def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:
-    art = store.load("personalize", ref)
-    return art, results_h5.read(art.file("results.h5"))
+@dataclass(frozen=True)
+class Personalized:
+    """What a personalize artifact holds, as a later stage reads it (the row's reader)."""
+    results: results_h5.Results
+    learned: list[str]  # the rows a meta-train artifact made (learned variants), in the results' order
+
+
+def read(art: Artifact) -> Personalized:
+    """The stage's reader (its row's `reader`): the results an artifact holds and which of its rows were learned."""
+    r = results_h5.read(art.file("results.h5"))
+    return Personalized(r, learned_rows(art, r))
 
 
 def learned_rows(art: Artifact, r: results_h5.Results) -> list[str]:
@@ -506,17 +463,13 @@ def learned_rows(art: Artifact, r: results_h5.Results) -> list[str]:
     return [m for m in r.methods if f"meta-train:{m}" in art.parents]
 
 
+def load(store: Store, ref: str | None) -> tuple[Artifact, results_h5.Results]:
+    """A personalize artifact (its newest for None) and its results: for code outside the stages (tests, benches)."""
+    art = store.load("personalize", ref)
+    return art, read(art).results
+
+
 RUNTIME_KEYS = ("client_batch",)  # [personalize]'s runtime keys: how many clients' fine-tunings at once
-
-
-def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: the `pretrain`ed model, its `stats`, and the `meta-train` and `pfl` runs whose methods
-    join the table (a meta-train run whose method cannot personalise this pool is left out)."""
-    pool = "unseen" if cfg.unseen else "seen"
-    metas = [i for i in inputs.many("meta-train")
-             if meta_stage.method_of(ctx.store.load("meta-train", i, verify=False)).supports(pool)]
-    return run(cfg, ctx.store, inputs.one("pretrain"), inputs.one("stats"), metas, ctx.force, ctx.progress,
-               inputs.many("pfl"), runtime=ctx.runtime)
 
 
 def plan(file: SectionFile) -> list[Planned]:

@@ -27,10 +27,8 @@ from ..engine.rounds import run_rounds
 from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime
-from . import partition as partition_stage
-from .common import Progress, build_or_reuse, config_dict, watch
-from .interface import Inputs, StageContext
-from .pretrain import write_history
+from .common import Progress, build_or_reuse, config_dict, watch, write_history
+from .interface import Inputs, StageContext, reading
 
 
 def check(cfg: PFLConfig, runtime: Runtime | None = None) -> None:
@@ -65,27 +63,28 @@ def own_options(cfg: PFLConfig) -> Any:
     return parse(None, cfg.options, cfg.algo)  # API 1's module protocol: no options of its own
 
 
-def run(cfg: PFLConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
-        progress: Progress | None = None, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
-    runtime = runtime or Runtime()
+def execute(cfg: PFLConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """A personalised-FL system trained on the clients of `partition` among the inputs."""
+    store, runtime = ctx.store, ctx.runtime
     check(cfg, runtime)
-    part_art, part = partition_stage.load(store, partition_ref)
+    got = inputs.get("partition")
+    part_art, part = got.artifact, got.value
     conf = identity(cfg) | {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
     def build(draft: Draft) -> None:
         ckpt = Checkpoint(store.workdir("pfl", draft.id))
-        if not resume:
+        if not ctx.resume:
             ckpt.clear()
         sys_ = system(cfg.algo)
         if isinstance(sys_, PFLSystem):
-            history, draft.metrics = train(sys_, cfg, part, ckpt, watch(progress, draft), draft, runtime,
+            history, draft.metrics = train(sys_, cfg, part, ckpt, watch(ctx.progress, draft), draft, runtime,
                                            (str(store.root), part_art.id))
         else:  # API 1's module protocol: its own rounds, in this process
-            history, draft.metrics = sys_.train(cfg, part, ckpt, watch(progress, draft), draft, runtime)
+            history, draft.metrics = sys_.train(cfg, part, ckpt, watch(ctx.progress, draft), draft, runtime)
         write_history(draft.path("history.csv"), history)
         draft.metrics |= {k: v for k, v in history[-1].items() if k in ("val_acc", "train_loss", "held_out_loss")}
 
-    return build_or_reuse(store, "pfl", conf, {"partition": part_art.id}, build, force, runtime)
+    return build_or_reuse(store, "pfl", conf, {"partition": part_art.id}, build, ctx.force, runtime)
 
 
 def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress, draft: Draft,
@@ -101,12 +100,12 @@ def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, pr
 
 def worker_context(root: str, partition_id: str, cfg: PFLConfig, runtime: Runtime) -> Any:
     """A worker's (or ClientApp's) own client context, built once from the store."""
-    part = partition_stage.load(Store(root), partition_id)[1]
+    part = reading(Store(root), "partition", partition_id).value
     return system(cfg.algo).context(cfg, part)
 
 
-def load(store: Store, ref: str | None) -> Trained:
-    art = store.load("pfl", ref)
+def read(art: Artifact) -> Trained:
+    """The stage's reader (its row's `reader`): the trained system an artifact holds."""
     c = art.config
     cfg = PFLConfig(**{k: v for k, v in c.items() if k in PFLConfig.__dataclass_fields__})
     guard.check_stored_model(art, c["model"])
@@ -114,14 +113,14 @@ def load(store: Store, ref: str | None) -> Trained:
     return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], system(cfg.algo).load(art, cfg, model))
 
 
+def load(store: Store, ref: str | None) -> Trained:
+    """A pfl artifact's trained system (its newest for None): for code outside the stages (tests, benches)."""
+    return read(store.load("pfl", ref))
+
+
 def client_accuracy(t: Trained, c: int, data, seed: int, steps: int) -> float:
     """Test accuracy of client c under a trained system (NaN where the system has no model for it)."""
     return system(t.algo).accuracy(t, c, data, seed, steps)
-
-
-def execute(cfg: PFLConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: the clients' `partition` among the inputs."""
-    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, ctx.resume, ctx.progress, runtime=ctx.runtime)
 
 
 def label(cfg: PFLConfig) -> str:

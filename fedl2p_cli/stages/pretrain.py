@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,9 +27,15 @@ from ..io.partition_h5 import Partition
 from ..models import guard, registry
 from ..runtime import Runtime
 from ..stage_table import stage
-from . import partition as partition_stage
-from .common import Progress, build_or_reuse, check_runtime, config_dict, watch
-from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
+from .common import Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
+from .interface import Inputs, Planned, SectionFile, StageContext, reading, runtime_keys
+
+
+class Pretrained(NamedTuple):
+    """What a pretrain artifact holds, as a later stage reads it (the row's reader): a model built for it, holding
+    its weights, and its state dict."""
+    model: torch.nn.Module
+    state: dict
 
 
 def check(cfg: PretrainConfig, runtime: Runtime) -> None:
@@ -167,7 +173,7 @@ def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runt
 
 def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainContext:
     """A worker's own client context (model, client data), built once from the store in its initializer."""
-    part = partition_stage.load(Store(root), partition_id)[1]
+    part = reading(Store(root), "partition", partition_id).value
     return client_of(cfg, part, build_model(cfg, part), runtime)
 
 
@@ -200,21 +206,14 @@ def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progres
     return st.tensors, st.history
 
 
-def write_history(path: Path, history: list[dict]) -> None:
-    keys = list(dict.fromkeys(k for r in history for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(history)
-
-
-def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, force: bool = False, resume: bool = True,
-        progress: Progress | None = None, plot: bool = True, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
-    runtime = runtime or Runtime()
+def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """The global model, trained federatedly on the clients of `partition` among the inputs (or imported: --init)."""
+    store, runtime = ctx.store, ctx.runtime
     check(cfg, runtime)
     if cfg.init:
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
-    part_art, part = partition_stage.load(store, partition_ref)
+    got = inputs.get("partition")
+    part_art, part = got.artifact, got.value
     parents = {"partition": part_art.id}
     conf = config_dict(cfg, exclude=("init",) if cfg.init else ())
     conf |= {"in_channels": part.in_channels, "num_classes": part.num_classes}
@@ -225,36 +224,35 @@ def run(cfg: PretrainConfig, store: Store, partition_ref: str | None = None, for
             state, history = import_init(cfg, model), []  # type: ignore[var-annotated]  # the rounds' records (dicts)
         else:
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
-            if not resume:
+            if not ctx.resume:
                 ckpt.clear()
-            state, history = train(cfg, part, ckpt, watch(progress, draft), (str(store.root), part_art.id), runtime)
+            state, history = train(cfg, part, ckpt, watch(ctx.progress, draft), (str(store.root), part_art.id), runtime)
         weights.save(draft.path("model.safetensors"), state, {"model": cfg.model})
         if history:
             write_history(draft.path("history.csv"), history)
             last = history[-1]
             draft.metrics = {k: last[k] for k in ("seen_acc", "unseen_acc", "train_loss") if k in last}
-            if plot:
+            if ctx.plot:
                 from ..analysis.plots import pretrain_curves
                 pretrain_curves(history, cfg.algo, draft.path("curves.png"))
 
-    return build_or_reuse(store, "pretrain", conf, parents, build, force, runtime)
+    return build_or_reuse(store, "pretrain", conf, parents, build, ctx.force, runtime)
 
 
-def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict]:
-    """The pretrained artifact, a model built for it (holding its weights) and its state dict."""
-    art = store.load("pretrain", ref)
+def read(art: Artifact) -> Pretrained:
+    """The stage's reader (its row's `reader`): a model built for the artifact, holding its weights, and its state."""
     c = art.config
     guard.check_stored_model(art, c["model"])
     model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
     state = weights.load(art.file("model.safetensors"))
     set_state(model, state)
-    return art, model, state
+    return Pretrained(model, state)
 
 
-def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """The stage interface: the clients it pretrains on are `partition` among the inputs."""
-    return run(cfg, ctx.store, inputs.one("partition"), ctx.force, ctx.resume, ctx.progress, ctx.plot,
-               runtime=ctx.runtime)
+def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict]:
+    """The pretrained artifact (its newest for None), its model and state: for code outside the stages (Flower)."""
+    art = store.load("pretrain", ref)
+    return (art, *read(art))
 
 
 def plan(file: SectionFile) -> list[Planned]:

@@ -20,13 +20,14 @@ import numpy as np
 from .. import methods, plugins
 from ..analysis import report_html as H
 from ..analysis import spread
+from ..analysis.personalized import beta_table, fixed, row_cells, spread_lines
 from ..artifacts import Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 from ..stage_table import NAMES
 from ..stage_table import stage as stage_of
 from .common import Missing, build_or_reuse, config_dict
-from .personalize import beta_table, fixed, row_cells, spread_lines
+from .interface import Inputs, Read, StageContext
 
 FORMAT = 1  # the page's layout version: part of the id, so a new layout is a new report
 
@@ -92,8 +93,8 @@ def lineage(store: Store, art: Artifact) -> list[Artifact]:
             continue
         out[a.id] = a
         todo += [store.load(k.split(":")[0], v, plugins=False) for k, v in a.parents.items()]
-        if a.stage == "partition" and a.config.get("exclude"):
-            todo.append(store.load("partition", a.config["exclude"], plugins=False))
+        if a.stage == "partition" and a.config.get("exclude"):  # the partition whose images it left out
+            todo.append(store.load(a.stage, a.config["exclude"], plugins=False))
     return sorted(out.values(), key=lambda a: (NAMES.index(a.stage), a.age))
 
 
@@ -117,7 +118,9 @@ def identity(sections: list[Section]) -> tuple[dict, dict[str, str]]:
     return config, parents
 
 
-def run(sections: list[Section], store: Store, force: bool = False, runtime: Runtime | None = None) -> tuple[Artifact, bool]:
+def execute(sections: list[Section], inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
+    """One HTML page of `sections` (what it shows: the artifacts themselves, so it reads no inputs) -> report.html."""
+    store = ctx.store
     if not sections:
         raise FedL2PError("report: name at least one pipeline file or artifact id")
     for s in sections:
@@ -132,7 +135,7 @@ def run(sections: list[Section], store: Store, force: bool = False, runtime: Run
         draft.metrics = {"sections": [s.name for s in sections], "artifacts": len(parents)}
         draft.plugins = []  # a page: opening it again needs none of the plugins its artifacts were made with
 
-    return build_or_reuse(store, "report", config, parents, build, force, runtime)
+    return build_or_reuse(store, "report", config, parents, build, ctx.force, ctx.runtime)
 
 
 # -- the page --------------------------------------------------------------------------------------------------
@@ -207,7 +210,7 @@ def pools_html(pers: list[Artifact]) -> str:
 
 def pool_detail_html(store: Store, a: Artifact) -> str:
     """One pool: each seed's accuracy, the paired deltas, per domain; β and η of each learned method per domain."""
-    from ..io import results_h5, stats_h5
+    from ..io import results_h5
     s = json.loads(a.file("summary.json").read_text())
     r = results_h5.read(a.file("results.h5"))
     seeds = [f"seed {x}" for x in r.seeds]
@@ -224,7 +227,7 @@ def pool_detail_html(store: Store, a: Artifact) -> str:
     side = [H.table(["method", *doms], [[methods.label(m), *[f"{100 * v['per_domain'][d]:.2f}" if d in v["per_domain"]
                                                               else "—" for d in doms]] for m, v in s["methods"].items()],
                     f"Accuracy (%) per domain, {s['pool']} clients")]
-    names = stats_h5.read(store.load("stats", a.parents["stats"], plugins=False).file("stats.h5")).param_names
+    names = Read(a, store, plugins=False).parent("stats").value.param_names  # its statistics' tensors, by the stats reader
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
             title, cols, brows = beta_table(m, v["beta_per_domain"])

@@ -17,8 +17,6 @@ from ..errors import ArtifactError
 from ..io import stats_h5
 from ..io.partition_h5 import Partition
 from ..models.registry import param_names
-from . import partition as partition_stage
-from . import pretrain as pretrain_stage
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .interface import Inputs, StageContext
 
@@ -65,15 +63,14 @@ def execute(cfg: StatsConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifa
     newest model, and the partition it was pretrained on)."""
     validate(cfg)
     store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
-    pre_art = store.load("pretrain", inputs.one("pretrain"))
-    part_id = inputs.one("partition") or pre_art.parents["partition"]
-    part_art = store.load("partition", part_id)
+    pre = inputs.get("pretrain")
+    part_in = inputs.get("partition", pre.artifact.parents["partition"])
+    pre_art, part_art = pre.artifact, part_in.artifact
     # a model pretrained on another partition is allowed (the paper personalises CIFAR-10-C from the alpha=1000 model)
     parents = {"partition": part_art.id, "pretrain": pre_art.id}
 
     def build(draft: Draft) -> None:
-        _, part = partition_stage.load(store, part_art.id)
-        _, model, _ = pretrain_stage.load(store, pre_art.id)
+        part, model = part_in.value, pre.value.model
         check_fit(model, part)
         clients = list(range(part.num_clients))
         cols = compute(model, part, clients, cfg.batch_size, progress or NoProgress(), runtime.torch_device)
@@ -99,20 +96,14 @@ def check_fit(model: torch.nn.Module, part) -> None:
         raise ArtifactError(f"the pretrained model has {out.shape[1]} classes, the partition {part.num_classes}")
 
 
+def read(art: Artifact) -> stats_h5.StatsTable:
+    """The stage's reader (its row's `reader`): the statistics table an artifact holds."""
+    return stats_h5.read(art.file("stats.h5"))
+
+
 def load(store: Store, ref: str | None) -> tuple[Artifact, stats_h5.StatsTable]:
+    """A stats artifact (its newest for None) and its table: for code outside the stages (tests, benches)."""
     art = store.load("stats", ref)
-    return art, stats_h5.read(art.file("stats.h5"))
+    return art, read(art)
 
-
-def load_matching(store: Store, ref: str | None, pretrain_id: str) -> tuple[Artifact, stats_h5.StatsTable]:
-    """The stats artifact for this pretrained model; another model's is refused with one line."""
-    if ref is None:
-        hit = store.newest("stats", lambda a: a.parents.get("pretrain") == pretrain_id)
-        if hit is None:
-            raise ArtifactError(f"no stats artifact for pretrained model {pretrain_id}; run `fedl2p stats --pretrain {pretrain_id}`")
-        ref = hit.id
-    art, table = load(store, ref)
-    if art.parents.get("pretrain") != pretrain_id:
-        raise ArtifactError(f"stats {art.id} was computed for pretrained model {art.parents.get('pretrain')}, not {pretrain_id}")
-    return art, table
 
