@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, stage_table  # stage_table: the store's folders (its names), in pipeline order
 from .errors import ArtifactError
 from .runtime import Runtime
-from .stage_table import NAMES  # the store's folders, in pipeline order
 
 SCHEMA_VERSION = 1
 
@@ -298,7 +297,7 @@ class Store:
         return max(hits, key=lambda a: a.age) if hits else None
 
     def iter(self, stage: str | None = None) -> Iterator[Artifact]:
-        for s in [stage] if stage else NAMES:
+        for s in [stage] if stage else stage_table.TABLE.names:
             for aid in self.ids(s):
                 yield self.load(s, aid, verify=False)
 

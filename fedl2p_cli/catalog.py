@@ -27,7 +27,7 @@ from .protocols import (
 )
 
 API_VERSION = 1  # fedl2p_cli.api's version: a plugin written for another one is refused in one line
-BUILTIN = "fedl2p_cli.builtin"
+BUILTIN_MODULE = "fedl2p_cli.builtin"  # the module that registers the built-ins, as a plugin (algorithms' BUILTIN: their entries)
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -71,7 +71,7 @@ class Plugin:
 
     @property
     def builtin(self) -> bool:
-        return self.module == BUILTIN
+        return self.module == BUILTIN_MODULE
 
     def describe(self) -> str:
         if self.builtin:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from . import imports
 from .catalog import (
     API_VERSION,
-    BUILTIN,
+    BUILTIN_MODULE,
     DATASET,
     KINDS,
     LR_GRAD,
@@ -72,7 +72,7 @@ T = TypeVar("T")
 
 GROUP = "fedl2p.plugins"
 ENV = "FEDL2P_PLUGINS"
-__all__ = ["API_VERSION", "BUILTIN", "KINDS", "Plugin", "PluginError", "Registry", "build", "current", "load", "of", "using"]
+__all__ = ["API_VERSION", "BUILTIN_MODULE", "KINDS", "Plugin", "PluginError", "Registry", "build", "current", "load", "of", "using"]
 
 
 @dataclass
@@ -260,7 +260,7 @@ def load_module(catalog: Catalog, spec: str, how: str = "--plugin") -> Plugin:
     if module in catalog.plugins:
         return catalog.plugins[module]
     obj = _import(module, how)
-    plugin = Plugin(module, *(_dist_of(module) if module != BUILTIN else (None, None)))
+    plugin = Plugin(module, *(_dist_of(module) if module != BUILTIN_MODULE else (None, None)))
     return _load(catalog, plugin, obj, attr or "register")
 
 
@@ -269,7 +269,7 @@ def _entry_points(catalog: Catalog) -> None:
     needs none of its pieces runs, one that does finds its piece unknown (store inspection, --help, `run tiny`)."""
     for ep in sorted(md.entry_points(group=GROUP), key=lambda e: (e.value, e.name)):
         module = ep.value.partition(":")[0].strip()
-        if module in catalog.plugins or module == BUILTIN:
+        if module in catalog.plugins or module == BUILTIN_MODULE:
             continue
         dist = getattr(ep, "dist", None)
         plugin = Plugin(module, dist.name if dist else None, dist.version if dist else None)
@@ -316,7 +316,7 @@ def fill(catalog: Catalog, installed: bool = True) -> Catalog:
     for module in _split(os.environ.get(ALLOW_ENV, "")):  # the user's allow list, read where the process starts
         catalog.allow(module)
     try:
-        load_module(catalog, BUILTIN, "built-in")
+        load_module(catalog, BUILTIN_MODULE, "built-in")
         if installed:
             _entry_points(catalog)
             for spec in from_env():

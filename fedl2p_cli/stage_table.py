@@ -2,11 +2,14 @@
 the command line need to know about it. Nothing else in the package lists the stages (tests/test_layout.py checks).
 
 Torch-free and free of the stage modules, beside the store (artifacts.py) that reads it, so no import runs up from
-the store, the report or `fedl2p --help` into stages/."""
+the store, the report or `fedl2p --help` into stages/. One object holds it (`TABLE`); the rest of the package reads
+it at call time, never a copy made at import, and a pipeline may be given another (`TABLE.with_row`: a stage added
+without touching any module's names)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from . import configs
@@ -27,7 +30,8 @@ class Stage:
     method: bool = False  # an artifact of it is a personalisation method (personalize's learned and pFL rows)
     label: tuple[str, str] | None = None  # (config or metrics, key): the short name of one of its artifacts
     colour: str = "#fff"  # its boxes in the report's lineage graph
-    module: str | None = None  # the module that runs it: `execute(cfg, inputs, ctx)` (stages/interface.py)
+    module: str | ModuleType | None = None  # the module that runs it (`execute(cfg, inputs, ctx)`, stages/interface.py):
+    # its name, or the module itself for a stage defined outside the package (a test's)
     parents: tuple[str, ...] = ()  # the stages whose artifacts a pipeline's step of it reads (its default plan; the
     # compiler refuses a step that reads another, stages/pipeline.py `undeclared_reads`)
     implied: bool = False  # a pipeline runs it with its defaults where the file has no section of it
@@ -39,7 +43,35 @@ class Stage:
         return self.configs.get(config.get("analysis", "")) if "analysis" in config else self.configs.get("")
 
 
-STAGES: tuple[Stage, ...] = (
+@dataclass(frozen=True)
+class Table:
+    """The stages in pipeline order."""
+    rows: tuple[Stage, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stages' names: the store's folders, in pipeline order."""
+        return tuple(s.name for s in self.rows)
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """A pipeline file's stage sections, in order."""
+        return tuple(s.name for s in self.rows if s.section)
+
+    def stage(self, name: str) -> Stage:
+        """The stage of this name (KeyError: none; the store and the CLI refuse unknown names before asking)."""
+        for s in self.rows:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def with_row(self, row: Stage, before: str) -> Table:
+        """This table with `row` added before the stage `before`."""
+        at = self.names.index(before)
+        return Table((*self.rows[:at], row, *self.rows[at:]))
+
+
+TABLE = Table((
     Stage("partition", {"": configs.PartitionConfig}, "partition", "fedl2p_cli.cli.partition:partition",
           "1. Split a dataset into clients -> partition.h5.",
           "fedl2p partition --dataset fmnist-c --alpha 0.1 --clients 70",
@@ -76,14 +108,9 @@ STAGES: tuple[Stage, ...] = (
           "Write one HTML page of pipelines or artifacts (lineage, results, plots).",
           "fedl2p report quickstart quickstart-planted -o report.html", section=False,
           module="fedl2p_cli.stages.report"),
-)
-NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
-SECTIONS: tuple[str, ...] = tuple(s.name for s in STAGES if s.section)  # a pipeline file's stage sections, in order
+))
 
 
 def stage(name: str) -> Stage:
-    """The stage of this name (KeyError: none; the store and the CLI refuse unknown names before asking)."""
-    for s in STAGES:
-        if s.name == name:
-            return s
-    raise KeyError(name)
+    """The stage of this name in the table (KeyError: none)."""
+    return TABLE.stage(name)

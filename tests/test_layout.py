@@ -208,8 +208,8 @@ def stage_lists(path: Path, names: set[str], at_least: int = 4) -> list[str]:
 
 
 def stage_names() -> set[str]:
-    from fedl2p_cli.stage_table import STAGES
-    return {s.name for s in STAGES} | {s.command for s in STAGES if s.command}
+    from fedl2p_cli.stage_table import TABLE
+    return set(TABLE.names) | {s.command for s in TABLE.rows if s.command}
 
 
 def test_the_stage_list_is_written_once():
@@ -255,16 +255,16 @@ def stage_module_reads(path: Path, names: set[str], own: str | None) -> list[str
 def stage_modules() -> dict[Path, str | None]:
     """The stage modules (stages/ minus the interface and what it shares) and the stage each runs (None: a module the
     table does not name, such as analyze's beta_grid)."""
-    from fedl2p_cli.stage_table import STAGES
-    own = {s.module.rpartition(".")[2]: s.name for s in STAGES if s.module}
+    from fedl2p_cli.stage_table import TABLE
+    own = {s.module.rpartition(".")[2]: s.name for s in TABLE.rows if isinstance(s.module, str)}
     return {p: own.get(p.stem) for p in sorted((PACKAGE / "stages").glob("*.py")) if p.stem not in STAGE_INFRA}
 
 
 def test_stages_read_each_other_only_through_the_table():
     """No stage module imports another, and none names another stage to the store: adding a stage that a later one
     reads is its module, its row (with its `reader`), its config and the reader's row's `parents`."""
-    from fedl2p_cli.stage_table import NAMES
-    names = set(NAMES)
+    from fedl2p_cli.stage_table import TABLE
+    names = set(TABLE.names)
     found = [hit for p, own in stage_modules().items() for hit in stage_module_reads(p, names, own)]
     assert not found, f"stage modules reading another stage around the table: {found}"
 

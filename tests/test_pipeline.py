@@ -64,15 +64,15 @@ def test_unknown_key_is_one_clear_error(tmp_path):
 
 
 
-def test_a_stage_is_its_module_and_one_table_row(tmp_path, monkeypatch):
+def test_a_stage_is_its_module_and_one_table_row(tmp_path):
     """A stage added between stats and meta-train: its module (execute) and a row of the stage table are all the
-    pipeline needs: the section compiles, its step runs with its parent's id, and its artifact is reused."""
+    pipeline needs: the section compiles, its step runs with its parent's id, and its artifact is reused. The table
+    is one value the pipeline is given: adding a row patches no module's names."""
     import dataclasses
-    import sys
     import types
 
-    from fedl2p_cli import stage_table
     from fedl2p_cli.core.config import opt
+    from fedl2p_cli.stage_table import TABLE, Stage
     from fedl2p_cli.stages.common import build_or_reuse, config_dict
 
     @dataclasses.dataclass
@@ -82,35 +82,27 @@ def test_a_stage_is_its_module_and_one_table_row(tmp_path, monkeypatch):
     seen = []
 
     def execute(cfg, inputs, ctx):
-        seen.append(inputs.one("stats"))
-        return build_or_reuse(ctx.store, "check", config_dict(cfg), {"stats": inputs.one("stats")},
+        stats = inputs.get("stats")  # the stats row's reader: the table the stats stage wrote
+        seen.append((stats.artifact.id, len(stats.value.client)))
+        return build_or_reuse(ctx.store, "check", config_dict(cfg), {"stats": stats.artifact.id},
                               lambda draft: setattr(draft, "metrics", {"threshold": cfg.threshold}), ctx.force, ctx.runtime)
 
-    module = types.ModuleType("fedl2p_cli.stages.check_demo")
+    module = types.ModuleType("check_demo")
     module.execute = execute
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    row = stage_table.Stage("check", {"": CheckConfig}, module=module.__name__, parents=("stats",))
-    at = stage_table.NAMES.index("meta-train")
-    stages = (*stage_table.STAGES[:at], row, *stage_table.STAGES[at:])
-    for mod, name, value in ((stage_table, "STAGES", stages), (pipeline, "STAGES", stages)):
-        monkeypatch.setattr(mod, name, value)
-    names = tuple(s.name for s in stages)
-    sections = tuple(s.name for s in stages if s.section)
-    from fedl2p_cli import artifacts
-    for mod, name, value in ((stage_table, "NAMES", names), (artifacts, "NAMES", names), (stage_table, "SECTIONS", sections),
-                             (pipeline, "SECTIONS", sections)):
-        monkeypatch.setattr(mod, name, value)
+    table = TABLE.with_row(Stage("check", {"": CheckConfig}, module=module, parents=("stats",)), before="meta-train")
     f = tmp_path / "p.toml"
     f.write_text(TOML.split("[[pfl]]")[0].replace("[[meta-train]]", "[check]\nthreshold = 0.7\n[[meta-train]]"))
-    first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    first = pipeline.run(pipeline.load(f, tmp_path / "store", table), None, NoProgress)
     assert [r.stage for r in first] == ["partition", "pretrain", "stats", "check", "meta-train"]
     stats_id, check = first[2].artifact.id, first[3].artifact
-    assert seen == [stats_id] and check.parents == {"stats": stats_id} and check.metrics == {"threshold": 0.7}
-    again = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    assert seen == [(stats_id, first[0].artifact.metrics["clients"])] and check.parents == {"stats": stats_id}
+    assert check.metrics == {"threshold": 0.7}
+    again = pipeline.run(pipeline.load(f, tmp_path / "store", table), None, NoProgress)
     assert [r.reused for r in again] == [True] * 5
+    assert "check" not in TABLE.names  # the package's own table is as it was
 
 
-def test_a_step_reads_only_what_its_row_names(tmp_path, monkeypatch):
+def test_a_step_reads_only_what_its_row_names(tmp_path):
     """The compiler checks a step's parents against its row's: a plan that reads a stage its row does not list is
     refused before anything runs."""
     import dataclasses
@@ -118,7 +110,7 @@ def test_a_step_reads_only_what_its_row_names(tmp_path, monkeypatch):
     import pytest
 
     from fedl2p_cli.errors import FedL2PError
-    from fedl2p_cli.stage_table import STAGES, stage
+    from fedl2p_cli.stage_table import TABLE, Table, stage
     from fedl2p_cli.stages.interface import Planned
 
     check = dataclasses.replace(stage("stats"), name="check", parents=())
@@ -129,7 +121,6 @@ def test_a_step_reads_only_what_its_row_names(tmp_path, monkeypatch):
     f = tmp_path / "p.toml"
     f.write_text(TOML)
     pipeline.compile(pipeline.load(f, tmp_path / "store"))  # the table's rows name what their steps read
-    rows = tuple(dataclasses.replace(s, parents=()) if s.name == "pretrain" else s for s in STAGES)
-    monkeypatch.setattr(pipeline, "STAGES", rows)
+    rows = Table(tuple(dataclasses.replace(s, parents=()) if s.name == "pretrain" else s for s in TABLE.rows))
     with pytest.raises(FedL2PError, match=r"stage pretrain: its step pretrain reads partition, which its row's parents"):
-        pipeline.compile(pipeline.load(f, tmp_path / "store"))
+        pipeline.compile(pipeline.load(f, tmp_path / "store", rows))

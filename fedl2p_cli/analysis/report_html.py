@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..stage_table import SECTIONS, STAGES
+from ..stage_table import TABLE
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;margin:0 auto;max-width:1200px;
@@ -82,7 +82,7 @@ BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 160, 42, 44, 14, 8
 
 
 def _colour(stage: str) -> str:
-    return next((s.colour for s in STAGES if s.name == stage), "#fff")
+    return next((s.colour for s in TABLE.rows if s.name == stage), "#fff")
 
 
 def _short(text: str, n: int = 22) -> str:
@@ -92,7 +92,7 @@ def _short(text: str, n: int = 22) -> str:
 def lineage_svg(nodes: list[Node], edges: list[tuple[str, str]], dashed: Iterable[tuple[str, str]] = ()) -> str:
     """Artifacts in columns by stage, an arrow from each parent to its child (dashed: a partition that excludes
     another's images). Every box links to its artifact's section (#art-<id>)."""
-    cols = [c for c in SECTIONS if any(n.stage == c for n in nodes)]  # a column per stage, in pipeline order
+    cols = [c for c in TABLE.sections if any(n.stage == c for n in nodes)]  # a column per stage, in pipeline order
     cols += sorted({n.stage for n in nodes} - set(cols))
     pos: dict[str, tuple[float, float]] = {}
     for ci, c in enumerate(cols):

@@ -6,15 +6,15 @@ from pathlib import Path
 import typer
 
 from ..errors import FedL2PError
-from ..stage_table import NAMES
+from ..stage_table import TABLE
 from . import options, render
 
 app = typer.Typer(help="See what the store holds and where it came from.", no_args_is_help=True)
 
 
 def _stage(stage: str) -> str:
-    if stage not in NAMES:
-        raise FedL2PError(f"unknown stage '{stage}'; stages are: {', '.join(NAMES)}")
+    if stage not in TABLE.names:
+        raise FedL2PError(f"unknown stage '{stage}'; stages are: {', '.join(TABLE.names)}")
     return stage
 
 

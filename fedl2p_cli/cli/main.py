@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .. import imports, tracking
 from ..errors import USER_ERRORS
-from ..stage_table import STAGES, Stage
+from ..stage_table import TABLE, Stage
 from . import artifacts, flower, render
 from .run import run
 
@@ -79,7 +79,7 @@ def _stage_command(stage: Stage) -> None:
         app.command(stage.command, short_help=stage.help, epilog=f"Example: {stage.example}")(target)
 
 
-for _stage in STAGES:  # the stages in pipeline order, then the commands that are no stage
+for _stage in TABLE.rows:  # the stages in pipeline order, then the commands that are no stage
     if _stage.command:
         _stage_command(_stage)
 app.command("run", short_help="Run a pipeline file: every stage in order, reusing existing artifacts.",

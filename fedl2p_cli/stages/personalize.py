@@ -36,7 +36,7 @@ from .harness import ClientRun, Harness
 from .interface import Inputs, Planned, SectionFile, StageContext, parents_of
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
-METHOD_STAGES = (None, *(s.name for s in table.STAGES if s.method))
+METHOD_STAGES = (None, *(s.name for s in table.TABLE.rows if s.method))
 
 
 @dataclass

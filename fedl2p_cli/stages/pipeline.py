@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .. import imports
@@ -17,7 +18,7 @@ from ..artifacts import Artifact, Store, StoreIndex, canonical_json
 from ..core.config import flat_fields, key_name, option_name
 from ..errors import FedL2PError
 from ..runtime import Runtime
-from ..stage_table import SECTIONS, STAGES, Stage
+from ..stage_table import TABLE, Stage, Table
 from . import pipeline_files
 from .common import Progress
 from .interface import Inputs, Planned, SectionFile, StageContext, StageModule, default_plan, run_stage
@@ -42,6 +43,7 @@ class Pipeline:
     results: list[StepResult] = field(default_factory=list)
     device: str | None = None  # the file's `device`: where it computes unless --device / FEDL2P_DEVICE say otherwise
     plugins: list[str] = field(default_factory=list)  # the file's `plugins`: the command line loads them (cli/run.py)
+    table: Table = TABLE  # the stages its sections name and its plan walks
 
 
 @dataclass
@@ -75,17 +77,19 @@ class Plan:
     store: Store
     steps: list[Step]
     key: str  # the resolved file's hash: the store records under it the ids this plan made
+    table: Table = TABLE
 
 
 # -- reading the file -------------------------------------------------------------------------------------------
-def load(path: Path, store_override: Path | None = None) -> Pipeline:
-    """The file with its `extends` chain applied and its top-level keys checked. Its `plugins` are named, not loaded:
-    the command line loads them into its catalog (a report from the ids a run recorded needs none)."""
+def load(path: Path, store_override: Path | None = None, table: Table = TABLE) -> Pipeline:
+    """The file with its `extends` chain applied and its top-level keys checked against `table`'s stages. Its
+    `plugins` are named, not loaded: the command line loads them into its catalog (a report from the ids a run
+    recorded needs none)."""
     data = pipeline_files.resolve(path)
-    unknown = [k for k in data if k not in SECTIONS and k not in TOP_KEYS]
+    unknown = [k for k in data if k not in table.sections and k not in TOP_KEYS]
     if unknown:
-        raise FedL2PError(f"pipeline {path}: unknown section '{unknown[0]}'; sections are: {', '.join(SECTIONS)}")
-    for need in (s.name for s in STAGES if s.required):
+        raise FedL2PError(f"pipeline {path}: unknown section '{unknown[0]}'; sections are: {', '.join(table.sections)}")
+    for need in (s.name for s in table.rows if s.required):
         if need not in data:
             raise FedL2PError(f"pipeline {path} has no [{need}] section")
     root = store_override or Path(data.get("store", "artifacts"))
@@ -97,7 +101,8 @@ def load(path: Path, store_override: Path | None = None) -> Pipeline:
             raise FedL2PError(f"pipeline {path}: device must be a string such as \"cuda\", got {data['device']!r}")
         from .. import device
         device.parse(data["device"])  # a misspelt key is refused even where --device overrides it
-    return Pipeline(data.get("name", path.stem), data, Store(root), device=data.get("device"), plugins=list(mods))
+    return Pipeline(data.get("name", path.stem), data, Store(root), device=data.get("device"), plugins=list(mods),
+                    table=table)
 
 
 def named_models(p: Pipeline) -> list[str]:
@@ -112,10 +117,10 @@ def compile(p: Pipeline) -> Plan:
     asked for its steps (its module's `plan`, else one step per table of its section; stages/interface.py)."""
     file = SectionFile(p.sections, p.name)
     steps: list[Step] = []
-    for st in STAGES:
+    for st in p.table.rows:
         if not st.section or st.module is None:
             continue
-        module = imports.load(st.module, imports.Why.OWN)
+        module = st.module if isinstance(st.module, ModuleType) else imports.load(st.module, imports.Why.OWN)
         planned = module.plan(file) if hasattr(module, "plan") else default_plan(st, module, file)
         known = {s.key: s.stage for s in steps} | {x.key: st.name for x in planned}
         for x in planned:
@@ -124,7 +129,7 @@ def compile(p: Pipeline) -> Plan:
                 raise FedL2PError(f"stage {st.name}: its step {x.key} reads {', '.join(undeclared)}, which its row's "
                                   f"parents {list(st.parents)} do not list (fedl2p_cli/stage_table.py)")
         steps += [_step(st.name, module, x) for x in planned]
-    return Plan(p.name, p.store, steps, _key(p.sections))
+    return Plan(p.name, p.store, steps, _key(p.sections), p.table)
 
 
 def undeclared_reads(st: Stage, planned: Planned, known: dict[str, str]) -> list[str]:
@@ -157,9 +162,10 @@ def execute(plan: Plan, force_from: str | None, progress: Callable[[], Progress]
             on_step: Callable[[StepResult], None] = lambda r: None, runtime: Runtime | None = None) -> list[StepResult]:
     """The plan's steps in order, each on `runtime` (a section's runtime keys added for its stage); the ids it made
     recorded in the store under the plan's key."""
-    if force_from is not None and force_from not in SECTIONS:
-        raise FedL2PError(f"--force takes a stage name: {', '.join(SECTIONS)}")
-    forced = set(SECTIONS[SECTIONS.index(force_from):]) if force_from else set()
+    sections = plan.table.sections
+    if force_from is not None and force_from not in sections:
+        raise FedL2PError(f"--force takes a stage name: {', '.join(sections)}")
+    forced = set(sections[sections.index(force_from):]) if force_from else set()
     run = Run(plan.store, runtime or Runtime(), progress)
     results = []
     for step in plan.steps:

@@ -24,8 +24,7 @@ from ..analysis.personalized import beta_table, fixed, row_cells, spread_lines
 from ..artifacts import Artifact, Draft, Store
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
-from ..stage_table import NAMES
-from ..stage_table import stage as stage_of
+from ..stage_table import TABLE
 from .common import Missing, build_or_reuse, config_dict
 from .interface import Inputs, Read, StageContext
 
@@ -75,7 +74,7 @@ def _no_progress():
 
 def find(store: Store, ref: str) -> Artifact:
     """The artifact of any stage whose id starts with `ref`."""
-    hits = [(s, i) for s in NAMES for i in store.ids(s) if i.startswith(ref)]
+    hits = [(s, i) for s in TABLE.names for i in store.ids(s) if i.startswith(ref)]
     if not hits:
         raise ArtifactError(f"no artifact with id '{ref}' in {store.root} (see `fedl2p artifacts list`)")
     if len(hits) > 1:
@@ -95,7 +94,7 @@ def lineage(store: Store, art: Artifact) -> list[Artifact]:
         todo += [store.load(k.split(":")[0], v, plugins=False) for k, v in a.parents.items()]
         if a.stage == "partition" and a.config.get("exclude"):  # the partition whose images it left out
             todo.append(store.load(a.stage, a.config["exclude"], plugins=False))
-    return sorted(out.values(), key=lambda a: (NAMES.index(a.stage), a.age))
+    return sorted(out.values(), key=lambda a: (TABLE.names.index(a.stage), a.age))
 
 
 def from_artifact(store: Store, ref: str) -> Section:
@@ -105,7 +104,7 @@ def from_artifact(store: Store, ref: str) -> Section:
 
 def label(a: Artifact) -> str:
     """A short name of what an artifact is, where the stage alone does not say."""
-    where = stage_of(a.stage).label
+    where = TABLE.stage(a.stage).label
     return (a.config if where[0] == "config" else a.metrics).get(where[1]) or a.stage if where else a.stage
 
 
@@ -183,7 +182,7 @@ def section_html(s: Section, store: Store) -> str:
                        f"{H.esc(a.file('summary.md').read_text())}</pre>")
     for a in pers:
         out.append(pool_detail_html(store, a))
-    metas = [a for a in arts if stage_of(a.stage).trains]
+    metas = [a for a in arts if TABLE.stage(a.stage).trains]
     if metas:
         out.append(training_html(metas))
     return "".join(out)
@@ -284,7 +283,7 @@ def timing(a: Artifact) -> str:
 
 def config_diff(a: Artifact) -> list[list[str]]:
     """Config keys whose value differs from the stage's default (keys the defaults lack: derived, shown too)."""
-    cls = stage_of(a.stage).config_type(a.config)
+    cls = TABLE.stage(a.stage).config_type(a.config)
     defaults = _flat(config_dict(cls())) if cls else {}
     return [[k, _show(v), _show(defaults[k]) if k in defaults else "(derived)"]
             for k, v in _flat(a.config).items() if k not in defaults or defaults[k] != v]
