@@ -36,6 +36,27 @@ def test_victims_are_strangers_past_their_grace_from_the_prefix_holding_the_most
     assert site2 is not None and not site2.evicted and not site.evicted
 
 
+def test_a_sites_prefix_gets_a_slot_in_a_storm_that_keeps_every_slot_fresh():
+    """A storm from many prefixes (200 at 1000/s) keeps every slot younger than min_age, so no victim is old enough
+    and a freed slot goes to whoever comes first: the storm. A newcomer from a prefix that holds, or lately held, a
+    connection with an accepted call (a site reconnecting) takes the oldest stranger's place however young."""
+    s = Slots(capacity=4, per_prefix=16, grace=2.0, min_age=0.5)
+    site, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)
+    s.accepted(site)
+    storm = [s.admit(f"10.{i}.0.1", f"10.{i}.0.0/24", now=1.0)[0] for i in range(3)]
+    new, _, why = s.admit("10.50.0.1", "10.50.0.0/24", now=1.1)
+    assert new is None and "slots taken" in why  # a stranger: every slot too young to give way
+    new, victim, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=1.1)  # the site's second connection
+    assert new is not None and victim is storm[0]
+    s.drop(new)
+    s.drop(site)  # the site's connection closes: its prefix stays known (a SuperNode reconnects)
+    s.admit("10.60.0.1", "10.60.0.0/24", now=1.2)
+    s.admit("10.61.0.1", "10.61.0.0/24", now=1.2)
+    again, victim, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=1.3)
+    assert again is not None and victim is storm[1]
+    assert s.known == {"10.9.0.0/24": pytest.approx(time.monotonic(), abs=60)} and not s.sites
+
+
 def test_a_sites_accepted_connection_does_not_make_its_prefix_the_victim():
     s = Slots(capacity=3, per_prefix=16, grace=1.0)
     site, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)

@@ -43,6 +43,7 @@ class Conn:
 
 
 FEW = 2  # evictable connections a prefix may hold and keep their grace period
+KNOWN_FOR = 3600.0  # seconds a prefix counts as a site's after its last connection with an accepted call closed
 
 
 class Slots:
@@ -58,6 +59,8 @@ class Slots:
         self.idle: dict[str, OrderedDict[Conn, None]] = {}  # prefix -> its evictable connections, oldest first
         self.buckets: dict[int, OrderedDict[str, None]] = {}  # n -> prefixes with n evictable connections
         self.top = 0
+        self.sites: dict[str, int] = {}  # prefix -> its open connections with an accepted call
+        self.known: dict[str, float] = {}  # prefix -> when its last such connection closed (forgotten after KNOWN_FOR)
 
     def __len__(self) -> int:
         return self.total
@@ -103,7 +106,7 @@ class Slots:
                 return None, None, f"{self.strangers[pfx]} connections without an accepted call from {pfx} " \
                                    "(--max-per-peer)"
         elif self.total >= self.capacity:
-            victim = self._victim(now)
+            victim = self._victim(now) or self._for_site(pfx, now)
             if victim is None:
                 return None, None, f"all {self.capacity} slots taken by sites, calls in flight or fresh connections " \
                                    "(--max-connections)"
@@ -137,6 +140,17 @@ class Slots:
                     return self._oldest(now)
         return self._oldest(now)
 
+    def _for_site(self, pfx: str, now: float) -> Conn | None:
+        """A newcomer from a site's prefix (one holding a connection with an accepted call, or that held one within
+        KNOWN_FOR) takes the oldest evictable connection's place, however young: a storm of new connections from many
+        prefixes keeps every slot younger than `min_age`, and a site reconnecting would lose every freed slot to it."""
+        if pfx not in self.sites:
+            seen = self.known.get(pfx)
+            if seen is None or now - seen > KNOWN_FOR:
+                self.known.pop(pfx, None)
+                return None
+        return next(iter(self.order), None)
+
     def _oldest(self, now: float) -> Conn | None:
         c = next(iter(self.order), None)
         return c if c is not None and now - c.opened >= self.min_age else None
@@ -158,6 +172,7 @@ class Slots:
         c.authed = True
         self._unindex(c)
         self._stranger_gone(c.prefix)
+        self.sites[c.prefix] = self.sites.get(c.prefix, 0) + 1
 
     def drop(self, c: Conn) -> None:
         """`c` is closed (or about to be, by eviction)."""
@@ -168,6 +183,16 @@ class Slots:
         self.total -= 1
         if not c.authed:
             self._stranger_gone(c.prefix)
+        else:
+            self._site_gone(c.prefix)
+
+    def _site_gone(self, pfx: str) -> None:
+        n = self.sites[pfx] - 1
+        if n:
+            self.sites[pfx] = n
+        else:
+            del self.sites[pfx]
+            self.known[pfx] = time.monotonic()
 
     def _stranger_gone(self, pfx: str) -> None:
         n = self.strangers[pfx] - 1
