@@ -70,6 +70,7 @@ bench-gateway: $(FLVENV)/.installed  # the Fleet gateway: memory under a 256 MB 
 	$(FLVENV)/bin/python bench/gateway.py $(ARGS)
 	$(FLVENV)/bin/python bench/edge_attacks.py  # the attack suite on both edges (gateway before/now, nginx), side by side
 	$(FLVENV)/bin/python bench/edge_supernode.py  # a real SuperNode behind each edge under the attacks flwr's retries decide
+	$(FLVENV)/bin/python bench/edge_memory.py  # each edge's memory per connection, under a ClientHello flood and after it
 
 bench-accuracy: $(STAMP) data
 	$(BIN)/python bench/accuracy.py

@@ -1,7 +1,7 @@
 """The edges' memory per connection and under TLS floods (part of `make bench-gateway`).
 
-Each edge (the gateway, and nginx from `fedl2p flower edge --nginx`) fronts the recording upstream of
-bench/edge_attacks.py on loopback with TLS, at its default limits. Measured from /proc (the edge's processes' RSS
+Each edge (the gateway before issue 72, the gateway now, and nginx from `fedl2p flower edge --nginx`) fronts the
+recording upstream of bench/edge_attacks.py on loopback with TLS, at its default limits. Measured from /proc (the edge's processes' RSS
 summed): its RSS idle after one site call; then per connection, with `--conns` connections from 8 addresses of as
 many /24s each (under every per-prefix limit): open and silent (TCP only), handshaking (a ClientHello sent, never
 finished) and authenticated (a site's call answered 200, kept alive); the peak while 4 threads replay a ClientHello
@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=96, help="connections held open for the per-connection figures")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds of the ClientHello flood")
     ap.add_argument("--body-mib", type=int, default=4, help="size of the site's bodies (at most --max-body)")
-    ap.add_argument("--edges", nargs="*", default=["gateway", "nginx"])
+    ap.add_argument("--edges", nargs="*", default=["gateway before", "gateway", "nginx"])
     a = ap.parse_args()
     from fedl2p_cli.flower import certs as flower_certs
     tmp = Path(tempfile.mkdtemp(prefix="edge-memory-"))
