@@ -160,7 +160,7 @@ def builtin(name: str, lr_grad: str = "last-step") -> MetaGradient:
 def with_lr_grad(mg: MetaGradient, entry: LrGradient) -> MetaGradient:
     """`mg` with its LRs' path from `entry` (`--lr-grad`). A meta-gradient without `with_lr_grad` keeps its own path,
     so it runs only with the last step's entry; any other is refused in one line naming both."""
-    from ..errors import ConfigError
+    from ..core.config import ConfigError
     from ..protocols import TakesLrGrad
     if isinstance(mg, TakesLrGrad):
         return mg.with_lr_grad(entry)
