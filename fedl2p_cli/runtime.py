@@ -40,9 +40,10 @@ class Runtime:
     workers: int | Literal["auto"] = opt(1, "Processes running a round's clients at once, one torch thread each; "
                                             "auto: one per free core (usable cores less the load average). The same "
                                             "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
-    engine: str = opt("local", "Where client updates run: local (--workers processes) | flower (pip install "
-                                  "'fedl2p[flower]') | batched (vmapped groups of --client-batch clients) | a "
-                                  "plugin's.<plugin-executors>", scope=ROUNDS)
+    engine: str = opt("auto", "Where client updates run: auto (batched on a GPU, else local) | local (--workers "
+                                 "processes) | flower (pip install 'fedl2p[flower]') | batched | a plugin's."
+                                 "<plugin-executors>",
+                      scope=ROUNDS)
     client_batch: int | Literal["auto"] = opt("auto", "Clients computed as one vmapped group (--engine batched; "
                                                       "personalize); auto: from a client's GPU memory (1 on the CPU).",
                                               AT_LEAST_1,
@@ -100,6 +101,14 @@ class Runtime:
     def on_gpu(self) -> bool:
         return self.device.startswith("cuda")
 
+    @property
+    def executor(self) -> str:
+        """The executor `engine` names; auto: `batched` on a GPU (clients as vmapped groups: 10x cheaper per client
+        there, docs/guide/gpu.md), `local` on the CPU (where one client at a time measures fastest)."""
+        if self.engine != "auto":
+            return self.engine
+        return "batched" if self.on_gpu else "local"
+
     def policy(self) -> RoundPolicy:
         return RoundPolicy(self.round_timeout or None, self.min_answers, self.round_retries)
 
@@ -144,7 +153,7 @@ class Runtime:
         d = {"device": self.device, "torch": torch.__version__, "deterministic": self.deterministic,
              # the CPU's kernels differ by instruction set: the same id computed on another CPU can differ in its bits
              "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-             "threads": torch.get_num_threads(), "workers": self.workers, "engine": self.engine}
+             "threads": torch.get_num_threads(), "workers": self.workers, "engine": self.executor}
         if self.on_gpu:
             dev = self.torch_device
             d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,

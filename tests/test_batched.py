@@ -290,3 +290,16 @@ def test_batched_pretraining_writes_the_same_model(tiny_store, tmp_path, algo):
     (id1, one), (id2, many) = states
     assert id1 == id2 and one.keys() == many.keys()
     assert all(close(one[k].float(), many[k].float(), 1e-4) for k in one)
+
+
+@pytest.mark.parametrize("meta_grad", ["fomaml", "ift"])
+def test_the_batched_client_update_reads_the_device_a_fixed_number_of_times(meta_grad):
+    """Host syncs (a tensor's value read into Python; on a GPU each waits for the device) per batched client update:
+    a few per iteration for the whole group and one at the end, whatever the group's size (bench/host_syncs.py)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import host_syncs
+    small, large = (sum(host_syncs.client_round(meta_grad, n).values()) for n in (2, 6))
+    assert small == large, (small, large)
+    assert large <= 6 * 2 + 1  # 2 iterations (TINY-sized rounds): losses, psi, finiteness; the reports at the end

@@ -314,3 +314,17 @@ def test_the_flower_client_app_places_what_its_builder_gives(monkeypatch):
         assert placement.placed(placed, torch.device("cpu")) is placed
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_engine_is_batched_by_default_on_a_gpu_and_says_so_in_one_line():
+    """--engine auto (the default): batched on a GPU, local on the CPU; a command on a GPU says so in one line, and a
+    user's choice stands. (The Runtime is not resolved here: its device string is enough, no GPU needed.)"""
+    from fedl2p_cli.cli.options import auto_engine_line
+    from fedl2p_cli.stages import meta_train
+    assert Runtime().executor == "local" and Runtime(device="cuda:0").executor == "batched"
+    assert Runtime(device="cuda:0", engine="local").executor == "local"
+    assert auto_engine_line(Runtime(), True) is None and auto_engine_line(Runtime(device="cuda:0", engine="local"), True) is None
+    line = auto_engine_line(Runtime(device="cuda:0"), True)
+    assert line is not None and "\n" not in line and "--engine batched --client-batch auto" in line
+    assert "--engine batched" not in (auto_engine_line(Runtime(device="cuda:0"), False) or "")
+    meta_train.check(meta_train.MetaTrainConfig(local=True), Runtime(device="cuda:0"))  # --local runs no rounds

@@ -121,10 +121,10 @@ def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
 
 def test_a_non_finite_meta_gradient_in_any_tensor_is_caught():
     ok = {"a": torch.ones(3), "b": torch.zeros(2, 2), "c": torch.ones(1)}
-    assert fedl2p_alg._finite(ok)
+    assert fedl2p_alg._finite([ok]) == [True]
     for bad in (float("nan"), float("inf"), -float("inf")):
         grads = dict(ok, b=torch.tensor([[0.0, bad], [0.0, 0.0]]))  # not the first tensor: every one is checked
-        assert not fedl2p_alg._finite(grads)
+        assert fedl2p_alg._finite([ok, grads, ok]) == [True, False, True]  # a group's, each client its own
 
 
 def test_real_nan_in_round_one_keeps_the_initial_lambda(tiny_store):

@@ -7,6 +7,7 @@ client's new lambda, its sample count and metrics, ready to run inside any feder
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -15,10 +16,10 @@ from torch import Tensor, nn
 
 from ..core.batched import finetune_many
 from ..core.client import ClientData, Timer
-from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
+from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy, personalized_loss_sum
 from ..core.functional import Params
 from ..core.hypergrad import MetaGrad
-from ..core.metanets import Lambda, grad_report, sgd_update
+from ..core.metanets import Lambda, grad_report, read_values, sgd_update
 from ..core.settings import MetaConfig
 from ..protocols import MetaHead
 from . import heads, meta_grads
@@ -51,9 +52,9 @@ def hyper_fn(xi: Tensor, x: Tensor, n_params: int, cfg: MetaConfig, head: MetaHe
     return lambda lam: fn(lam, xi, x)
 
 
-def _finite(lam: Lambda) -> bool:
-    """One host read for every tensor (on a GPU each `bool()` waits for the device)."""
-    return bool(torch.stack([torch.isfinite(v).all() for v in lam.values()]).all())
+def _finite(lams: list[Lambda]) -> list[bool]:
+    """Whether each lambda is finite: one host read for all of them (on a GPU each `bool()` waits for the device)."""
+    return torch.stack([torch.stack([torch.isfinite(v).all() for v in lam.values()]).all() for lam in lams]).tolist()
 
 
 def meta_gradient(model: nn.Module, ft: FinetuneResult, lam: Lambda, hyper, data: ClientData, cfg: MetaConfig,
@@ -92,25 +93,35 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             first = (beta, eta, ft.train_loss)
         with timer.section("hypergrad"):
             mg = meta_gradient(model, ft, lam, hyper, data, cfg, gen, entry)
-        if (bad := _diverged(mg, ft)) is not None:
+        if (bad := _diverged(mg, ft, _finite([mg.grads])[0])) is not None:
             raise bad
         lam = _meta_step(lam, mg, cfg, reports)
-    done = _finish(lam, len(yt), first_val, first, reports)  # type: ignore[arg-type]  # iterations >= 1 (validated)
+    read = _read_reports([reports])[0][0]
+    done = _finish(lam, len(yt), first_val, first, read)  # type: ignore[arg-type]  # iterations >= 1 (validated)
     if isinstance(done, Diverged):
         raise done
     return done
 
 
-def _diverged(mg: MetaGrad, ft: FinetuneResult) -> Diverged | None:
-    if math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and _finite(mg.grads):
+def _diverged(mg: MetaGrad, ft: FinetuneResult, finite_grads: bool) -> Diverged | None:
+    if math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and finite_grads:
         return None
     return Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
 
 
 def _meta_step(lam: Lambda, mg: MetaGrad, cfg: MetaConfig, reports: list[dict]) -> Lambda:
-    """Alg. 1 line 11: SGD on lambda; the step's gradient report (and the Neumann step the IFT took) kept."""
+    """Alg. 1 line 11: SGD on lambda; the step's gradient report (on the device) and the Neumann step the IFT took
+    kept."""
     reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))
     return bound_eta(sgd_update(lam, mg.grads, cfg.meta_lrs), cfg)
+
+
+def _read_reports(reports: list[list[dict]], extra: Sequence[Tensor] = ()) -> tuple[list[list[dict]], list[float]]:
+    """Clients' gradient reports (and `extra` 0-dim tensors) as Python floats, in one host read for them all."""
+    tensors = [v for rs in reports for r in rs for v in r.values() if isinstance(v, Tensor)] + list(extra)
+    vals = iter(read_values(tensors))
+    read = [[{k: next(vals) if isinstance(v, Tensor) else v for k, v in r.items()} for r in rs] for rs in reports]
+    return read, list(vals)
 
 
 def _finish(lam: Lambda, n: int, first_val: float, first: tuple[Tensor, Tensor, float], reports: list[dict]
@@ -131,12 +142,15 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
     """`client_update` for a group of clients in lock-step, each iteration's fine-tuning and meta-gradient (FOMAML+ or
     the IFT) one vmapped computation (`core.batched`).
     Per client the same as `client_update` to float tolerance: every client draws from its own generator in the same
-    order. A client that diverges gets its `Diverged` in place of a result and leaves the group."""
+    order. A client that diverges gets its `Diverged` in place of a result and leaves the group. The host reads the
+    device once per iteration (the group's losses and whether its meta-gradients are finite, which decide who stays)
+    and once at the end (`bench/host_syncs.py` counts them)."""
     timer = timer or Timer()
     n_p = len(theta_g)
     hypers = [hyper_fn(xi, x, n_p, cfg, head) for xi, x in inputs]
     out: list[ClientResult | Diverged | None] = [None] * len(lams)
-    lams, first_val = list(lams), [math.nan] * len(lams)
+    lams = list(lams)
+    first_sum: list[Tensor] = []  # each client's summed validation loss after iteration 1, read at the end
     first: list[tuple[Tensor, Tensor, float] | None] = [None] * len(lams)  # (beta, eta, train loss) of iteration 1
     reports: list[list[dict]] = [[] for _ in lams]
     for k in range(cfg.iterations):
@@ -153,16 +167,18 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
             if k == 0:
                 for c in live:
                     xv, yv = datas[c].val
-                    first_val[c], _ = personalized_accuracy(model, fts[c].params, xv, yv, strat[c], fts[c].bn,
-                                                            cfg.batch_size, cfg.val_stats)
+                    first_sum.append(personalized_loss_sum(model, fts[c].params, xv, yv, strat[c], fts[c].bn,
+                                                           cfg.batch_size, cfg.val_stats))
                     first[c] = (cast(Tensor, strat[c].beta), strat[c].lr, fts[c].train_loss)  # hyper_fn's beta: never None
         with timer.section("hypergrad"):
             mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p, entry, head)
-        for c in live:
-            out[c] = _diverged(mgs[c], fts[c])
+        for c, finite in zip(live, _finite([mgs[c].grads for c in live])):
+            out[c] = _diverged(mgs[c], fts[c], finite)
             if out[c] is None:
                 lams[c] = _meta_step(lams[c], mgs[c], cfg, reports[c])
-    return [o if o is not None else _finish(lams[c], len(datas[c].train[1]), first_val[c], first[c], reports[c])  # type: ignore[arg-type]  # set in iteration 1
+    read, sums = _read_reports(reports, first_sum)
+    first_val = [s / max(len(d.val[1]), 1) for s, d in zip(sums, datas)]
+    return [o if o is not None else _finish(lams[c], len(datas[c].train[1]), first_val[c], first[c], read[c])  # type: ignore[arg-type]  # set in iteration 1
             for c, o in enumerate(out)]
 
 

@@ -82,7 +82,18 @@ def runtime(ctx: typer.Context, device: str | None = None, **options: Any) -> Ru
     rt = Runtime.create(g.get("device") or device or "auto", deterministic=bool(g.get("deterministic")),
                         threads=int(g.get("threads") or 1), **store_options(ctx), **options)
     validate(rt)  # a bad value: one line naming the option
+    if (line := auto_engine_line(rt, "engine" in options)) is not None:
+        from .render import err_console
+        err_console.print(line, highlight=False, markup=False)
     return rt.apply()
+
+
+def auto_engine_line(rt: Runtime, has_engine: bool) -> str | None:
+    """The one line a command on a GPU says when it batches clients by default (`--engine auto`), else None."""
+    if not (rt.on_gpu and rt.engine == "auto"):
+        return None
+    how = "--engine batched --client-batch auto" if has_engine else "--client-batch auto"
+    return f"{rt.device}: clients run as vmapped groups ({how}); --engine local or --client-batch 1 for one at a time"
 
 
 # the `rt` of a command that computes on no device (config_command hands it `store_runtime`)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .bn import BNPolicy, MixBN, PathPolicy, update_running
-from .functional import Params, ce_loss, epochs_of_batches, evaluate, forward, mean_loss
+from .functional import Params, ce_loss, epochs_of_batches, evaluate, evaluate_sums, forward, mean_loss
 
 
 @dataclass
@@ -164,3 +164,10 @@ def personalized_accuracy(model: nn.Module, params: Params, x: Tensor, y: Tensor
     """Loss and accuracy under `inference_policy`; batch statistics are taken over batches of `batch_size`."""
     pol = eval_policy(s, bn, eval_stats)
     return evaluate(model, params, x, y, pol, batch_size if pol.client_mean is None else 512)
+
+
+def personalized_loss_sum(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
+                          batch_size: int, eval_stats: str = "running") -> Tensor:
+    """`personalized_accuracy`'s summed loss (float64), on the device: the caller reads many at once."""
+    pol = eval_policy(s, bn, eval_stats)
+    return evaluate_sums(model, params, x, y, pol, batch_size if pol.client_mean is None else 512)[0]

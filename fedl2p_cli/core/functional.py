@@ -61,10 +61,18 @@ def random_batch(n: int, batch_size: int, gen: torch.Generator, device: torch.de
     return _on(torch.randperm(n, generator=gen, device=gen.device)[:batch_size], device)
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolicy | None = None,
              batch_size: int = 512) -> tuple[float, float]:
     """Mean cross-entropy and accuracy; `batch_size` matters only when the policy uses batch statistics."""
+    total_loss, correct = evaluate_sums(model, params, x, y, pol, batch_size)
+    n = max(len(y), 1)
+    return total_loss.item() / n, correct.item() / n
+
+
+@torch.no_grad()
+def evaluate_sums(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPolicy | None = None,
+                  batch_size: int = 512) -> tuple[Tensor, Tensor]:
+    """`evaluate`'s summed cross-entropy (float64) and count of correct answers, left on the device (no host read)."""
     total_loss, correct = x.new_zeros((), dtype=torch.float64), y.new_zeros((), dtype=torch.int64)  # read once, at the end
     for i in range(0, len(y), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
@@ -76,8 +84,7 @@ def evaluate(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: BNPoli
             logits = forward(model, params, xb, pol)
         total_loss += F.cross_entropy(logits, yb, reduction="sum").double()  # float64 sums: as Python floats were
         correct += (logits.argmax(1) == yb).sum()
-    n = max(len(y), 1)
-    return total_loss.item() / n, correct.item() / n
+    return total_loss, correct
 
 
 def get_state(model: nn.Module) -> dict[str, torch.Tensor]:

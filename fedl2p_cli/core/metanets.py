@@ -159,17 +159,23 @@ def sgd_update(lam: Lambda, grads: Lambda, lrs: dict[str, float], clip: float = 
     return {k: v - lrs[block_of(k)] * grads[k].clamp(-clip, clip) for k, v in lam.items()}
 
 
-def grad_report(grads: Lambda, clip: float = 1.0) -> dict[str, float]:
+def grad_report(grads: Lambda, clip: float = 1.0) -> dict[str, Tensor]:
     """Per block (BNNet, LRNet, eta~): L2 norm of the meta-gradient before clipping, and the share of its entries
-    that the element-wise clip changes. Shows whether (and where) the meta-nets receive signal."""
-    out: dict[str, float] = {}
+    that the element-wise clip changes. Shows whether (and where) the meta-nets receive signal. Left on the device
+    (0-dim tensors): a round reads its clients' reports at once (`read_values`)."""
+    out: dict[str, Tensor] = {}
     for g in GROUPS:
         vals = [v.reshape(-1) for k, v in grads.items() if block_of(k) == g]
         if vals:
             flat = torch.cat(vals)
-            out[f"gnorm_{g}"] = float(flat.norm())
-            out[f"clipped_{g}"] = float((flat.abs() > clip).float().mean())
+            out[f"gnorm_{g}"] = flat.norm()
+            out[f"clipped_{g}"] = (flat.abs() > clip).float().mean()
     return out
+
+
+def read_values(values: list[Tensor]) -> list[float]:
+    """0-dim tensors as Python floats in one host read (each value exact: float32 and float64 widen to float64)."""
+    return torch.stack([v.detach().double() for v in values]).tolist() if values else []
 
 
 class ServerAdam:

@@ -48,7 +48,7 @@ def no_client_batch(runtime: Runtime, name: str) -> None:
 
 def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: Callable[..., Any],
               local_context: Any, nodes: int, update_many: Callable[..., list[Any]] | None = None) -> Pool:
-    """The pool of a stage run's client updates, from the executor `runtime.engine` names. Every process computes on
+    """The pool of a stage run's client updates, from the executor `runtime.executor` names. Every process computes on
     the runtime's device; each builds its context as `build(*args, runtime)`. A client that fails or gives no reply
     within the round timeout comes back as `rounds.Failed`. `update_many`: the stage's group update, for executors
     that batch clients (`engine.batched`)."""
@@ -56,7 +56,7 @@ def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: 
     catalog = plugins.of(runtime)
     sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
                            allow_import=tuple(catalog.allowed))
-    return get(runtime.engine, catalog).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
+    return get(runtime.executor, catalog).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
 
 
 def get(name: str, catalog: Catalog) -> Executor:

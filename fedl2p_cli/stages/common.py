@@ -116,7 +116,7 @@ def check_runtime(runtime: Runtime) -> None:
     on a GPU, and a GPU run on Flower needs it (Ray hides the GPUs from a ClientApp that was given none)."""
     validate(runtime)
     # --engine names a registered executor, which checks the options it reads
-    executors.get(runtime.engine, plugins.of(runtime)).check(runtime)
+    executors.get(runtime.executor, plugins.of(runtime)).check(runtime)
 
 
 def write_history(path: Path, history: list[dict]) -> None:

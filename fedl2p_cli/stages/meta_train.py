@@ -48,7 +48,7 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     meta_gradient_of(cfg.meta)  # catalog entries: an unknown name stops here, naming the choices
     head_entry(cfg.meta.head)
     server_step_entry(cfg.meta_opt)
-    if cfg.local and runtime.engine != "local":
+    if cfg.local and runtime.engine not in ("local", "auto"):  # auto: --local runs no rounds, on any device
         raise FedL2PError(f"--engine {runtime.engine} runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
 
