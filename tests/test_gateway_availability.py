@@ -205,6 +205,32 @@ def test_refused_calls_are_limited_per_prefix_and_never_a_sites_connection(refus
         up.shutdown()
 
 
+def test_a_refusal_counts_when_the_client_leaves_as_soon_as_it_has_it(tmp_path):
+    """Over TLS, a stranger that reads the refusal's first bytes and resets still has it counted: the SuperLink's
+    verdict is counted when it arrives, not once the client has taken the whole answer."""
+    pytest.importorskip("cryptography")
+    import ssl
+
+    from fedl2p_cli.flower import certs as flower_certs
+    from fedl2p_cli.flower import gateway as gw
+    flower_certs.make(tmp_path, 1, ["127.0.0.1"])
+    up = Refusing()
+    g = Running(up, limits(unauth_per_minute=5, header_timeout=5), tls=gw.server_tls(tmp_path / "server.pem",
+                                                                                     tmp_path / "server.key"))
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    try:
+        for _ in range(12):
+            with contextlib.suppress(OSError), ctx.wrap_socket(connect(g.port, "127.0.4.9"),
+                                                                server_hostname="127.0.0.1") as s:
+                s.sendall(call())
+                s.recv(12)  # "HTTP/1.1 401", then gone
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        assert up.calls <= 6, up.calls
+    finally:
+        g.stop()
+        up.shutdown()
+
+
 def test_a_trickled_body_ends_at_the_body_timeout_with_an_honest_408(upstream):
     g = Running(upstream, limits(body_timeout=1.5, idle_timeout=1.0, header_timeout=5))
     try:

@@ -286,14 +286,12 @@ class Gateway:
                     self.log.request(peer, line.method, line.target, "-", 0, 0, None,
                                      f"client gone: {type(e).__name__}", None if c.authed else c.prefix)
                 raise
-            status = None
             self.slots.busy(c, True)
             try:
-                status = await self._forward(conn, writer, peer, req, path, body, c)
+                await self._forward(conn, writer, peer, req, path, body, c)
             finally:
                 del body  # freed with its budget, not held while the connection waits for its next request
                 hold.release()
-                self._account(c, status)
                 self.slots.busy(c, False)
             if conn.our_state is h11.MUST_CLOSE:
                 return
@@ -416,15 +414,15 @@ class Gateway:
         from . import relay
         ms = 1e3 * (time.perf_counter() - t0)
         quiet = None if c.authed or r.status_code < 400 else c.prefix
+        self._account(c, r.status_code)  # the SuperLink's verdict counts, whether or not the client reads it
         out = [(k, v) for k, v in r.headers.raw if k.lower() not in HOP]
         n = relay.declared_length(r.headers.raw)
         if n is not None:
             out.append((b"content-length", str(n).encode()))
         sent, wait = 0, self.limits.idle_timeout
         try:
-            writer.write(conn.send(h11.Response(status_code=r.status_code, headers=out,
-                                                reason=reason_phrase(r.status_code))))
-            sent = await relay.relay_body(conn, writer, r.aiter_bytes(relay.CHUNK), wait)
+            head = conn.send(h11.Response(status_code=r.status_code, headers=out, reason=reason_phrase(r.status_code)))
+            sent = await relay.relay_body(conn, writer, head, r.aiter_bytes(relay.CHUNK), wait)
         except TimeoutError:
             note = f"the client did not read its answer within --idle-timeout ({wait:g} s)"
         except (ConnectionError, OSError) as e:  # forwarded, answered upstream, the client gone before our answer

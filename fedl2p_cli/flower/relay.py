@@ -80,14 +80,17 @@ async def drained(writer: asyncio.StreamWriter, timeout: float) -> None:
     await asyncio.wait_for(writer.drain(), timeout)
 
 
-async def relay_body(conn: h11.Connection, writer: asyncio.StreamWriter, chunks: AsyncIterator[bytes], timeout: float) -> int:
-    """The answer's body from `chunks` to the client through h11 connection `conn`, one chunk at a time; bytes sent."""
+async def relay_body(conn: h11.Connection, writer: asyncio.StreamWriter, head: bytes,
+                     chunks: AsyncIterator[bytes], timeout: float) -> int:
+    """The answer's `head` (bytes h11 made of it) and body from `chunks` to the client through h11 connection `conn`,
+    the head with the first chunk (one write: a client may read the head alone and leave), then one chunk at a time;
+    the body's bytes sent."""
     sent = 0
     async for data in chunks:
         if data:
-            writer.write(conn.send(h11.Data(data=data)))
+            writer.write(head + conn.send(h11.Data(data=data)))
+            head = b""
             sent += len(data)
             await drained(writer, timeout)
-    writer.write(conn.send(h11.EndOfMessage()))
-    await drained(writer, timeout)
+    writer.write(head + conn.send(h11.EndOfMessage()))  # not waited for: a client that read it all may close at once
     return sent
