@@ -8,8 +8,8 @@ package's errors, nothing else (tests/test_layout.py checks)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar, cast
 
 from .errors import FedL2PError
@@ -142,14 +142,16 @@ class Catalog:
     plugins: dict[str, Plugin] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     loaded: bool = False   # the built-ins and the installed plugins are in (plugins.current() fills it once)
-    # modules the user allowed to import besides the plugins' (--allow-import, FEDL2P_ALLOW_IMPORT, --model
-    # package.module:factory): a worker process receives them in its Runtime (`allow_import`)
-    allowed: list[str] = field(default_factory=list)
+    # modules allowed to import besides the plugins': where the process started (FEDL2P_ALLOW_IMPORT, a worker's
+    # parent's list). A command's own (--allow-import, a --model package.module:factory) are its Runtime's
+    # `allow_import`, which the stage interface adds for the lookups below a stage (`allowing`)
+    allowed: tuple[str, ...] = ()
     quiet: bool = False    # a worker's catalog: its parent already warned about broken plugins
 
-    def allow(self, module: str) -> None:
-        if module and module not in self.allowed:
-            self.allowed.append(module)
+    def allowing(self, modules: Sequence[str]) -> Catalog:
+        """This catalog (its pieces shared) with `modules` allowed too; itself where it allows them all already."""
+        extra = tuple(dict.fromkeys(m for m in modules if m and m not in self.allowed))
+        return replace(self, allowed=self.allowed + extra) if extra else self
 
     def add(self, plugin: Plugin, pieces: list[tuple[str, str, object]]) -> None:
         """Register a plugin's pieces ((kind, name, value) each) all together, or none of them: a name already taken

@@ -304,17 +304,14 @@ ALLOW_ENV = "FEDL2P_ALLOW_IMPORT"
 def as_worker(allow: Sequence[str]) -> None:
     """Before a worker process or Flower ClientApp first looks anything up: its parent's allow list (from the
     Runtime it received), and no second warning about a broken plugin the parent already named."""
-    catalog = _chosen()
-    catalog.quiet = True
-    for module in allow:
-        catalog.allow(module)
+    _CURRENT.set(Catalog(allowed=tuple(allow), quiet=True))  # this process's catalog, filled on first lookup
 
 
 def fill(catalog: Catalog, installed: bool = True) -> Catalog:
     """The built-ins, then (with `installed`) the installed plugins' entry points and FEDL2P_PLUGINS's modules."""
     catalog.loaded = True  # before loading: a lookup made while a plugin registers sees what is there so far
-    for module in _split(os.environ.get(ALLOW_ENV, "")):  # the user's allow list, read where the process starts
-        catalog.allow(module)
+    # the user's allow list, read where the process starts
+    catalog.allowed = tuple(dict.fromkeys((*catalog.allowed, *_split(os.environ.get(ALLOW_ENV, "")))))
     try:
         load_module(catalog, BUILTIN_MODULE, "built-in")
         if installed:

@@ -53,10 +53,10 @@ def _torch_threads_per_test():
 
 @pytest.fixture(autouse=True)
 def _allow_list_per_test():
-    """--allow-import (and a `--model package.module:factory`) allows a module for the rest of the process's
-    catalog, as in one command; between tests it starts again from what it was."""
+    """The context catalog's allow list (FEDL2P_ALLOW_IMPORT where it was filled): between tests it starts again from
+    what it was."""
     from fedl2p_cli import plugins
     catalog = plugins.current()
-    before = list(catalog.allowed)
+    before = catalog.allowed
     yield
-    catalog.allowed[:] = before
+    catalog.allowed = before

@@ -5,6 +5,8 @@ names; the built-in artifacts keep their ids."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -13,7 +15,7 @@ from fedl2p_cli import plugins
 from fedl2p_cli.configs import PretrainConfig
 from fedl2p_cli.core.bn import MixBN, bn_layers
 from fedl2p_cli.errors import FedL2PError
-from fedl2p_cli.models import bn_swap, guard, registry
+from fedl2p_cli.models import bn_swap, registry
 from fedl2p_cli.stages.pretrain import import_init
 
 # the tiny store's ids (tests/conftest.py), from before models, datasets and methods became plugins: a change to how
@@ -31,9 +33,17 @@ def test_the_builtin_artifacts_keep_their_ids(tiny_store):
     assert {k: tiny_store[k].id for k in PINNED} == PINNED
 
 
+@pytest.fixture
+def allow():
+    """`allow(ref)`: the user named ref's module, as --model does at the command line (its runtime's allow_import,
+    which the stage interface hands down in the catalog): allowed for the rest of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda ref: stack.enter_context(plugins.using(plugins.current().allowing([ref.partition(":")[0]])))
+
+
 @pytest.mark.parametrize("factory", ["torchvision.models:resnet18", "torchvision.models:mobilenet_v3_small"])
-def test_a_torchvision_model_gets_mixing_bn_with_the_same_outputs(factory):
-    guard.allow(factory)  # named by the user, as --model does (an unnamed module is refused: tests/test_imports.py)
+def test_a_torchvision_model_gets_mixing_bn_with_the_same_outputs(factory, allow):
+    allow(factory)  # named by the user, as --model does (an unnamed module is refused: tests/test_imports.py)
     plain = registry._call(registry.spec(factory).factory, 3, 10)
     n_bn = len(bn_swap.plain_bn(plain))
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -124,11 +134,11 @@ def test_a_model_that_is_not_twice_differentiable_is_refused_when_built_and_the_
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in checked.state_dict().items())
 
 
-def test_init_loads_the_users_own_state_dict(tmp_path):
+def test_init_loads_the_users_own_state_dict(tmp_path, allow):
     """A torchvision ResNet-18 trained by the user (here: random weights and BN statistics), saved with torch.save
     under torchvision's key names, loads into the model fedl2p builds from the same factory."""
     factory = "torchvision.models:resnet18"
-    guard.allow(factory)
+    allow(factory)
     user = registry._call(registry.spec(factory).factory, 3, 10)
     bn_swap._randomise_bn(user, torch.Generator().manual_seed(3))
     torch.save(user.state_dict(), tmp_path / "mine.pt")
@@ -140,10 +150,10 @@ def test_init_loads_the_users_own_state_dict(tmp_path):
     assert registry.head_prefix(model) == "fc."
 
 
-def test_a_model_reference_that_does_not_load_is_one_error():
+def test_a_model_reference_that_does_not_load_is_one_error(allow):
     with pytest.raises(FedL2PError, match="--model no_such_pkg.mod:f: refusing to import .* --allow-import no_such_pkg.mod"):
         registry.build("no_such_pkg.mod:f", 3, 10)  # nobody named or allowed it: not even looked for
-    guard.allow("no_such_pkg.mod:f")
+    allow("no_such_pkg.mod:f")
     with pytest.raises(FedL2PError, match="--model no_such_pkg.mod:f: cannot load it"):
         registry.build("no_such_pkg.mod:f", 3, 10)
     with pytest.raises(FedL2PError, match="unknown model 'vgg'"):

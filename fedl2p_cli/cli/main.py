@@ -60,10 +60,7 @@ def _global(ctx: typer.Context,
                                                     "sent anywhere) or an MLflow server URI.")) -> None:
     """--device, --deterministic, --threads, --lock-timeout and --track become each command's Runtime (cli/options.py
     `runtime`); --track is checked here, before any command runs."""
-    from ..models import guard
     from .generate import load_pieces
-    for module in allow_import or []:
-        guard.allow(module)
     ctx.obj = {"plugin": plugin or []}
     if ctx.invoked_subcommand != "flower":  # `flower` loads them for the commands that need pieces (cli/flower.py)
         load_pieces(ctx)

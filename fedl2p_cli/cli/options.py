@@ -30,12 +30,11 @@ def execute(stage: Any, cfg: Any, parents: dict[str, str | list[str] | None], pa
             force: bool, **ctx: Any) -> Any:
     """A command's stage run through the stage interface: the parent ids the command line gave (None: the stage's
     default), the store at `path`, and the rest of the context (progress, resume, plot). A `package.module:factory`
-    model its config names is the user's: allowed here, at the edge, so that the stage and those after it may import
-    it (the stages never change the catalog)."""
-    from ..models import guard
+    model its config names is the user's: allowed here, at the edge, in the runtime the stage receives (its
+    `allow_import`; the stages never change the catalog)."""
     from ..stages.interface import Inputs, StageContext, run_stage  # with the stage, so --help stays torch-free
     if ":" in str(getattr(cfg, "model", "")):
-        guard.allow(cfg.model)
+        rt = rt.replace(allow_import=(*rt.allow_import, cfg.model.partition(":")[0]))
     return run_stage(stage, cfg, Inputs.given(parents), StageContext(store(path), rt, force, **ctx))
 
 
@@ -101,12 +100,12 @@ StoreRuntime = NewType("StoreRuntime", Runtime)
 
 
 def store_options(ctx: typer.Context) -> dict[str, Any]:
-    """What every build reads, whatever it computes on: --lock-timeout, --track, --track-uri, and the catalog of pieces
-    (the built-ins, the installed plugins and --plugin's)."""
+    """What every build reads, whatever it computes on: --lock-timeout, --track, --track-uri, the modules the user
+    allowed (--allow-import) and the catalog of pieces (the built-ins, the installed plugins and --plugin's)."""
     from .. import plugins
     g = ctx.find_root().params
     return {"lock_timeout": g.get("lock_timeout"), "track": g.get("track"), "track_uri": g.get("track_uri"),
-            "catalog": plugins.current()}
+            "allow_import": tuple(g.get("allow_import") or ()), "catalog": plugins.current()}
 
 
 def store_runtime(ctx: typer.Context) -> Runtime:

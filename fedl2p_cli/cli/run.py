@@ -9,7 +9,6 @@ import typer
 
 from .. import plugins
 from ..errors import FedL2PError
-from ..models import guard
 from ..stages import pipeline_files as files
 from . import options, personalize, render
 
@@ -43,10 +42,9 @@ def run(
         return
     p = pipeline.load(path, store)
     plugins.load(p.plugins, f"pipeline {path}")  # into this command's catalog, which its runtime carries
-    for model in pipeline.named_models(p):  # named by the user: its stages, and those after, may import it
-        guard.allow(model)
     render.plugin_notes()  # the pipeline's own plugins'
     rt = options.runtime(ctx, device=p.device)
+    rt = rt.replace(allow_import=(*rt.allow_import, *pipeline.named_modules(p)))  # named by the user: its stages may import them
     render.console.print(f"[bold]pipeline {p.name}[/bold] (store {p.store.root})")
     results = pipeline.run(p, force, render.RichProgress,
                            lambda r: render.artifact_line(f"{r.stage} [{r.label}]", r.artifact.id, r.artifact.path, r.reused),

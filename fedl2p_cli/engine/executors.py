@@ -55,7 +55,7 @@ def open_pool(runtime: Runtime, build: Callable[..., Any], args: tuple, update: 
     from .. import plugins
     catalog = plugins.of(runtime)
     sent = runtime.replace(plugins=tuple(dict.fromkeys((*runtime.plugins, *catalog.active()))),
-                           allow_import=tuple(catalog.allowed))
+                           allow_import=tuple(dict.fromkeys((*runtime.allow_import, *catalog.allowed))))
     return get(runtime.executor, catalog).open(Job(runtime, sent, build, args, update, local_context, nodes, update_many))
 
 

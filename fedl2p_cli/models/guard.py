@@ -3,7 +3,9 @@
 A model named `package.module:factory` is imported only when the user named it: `--model` (or a pipeline's `model`) on
 this command, `fedl2p --allow-import MODULE` (or FEDL2P_ALLOW_IMPORT), or a loaded plugin's own module. Loading an
 artifact that names another is one line saying which module it asks for and how to allow it. The list is the
-catalog's (`Catalog.allowed`); worker processes and Flower simulation nodes receive it in their Runtime."""
+command's Runtime's (`allow_import`, set at the command line's edge and never changed after), seen here through the
+catalog the stage interface hands over (`Catalog.allowing`); worker processes and Flower simulation nodes receive it in
+their Runtime."""
 
 from __future__ import annotations
 
@@ -17,14 +19,6 @@ from ..errors import ArtifactError, FedL2PError
 
 def allowed_modules() -> list[str]:
     return list(plugins.current().allowed)
-
-
-def allow(ref: str | None) -> None:
-    """The user named `ref` (a model `package.module:factory`, or a module with --allow-import): its module may be
-    imported here and in the workers this process starts."""
-    if not ref:
-        return
-    plugins.current().allow(ref.partition(":")[0])
 
 
 def _within(module: str, package: str) -> bool:

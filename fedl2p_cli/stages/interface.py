@@ -147,9 +147,10 @@ class StageModule(Protocol):
 
 
 def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """A stage run: its module's `execute`, with the catalog handed over the one every lookup below it answers from
-    (a model's factory, a dataset, a method: code that has no runtime in reach)."""
-    with plugins.using(ctx.catalog):
+    """A stage run: its module's `execute`, with the catalog handed over (and the runtime's allow list: the modules
+    the command named) the one every lookup below it answers from (a model's factory, a dataset, a method: code that
+    has no runtime in reach)."""
+    with plugins.using(ctx.catalog.allowing(ctx.runtime.allow_import)):
         return module.execute(cfg, replace(inputs, store=ctx.store), ctx)
 
 

@@ -105,10 +105,11 @@ def load(path: Path, store_override: Path | None = None, table: Table = TABLE) -
                     table=table)
 
 
-def named_models(p: Pipeline) -> list[str]:
-    """The `package.module:factory` models the file's sections name: the user's, which the command line allows."""
+def named_modules(p: Pipeline) -> tuple[str, ...]:
+    """The modules of the `package.module:factory` models the file's sections name: the user's, which the command
+    line allows (its runtime's `allow_import`)."""
     tables = [t for v in p.sections.values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, dict)]
-    return [m for t in tables if isinstance(m := t.get("model"), str) and ":" in m]
+    return tuple(dict.fromkeys(m.partition(":")[0] for t in tables if isinstance(m := t.get("model"), str) and ":" in m))
 
 
 # -- compiling ---------------------------------------------------------------------------------------------------

@@ -47,10 +47,10 @@ def from_pipeline(path: Path, store_override: Path | None, runtime: Runtime | No
     steps = pipeline.recorded(p)
     if steps is None:
         rt = (runtime or Runtime()).replace(reuse_only=True)
+        rt = rt.replace(allow_import=(*rt.allow_import, *pipeline.named_modules(p)))  # the models the file names
         if p.plugins:  # compiling needs the file's plugins: a catalog of its own, the one handed over stays as it was
             handed = plugins.of(rt)
-            own = plugins.build(*handed.active(), *p.plugins, installed=True)
-            own.allowed.extend(m for m in handed.allowed if m not in own.allowed)
+            own = plugins.build(*handed.active(), *p.plugins, installed=True).allowing(handed.allowed)
             rt = rt.replace(catalog=own)
         try:  # every step finds its artifact, or names the one missing; nothing is built
             with plugins.using(plugins.of(rt)):
