@@ -16,6 +16,8 @@ the client sent it and can bound every phase of a request:
   evicted, rate-limited or refused budget; the other connections are counted per network prefix (connections, new
   connections per second, refused calls per minute, bytes of bodies held); load is answered 503 with Retry-After
   (flwr retries it, and gives up on a 429), or, on the TLS port before any TLS byte, a reset;
+- a body is held once (one buffer, forwarded 64 KiB at a time) and the SuperLink's answer relayed a chunk at a time
+  (relay.py); memory stays within the idle size + the body budget + a stated overhead per connection (memory.py);
 - every site's request is one access-log line (time, peer, method, target, status, bytes in and out, upstream time);
   lines about strangers are summed up per prefix past a few per interval; the gateway's own failures are one line
   each, never a traceback.
@@ -352,9 +354,9 @@ class Gateway:
             conn.receive_data(data)
 
     async def _body(self, reader, leftover: bytes, n: int, hold: Hold) -> tuple[Body, bytes]:
-        """The body's `n` bytes, read into one buffer (relay.Body), each read's bytes taken from the budget as they arrive; and the
-        bytes after it (a pipelined request). It must arrive within `body_timeout`, with no gap of `idle_timeout`,
-        and at `min_body_rate` on average once `grace` seconds are over."""
+        """The body's `n` bytes, read into one buffer (relay.Body), each read's bytes taken from the budget as they
+        arrive; and the bytes after it (a pipelined request). It must arrive within `body_timeout`, with no gap of
+        `idle_timeout`, and at `min_body_rate` on average once `grace` seconds are over."""
         from .relay import Body
         lim = self.limits
         body = Body(n)
@@ -452,8 +454,8 @@ class Gateway:
 
     async def housekeeping(self) -> None:
         """Once a second: collect the closed TLS connections' buffers (asyncio's SSL protocol keeps its buffers in
-        reference cycles that only the cyclic collector frees) and hand the memory back; once per log interval: sum up the held-back log
-        lines and forget idle prefixes."""
+        reference cycles that only the cyclic collector frees) and hand the memory back; once per log interval: sum
+        up the held-back log lines and forget idle prefixes."""
         last = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
