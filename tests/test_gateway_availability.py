@@ -374,9 +374,19 @@ def test_small_points_head_limit_reason_phrase_header_bytes_and_length(upstream)
         g.stop()
 
 
+def served(port: int, tries: int = 3) -> int | None:
+    """The retries a site's call needed to be answered 200 (a SuperNode retries a failed connection), None: never."""
+    for attempt in range(tries):
+        if status(site_send(port)) == 200:
+            return attempt
+        time.sleep(0.2)
+    return None
+
+
 def test_a_reconnect_storm_of_strangers_leaves_the_site_served(upstream):
     """A site of the federation (one call accepted before the storm, as a SuperNode's polls are) opens a fresh
-    connection for each of 10 calls while strangers reconnect as fast as 4 threads can: every call is served (its
+    connection for each of 10 calls while strangers reconnect as fast as 4 threads can: every call is served, at most
+    3 of them after a retry (a busy machine's accept queue can drop one connection; its
     prefix held an accepted call, so its newcomer takes a stranger's slot however young the storm keeps them). A site
     never seen before cannot be told from the storm: it waits for a slot older than the grace period, which under load
     can take longer than a test should wait."""
@@ -398,8 +408,8 @@ def test_a_reconnect_storm_of_strangers_leaves_the_site_served(upstream):
         t.start()
     try:
         time.sleep(0.3)  # the storm fills every slot
-        got = [status(site_send(g.port)) for _ in range(10)]
-        assert got.count(200) == 10, (got, g.out.getvalue()[-3000:])
+        got = [served(g.port) for _ in range(10)]
+        assert None not in got and sum(got) <= 3, (got, g.out.getvalue()[-3000:])
     finally:
         stop.set()
         for t in threads:
