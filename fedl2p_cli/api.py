@@ -21,7 +21,9 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - a server step (`meta-train --meta-opt NAME`: how the server moves lambda each round): `registry.add_server_step(
   step)`, a `ServerStep`;
 - an LR meta-gradient (`meta-train --lr-grad NAME`: the path along which the fine-tuning's LRs moved the weights):
-  `registry.add_lr_grad(entry)`, an `LrGradient`; a meta-gradient takes it through `with_lr_grad` (`TakesLrGrad`).
+  `registry.add_lr_grad(entry)`, an `LrGradient`; a meta-gradient takes it through `with_lr_grad` (`TakesLrGrad`);
+- the meta-nets' inputs (`meta-train --input-norm NAME`: how a client's statistics become BNNet's and LRNet's inputs,
+  fitted on the seen clients): `registry.add_meta_inputs(entry)`, a `MetaInputs`.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -47,6 +49,7 @@ from .protocols import (
     LrGradient,
     MetaGradient,
     MetaHead,
+    MetaInputs,
     ModelFactory,
     Outcome,
     PretrainClient,
@@ -191,7 +194,7 @@ __all__ = [
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
-    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad",
+    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad", "MetaInputs",
     # what a meta-gradient is handed and returns, and the built-ins to build on
     "FinetuneResult", "MetaGrad", "Fomaml", "Ift", "random_batch",
     # what a method is handed in `personalize`

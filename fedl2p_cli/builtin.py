@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def register(registry) -> None:
-    from .algorithms import heads, local, lr_grads, server_steps
+    from .algorithms import heads, local, lr_grads, meta_inputs, server_steps
     from .algorithms.meta_grads import BUILTIN as META_GRADS
     from .data.builtin_sources import SOURCES
     from .engine.batched import Batched
@@ -42,3 +42,5 @@ def register(registry) -> None:
         registry.add_server_step(step)
     for lr_grad in lr_grads.BUILTIN:
         registry.add_lr_grad(lr_grad)
+    for entry in meta_inputs.BUILTIN:
+        registry.add_meta_inputs(entry)

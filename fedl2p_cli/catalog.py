@@ -17,6 +17,7 @@ from .protocols import (
     LrGradient,
     MetaGradient,
     MetaHead,
+    MetaInputs,
     Method,
     ModelFactory,
     PretrainClient,
@@ -117,8 +118,9 @@ META_GRAD: Kind[MetaGradient] = Kind("meta-grad", "meta-gradient", "--meta-grad"
 META_HEAD: Kind[MetaHead] = Kind("meta-head", "meta-net head", "--head")
 SERVER_STEP: Kind[ServerStep] = Kind("server-step", "server step", "--meta-opt")
 LR_GRAD: Kind[LrGradient] = Kind("lr-grad", "LR meta-gradient", "--lr-grad")
+META_INPUTS: Kind[MetaInputs] = Kind("meta-inputs", "meta-net inputs", "--input-norm")
 KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad", "meta-head",
-         "server-step", "lr-grad")  # EXECUTOR: in runtime.py
+         "server-step", "lr-grad", "meta-inputs")  # EXECUTOR: in runtime.py
 
 
 @dataclass(frozen=True)

@@ -101,10 +101,10 @@ class StatsConfig:
 
 
 Nets = Literal["both", "bnnet", "lrnet"]
-InputNorm = Literal["none", "standardize", "robust"]
 ClientWeights = Literal["samples", "equal"]
 Keep = Literal["best", "last"]
-NETS, INPUT_NORMS, KEEPS = (get_args(t) for t in (Nets, InputNorm, Keep))
+NETS, KEEPS = (get_args(t) for t in (Nets, Keep))
+INPUT_NORM_TAGS = {"standardize": "std", "robust": "rstd"}  # --input-norm's words in variant names
 @dataclass(kw_only=True)
 class MetaTrainConfig:
     """`fedl2p meta-train`'s options (and a [[meta-train]] table's keys): the federation around the client update
@@ -116,9 +116,10 @@ class MetaTrainConfig:
                      tag=Tag(lambda v, c: "bnnet" if v == "bnnet" else f"lrnet-b{c.meta.fixed_beta:g}", 30))
     local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
     patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
-    input_norm: InputNorm = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored "
-                                        "over the seen clients (stored with lambda) | robust = SD floored, |z| <= 3.",
-                                tag=Tag({"standardize": "std", "robust": "rstd"}, 80))
+    # a catalog entry (algorithms/meta_inputs.py; the stage checks the name), fitted on the seen clients
+    input_norm: str = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored over the "
+                                  "seen clients | robust = SD floored, |z| <= 3 | a plugin's.<plugin-meta-inputs>",
+                          tag=Tag(lambda v, _c: INPUT_NORM_TAGS.get(v, v), 80))
     # a catalog entry (algorithms/server_steps.py; the stage checks the name): fedadam's word is "adam", a plugin's
     # its name
     meta_opt: str = opt("fedavg", "Server update of lambda: fedavg (the paper's) | fedadam = Adam on the mean client "

@@ -38,6 +38,7 @@ from .catalog import (
     LR_GRAD,
     META_GRAD,
     META_HEAD,
+    META_INPUTS,
     METHOD,
     MODEL,
     PRETRAIN_ALGO,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         LrGradient,
         MetaGradient,
         MetaHead,
+        MetaInputs,
         Method,
         ModelFactory,
         PretrainClient,
@@ -152,6 +154,13 @@ class Registry:
         if not all(hasattr(lr_grad, a) for a in ("name", "about", "path", "slope")):
             raise PluginError(f"{self.plugin.describe()}: add_lr_grad takes an api.LrGradient (name, about, path, slope)")
         self._add(LR_GRAD, lr_grad.name, lr_grad)
+
+    def add_meta_inputs(self, entry: MetaInputs) -> None:
+        """What FedL2P's meta-nets read (`meta-train --input-norm NAME`): an `api.MetaInputs` (its `name`, `about`,
+        `fit(xi, x)` over the seen clients and `apply(state, xi, x)` for one client)."""
+        if not all(hasattr(entry, a) for a in ("name", "about", "fit", "apply")):
+            raise PluginError(f"{self.plugin.describe()}: add_meta_inputs takes an api.MetaInputs (name, about, fit, apply)")
+        self._add(META_INPUTS, entry.name, entry)
 
     def _add(self, kind: Kind[T], name: str, value: T) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
@@ -350,8 +359,11 @@ def current() -> Catalog:
 
 
 def of(runtime: Runtime | None) -> Catalog:
-    """The catalog a run looks up: the one its Runtime carries, else the context's (`current`)."""
-    return runtime.catalog if runtime is not None and runtime.catalog is not None else current()
+    """The catalog a run looks up: the one its Runtime carries (else the context's, `current`), allowing the modules
+    the runtime names (`allow_import`: the command's --allow-import and --model package.module:factory)."""
+    if runtime is None:
+        return current()
+    return (runtime.catalog if runtime.catalog is not None else current()).allowing(runtime.allow_import)
 
 
 def _chosen() -> Catalog:

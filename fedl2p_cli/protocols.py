@@ -229,7 +229,7 @@ class System(Method, Protocol):
     def trainer(self) -> str: ...
 
 
-# -- FedL2P's own parts: the meta-nets' head, the server's step ---------------------------------------------------
+# -- FedL2P's own parts: the meta-nets' head and inputs, the server's step, the LRs' meta-gradient --------------------
 class MetaHead(Protocol):
     """How the meta-nets' outputs become a client's strategy (`meta-train --head NAME`): `init` draws lambda (its
     tensors by name), `hyperparameters` maps (lambda, xi, x) to (beta [B], eta [|P|]), differentiably in lambda. The
@@ -280,6 +280,24 @@ class LrGradient(Protocol):
 
     def slope(self, model: nn.Module, ft: FinetuneResult, beta: Tensor, val: tuple[Tensor, Tensor], x_train: Tensor,
               val_stats: str) -> Tensor | None: ...
+
+
+class MetaInputs(Protocol):
+    """What the meta-nets read (`meta-train --input-norm NAME`): `fit(xi, x)` sees the seen clients' statistics (a
+    row each: xi [N, B] the BN layers' KL distances, x [N, 2M] the layer inputs' moments) and returns the entry's own
+    tensors, stored with lambda; `apply(state, xi, x)` maps one client's statistics to BNNet's and LRNet's inputs.
+    BNNet's input keeps one value per BN layer ([B]); LRNet's may have any width. The built-ins: `none` (the paper's
+    raw inputs), `standardize`, `robust` (algorithms/meta_inputs.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def fit(self, xi: Tensor, x: Tensor) -> dict[str, Tensor]: ...
+
+    def apply(self, state: dict[str, Tensor], xi: Tensor, x: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 # -- meta-gradients -------------------------------------------------------------------------------------------------

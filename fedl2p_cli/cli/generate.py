@@ -133,7 +133,8 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
 PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<plugin-pretrain-algos>": "pretrain-algo",
                 "<plugin-systems>": "system", "<plugin-methods>": "method", "<plugin-meta-grads>": "meta-grad",
                 "<plugin-executors>": "executor", "<plugin-meta-heads>": "meta-head",
-                "<plugin-server-steps>": "server-step", "<plugin-lr-grads>": "lr-grad"}
+                "<plugin-server-steps>": "server-step", "<plugin-lr-grads>": "lr-grad",
+                "<plugin-meta-inputs>": "meta-inputs"}
 
 
 def load_pieces(ctx) -> None:

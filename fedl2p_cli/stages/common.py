@@ -13,7 +13,19 @@ from typing import Any
 
 from .. import plugins, tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
-from ..catalog import DATASET, LR_GRAD, META_GRAD, META_HEAD, METHOD, MODEL, PRETRAIN_ALGO, SERVER_STEP, SYSTEM, Kind
+from ..catalog import (
+    DATASET,
+    LR_GRAD,
+    META_GRAD,
+    META_HEAD,
+    META_INPUTS,
+    METHOD,
+    MODEL,
+    PRETRAIN_ALGO,
+    SERVER_STEP,
+    SYSTEM,
+    Kind,
+)
 from ..core.config import reference_of, validate
 from ..engine import executors
 from ..engine.progress import NoProgress, Progress  # noqa: F401 (re-exported: the stages' import)
@@ -56,7 +68,7 @@ def _identity(cfg: Any) -> dict:
 PIECES: dict[str, tuple[Kind[object], ...]] = {
     "dataset": (DATASET,), "model": (MODEL,), "algo": (PRETRAIN_ALGO, SYSTEM), "methods": (METHOD,),
     "meta.meta_grad": (META_GRAD,), "meta.head": (META_HEAD,), "meta.lr_grad": (LR_GRAD,),
-    "meta_opt": (SERVER_STEP,)}  # dotted: a nested field
+    "meta_opt": (SERVER_STEP,), "input_norm": (META_INPUTS,)}  # dotted: a nested field
 
 
 def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime | None = None) -> list[dict]:

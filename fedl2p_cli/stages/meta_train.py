@@ -19,7 +19,7 @@ from ..configs import MetaTrainConfig, config_from_dict
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from ..core.config import validate
-from ..core.metanets import Lambda, input_normalizer, normalize_inputs
+from ..core.metanets import Lambda
 from ..core.settings import LEGACY_IFT, RoundPolicy
 from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
@@ -29,7 +29,7 @@ from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
-from ..protocols import LrGradient, MetaHead, ServerStep
+from ..protocols import LrGradient, MetaHead, MetaInputs, ServerStep
 from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
 from .interface import Inputs, StageContext, reading
@@ -48,6 +48,7 @@ def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     meta_gradient_of(cfg.meta)  # catalog entries: an unknown name stops here, naming the choices
     head_entry(cfg.meta.head)
     server_step_entry(cfg.meta_opt)
+    inputs_entry(cfg.input_norm)
     if cfg.local and runtime.engine not in ("local", "auto"):  # auto: --local runs no rounds, on any device
         raise FedL2PError(f"--engine {runtime.engine} runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
@@ -82,6 +83,12 @@ def server_step_entry(name: str) -> ServerStep:
     return _entry(SERVER_STEP, name)
 
 
+def inputs_entry(name: str) -> MetaInputs:
+    """The meta-net inputs registered as `name` (`UnknownName` naming the choices, for --input-norm)."""
+    from ..catalog import META_INPUTS
+    return _entry(META_INPUTS, name)
+
+
 def _entry(kind: Kind[T], name: str) -> T:
     from .. import plugins
     return plugins.current().get(kind, name)
@@ -96,10 +103,11 @@ class Context:
     part: Partition
     stats: StatsTable
     cfg: MetaTrainConfig
-    norm: dict | None = None  # input standardisation, from the seen clients (None: raw inputs, as the paper)
+    norm: dict | None = None  # the --input-norm entry's state, fitted on the seen clients (None: it keeps none)
 
     def inputs(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return normalize_inputs(self.norm, *self.stats.inputs(c))
+        """Client c's meta-net inputs: its statistics through the --input-norm entry."""
+        return inputs_entry(self.cfg.input_norm).apply(self.norm or {}, *self.stats.inputs(c))
 
     def update(self, c: int, lam: Lambda, gen: torch.Generator, timer: Timer) -> ClientResult:
         """One client's update, where the context and `lam` are (the executor put them there)."""
@@ -170,11 +178,28 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
     if table is None:
         table = reading(store, "stats", stats_id).value
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
-    norm = None
-    if cfg.input_norm != "none":
-        rows = [table.row(c) for c in part.pool(False)]
-        norm = input_normalizer(table.xi[rows], table.x[rows], robust=cfg.input_norm == "robust")
-    return Context(model, theta_g, part, table, cfg, norm)
+    rows = [table.row(c) for c in part.pool(False)]
+    norm = fit_inputs(inputs_entry(cfg.input_norm), table.xi[rows], table.x[rows])
+    return Context(model, theta_g, part, table, cfg, norm or None)
+
+
+def fit_inputs(entry: MetaInputs, xi: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The --input-norm entry fitted on the seen clients' statistics, its state checked where it enters: tensors by
+    name (stored with lambda), and BNNet's input still one value per BN layer."""
+    state = entry.fit(xi, x)
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise FedL2PError(f"--input-norm {entry.name}: fit must return a dict of tensors by name")
+    zi, zx = entry.apply(state, xi[0], x[0])
+    if tuple(zi.shape) != (xi.shape[1],) or zx.dim() != 1:
+        raise FedL2PError(f"--input-norm {entry.name}: apply must give BNNet one input per BN layer ([{xi.shape[1]}], got "
+                          f"{list(zi.shape)}) and LRNet a vector (got {list(zx.shape)})")
+    return state
+
+
+def input_widths(entry: MetaInputs, norm: dict | None, table: StatsTable) -> tuple[int, int]:
+    """BNNet's and LRNet's input widths under the --input-norm entry (LRNet's may differ from the statistics')."""
+    zi, zx = entry.apply(norm or {}, table.xi[0], table.x[0])
+    return zi.shape[0], zx.shape[0]
 
 
 @dataclass
@@ -394,7 +419,7 @@ def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
         part, norm = ctx.part, ctx.norm
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
-        lam0 = initial_lambda(cfg, table.xi.shape[1], table.x.shape[1], len(ctx.theta_g))
+        lam0 = initial_lambda(cfg, *input_widths(inputs_entry(cfg.input_norm), norm, table), len(ctx.theta_g))
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
@@ -482,9 +507,18 @@ def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> 
 class MetaTrained:
     """What a meta-train artifact holds, as a later stage reads it (the row's reader)."""
     lam: Lambda
-    norm: dict | None  # the input standardisation it was trained with (None: raw inputs)
+    norm: dict | None  # its --input-norm entry's state, fitted on its seen clients (None: the entry keeps none)
     cfg: MetaTrainConfig  # its run's settings
     head: MetaHead  # its --head entry
+    input_entry: MetaInputs  # its --input-norm entry
+
+    def inputs(self, xi: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's meta-net inputs from its statistics, as its run mapped them."""
+        return self.input_entry.apply(self.norm or {}, xi, x)
+
+    def widths(self, table: StatsTable) -> tuple[int, int]:
+        """BNNet's and LRNet's input widths for `table`'s statistics."""
+        return input_widths(self.input_entry, self.norm, table)
 
     def initial(self, n_bn: int, n_x: int, n_params: int) -> Lambda:
         """Its run's lambda at round 0 (re-drawn from its seed): the control a learned split is read beside."""
@@ -492,12 +526,12 @@ class MetaTrained:
 
 
 def read(art: Artifact) -> MetaTrained:
-    """The stage's reader (its row's `reader`): lambda, its input standardisation, settings and head entry."""
+    """The stage's reader (its row's `reader`): lambda, its inputs' state, settings, head and inputs entries."""
     stored_ = weights.load(art.file("lambda.safetensors"))
     norm = {k[len(NORM_PREFIX):]: v for k, v in stored_.items() if k.startswith(NORM_PREFIX)}
     cfg = config_from_dict(art.config)
     return MetaTrained({k: v for k, v in stored_.items() if not k.startswith(NORM_PREFIX)}, norm or None, cfg,
-                       head_entry(cfg.meta.head))
+                       head_entry(cfg.meta.head), inputs_entry(cfg.input_norm))
 
 
 def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:

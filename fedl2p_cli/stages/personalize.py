@@ -24,7 +24,6 @@ from ..configs import PersonalizeConfig, config_from_dict
 from ..core import metanets
 from ..core.config import validate, variant_words
 from ..core.finetune import Strategy
-from ..core.metanets import normalize_inputs
 from ..engine.loop import group_of
 from ..engine.placement import OnDevice
 from ..errors import FedL2PError
@@ -41,10 +40,11 @@ METHOD_STAGES = (None, *(s.name for s in table.TABLE.rows if s.method))
 
 @dataclass
 class MetaNets:
-    """A learned variant's meta-nets: lambda (per client with L2P), its settings and its input standardisation."""
+    """A learned variant's meta-nets: lambda (per client with L2P), its settings and how its run mapped a client's
+    statistics to the nets' inputs (its --input-norm entry with its fitted state; None: the raw statistics)."""
     lam: dict
     meta: MetaConfig
-    norm: dict | None
+    map_inputs: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
     per_client: bool
     head: Any = None  # its --head entry (protocols.MetaHead; None: the built-in of meta.head)
     initial: Callable[[int, int, int], dict] | None = None  # its run's lambda at round 0 from (n_bn, n_x, n_params)
@@ -68,8 +68,9 @@ def check(cfg: PersonalizeConfig) -> None:
         raise FedL2PError("--methods lists a method twice")
 
 
-def check_shapes(art: Artifact, lam: dict, t: StatsTable) -> None:
-    want = metanets.shapes(t.xi.shape[1], t.x.shape[1], len(t.param_names))  # what this model's meta-nets must be
+def check_shapes(art: Artifact, lam: dict, t: StatsTable, widths: tuple[int, int]) -> None:
+    """lambda fits this model: its nets' shapes for the inputs' `widths` (BNNet's, LRNet's) and t's tensors."""
+    want = metanets.shapes(*widths, len(t.param_names))  # what this model's meta-nets must be
     for k, v in lam.items():
         key = k.split(".", 1)[1] if k.startswith("client") else k
         if key in want and tuple(v.shape) != want[key]:
@@ -169,8 +170,8 @@ class Setup:
 
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
         got = self.inputs.at("meta-train", art.id).value  # the meta-train row's reader: lambda, settings, head
-        check_shapes(art, got.lam, self.table)
-        nets = MetaNets(got.lam, got.cfg.meta, got.norm, got.cfg.local, got.head, got.initial)
+        check_shapes(art, got.lam, self.table, got.widths(self.table))
+        nets = MetaNets(got.lam, got.cfg.meta, got.inputs, got.cfg.local, got.head, got.initial)
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
         return self.row("-".join([art.metrics["variant"], *variant_words(self.cfg)]), method, art, nets)
 
@@ -180,13 +181,18 @@ class Setup:
         nets = row.payload
         if not isinstance(nets, MetaNets) or nets.per_client or nets.initial is None:
             return None
-        lam0 = nets.initial(self.n_bn, self.table.x.shape[1], self.n_params)
+        inputs = [self.nets_inputs(nets, c) for c in clients]
+        lam0 = nets.initial(self.n_bn, inputs[0][1].shape[0], self.n_params) if inputs else {}
         outs = []
         with torch.no_grad():
-            for c in clients:
-                outs.append(hyper_fn(*normalize_inputs(nets.norm, *self.table.inputs(c)), self.n_params, nets.meta,
-                                     nets.head)(lam0))
+            for xi, x in inputs:
+                outs.append(hyper_fn(xi, x, self.n_params, nets.meta, nets.head)(lam0))
         return spread.spread(torch.stack([o[0] for o in outs]).numpy(), torch.stack([o[1] for o in outs]).numpy(), domain)
+
+    def nets_inputs(self, nets: MetaNets, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client c's meta-net inputs, as the nets' run mapped its clients' statistics."""
+        xi, x = self.table.inputs(c)
+        return nets.map_inputs(xi, x) if nets.map_inputs is not None else (xi, x)
 
     def learned_strategy(self, row: methods.registry.Row, c: int) -> Strategy | None:
         """A learned row's strategy for client c, from its meta-nets and c's statistics (None: it has none for c, e.g.
@@ -197,7 +203,7 @@ class Setup:
         lam = group_of(nets.lam, f"client{c}") if nets.per_client else nets.lam
         if not lam:
             return None
-        xi, x = normalize_inputs(nets.norm, *self.table.inputs(c))
+        xi, x = self.nets_inputs(nets, c)
         with torch.no_grad():
             beta, eta = hyper_fn(xi, x, self.n_params, nets.meta, nets.head)(lam)
         return Strategy(beta, eta)
