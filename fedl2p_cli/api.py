@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from . import imports
 from .algorithms.systems.base import PFLSystem
@@ -82,6 +82,8 @@ if TYPE_CHECKING:
     from .io.partition_h5 import Partition
     from .runtime import Runtime
 
+T = TypeVar("T")
+
 # the torch-side names, imported when first asked for (module, name there)
 _LAZY = {
     "LocalConfig": ("core.client", "LocalConfig"), "sgd_client": ("algorithms.local", "sgd_client"),
@@ -109,7 +111,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # a type checker reads the names' types from the TYPE_CHECKING imports
     if name not in _LAZY:
         raise AttributeError(f"module 'fedl2p_cli.api' has no attribute '{name}'")
     module, attr = _LAZY[name]
@@ -136,7 +138,7 @@ class SystemTrainer(Protocol):
     def train(self, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, progress: Progress, draft: Draft,
               runtime: Runtime) -> tuple[list[dict], dict]: ...
 
-    def load(self, art: Artifact, cfg: PFLConfig, model: nn.Module) -> Any: ...
+    def load(self, art: Artifact, cfg: PFLConfig, model: nn.Module) -> object: ...
 
     def accuracy(self, trained: TrainedSystem, client: int, data: ClientData, seed: int, steps: int) -> float: ...
 
@@ -163,10 +165,10 @@ def head_prefix(model: nn.Module) -> str:
     return prefix(model)
 
 
-def to_device(obj: Any, device: torch.device | str) -> Any:
+def to_device(obj: T, device: torch.device | str) -> T:
     """Tensors in `obj` (a tensor, or dicts, lists, tuples and dataclasses of them) on `device`."""
     from .device import move
-    return move(obj, device)
+    return cast(T, move(obj, device))  # the same structure, its tensors moved
 
 
 def is_batchnorm(module: nn.Module) -> bool:

@@ -310,10 +310,16 @@ def from_env() -> list[str]:
 ALLOW_ENV = "FEDL2P_ALLOW_IMPORT"
 
 
-def as_worker(allow: Sequence[str]) -> None:
-    """Before a worker process or Flower ClientApp first looks anything up: its parent's allow list (from the
-    Runtime it received), and no second warning about a broken plugin the parent already named."""
-    _CURRENT.set(Catalog(allowed=tuple(allow), quiet=True))  # this process's catalog, filled on first lookup
+def as_worker(allow: Sequence[str], specs: Sequence[str] = (), how: str = "the parent process's plugins") -> Catalog:
+    """A worker process's or Flower ClientApp's own catalog, made before it looks anything up: the built-ins and
+    installed plugins, its parent's allow list and plugins `specs` (from the Runtime it received), and no second
+    warning about a broken plugin the parent already named. Returned, to travel with its runtime, and put in place
+    for the code handed none (`current`)."""
+    catalog = fill(Catalog(allowed=tuple(allow), quiet=True))
+    for spec in specs:
+        load_module(catalog, spec, how)
+    _CURRENT.set(catalog)
+    return catalog
 
 
 def fill(catalog: Catalog, installed: bool = True) -> Catalog:

@@ -36,15 +36,15 @@ def test_the_builtin_artifacts_keep_their_ids(tiny_store):
 @pytest.fixture
 def allow():
     """`allow(ref)`: the user named ref's module, as --model does at the command line (its runtime's allow_import,
-    which the stage interface hands down in the catalog): allowed for the rest of the test."""
+    which the stage interface hands down in the catalog): allowed for the rest of the test; returns that catalog."""
     with contextlib.ExitStack() as stack:
         yield lambda ref: stack.enter_context(plugins.using(plugins.current().allowing([ref.partition(":")[0]])))
 
 
 @pytest.mark.parametrize("factory", ["torchvision.models:resnet18", "torchvision.models:mobilenet_v3_small"])
 def test_a_torchvision_model_gets_mixing_bn_with_the_same_outputs(factory, allow):
-    allow(factory)  # named by the user, as --model does (an unnamed module is refused: tests/test_imports.py)
-    plain = registry._call(registry.spec(factory).factory, 3, 10)
+    catalog = allow(factory)  # named by the user, as --model does (an unnamed module is refused: tests/test_imports.py)
+    plain = registry._call(registry.spec(factory, catalog).factory, 3, 10)
     n_bn = len(bn_swap.plain_bn(plain))
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     bn_swap._randomise_bn(plain, torch.Generator().manual_seed(2))
@@ -138,8 +138,7 @@ def test_init_loads_the_users_own_state_dict(tmp_path, allow):
     """A torchvision ResNet-18 trained by the user (here: random weights and BN statistics), saved with torch.save
     under torchvision's key names, loads into the model fedl2p builds from the same factory."""
     factory = "torchvision.models:resnet18"
-    allow(factory)
-    user = registry._call(registry.spec(factory).factory, 3, 10)
+    user = registry._call(registry.spec(factory, allow(factory)).factory, 3, 10)
     bn_swap._randomise_bn(user, torch.Generator().manual_seed(3))
     torch.save(user.state_dict(), tmp_path / "mine.pt")
     model = registry.build(factory, 3, 10, seed=5, input_shape=(3, 32, 32))

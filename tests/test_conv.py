@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedl2p_cli import plugins
 from fedl2p_cli.core.conv import Conv2d, use_double_backward_convs
 from fedl2p_cli.models.registry import build, spec
 
@@ -63,7 +64,7 @@ def test_built_models_use_it_with_unchanged_parameters_and_rng():
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert convs and all(type(m) is Conv2d for m in convs)
     torch.manual_seed(0)
-    plain = spec("resnet18-cifar").factory(3, 10)  # the factory alone, no conversion: same weights, same RNG after
+    plain = spec("resnet18-cifar", plugins.build()).factory(3, 10)  # the factory alone, no conversion: same weights, same RNG after
     assert list(model.state_dict()) == list(plain.state_dict())
     for (k, a), b in zip(model.state_dict().items(), plain.state_dict().values()):
         assert torch.equal(a, b), k

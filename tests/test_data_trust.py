@@ -193,7 +193,7 @@ def test_the_builtin_data_keeps_its_ids_and_the_manifest_names_its_fingerprint(t
 @pytest.mark.skipif(not datasets.DEBIAN_FMNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_debian_fashion_mnist_is_the_pinned_fingerprint():
     from fedl2p_cli.data import fingerprint
-    ds = sources.load(PartitionConfig(dataset="fmnist"), None)
+    ds = sources.load(PartitionConfig(dataset="fmnist"), None, plugins.build())
     assert fingerprint.known(fingerprint.of(ds)) == "Debian's dataset-fashion-mnist"
 
 

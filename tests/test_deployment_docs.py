@@ -42,14 +42,14 @@ def test_a_site_imports_only_the_modules_it_allows(monkeypatch):
     monkeypatch.delenv("FEDL2P_ALLOW_IMPORT", raising=False)
     builtin = {"model": "cnn", "plugins": []}
     foreign = {"model": "evil.payload:build", "plugins": ["evil_plugin"]}
-    with plugins.using(plugins.build()):  # a site process, started without an allow list
-        assert flower_app.site_code(builtin, {}) == []
-        with pytest.raises(FedL2PError, match="import evil_plugin, evil.payload: if the site trusts it"):
-            flower_app.site_code(foreign, {})
-        assert flower_app.site_code(foreign, {"allow-import": "evil_plugin,evil"}) == ["evil_plugin"]
+    site = plugins.build()  # a site process, started without an allow list
+    assert flower_app.site_code(builtin, {}, site) == []
+    with pytest.raises(FedL2PError, match="import evil_plugin, evil.payload: if the site trusts it"):
+        flower_app.site_code(foreign, {}, site)
+    assert flower_app.site_code(foreign, {"allow-import": "evil_plugin,evil"}, site) == ["evil_plugin"]
     monkeypatch.setenv("FEDL2P_ALLOW_IMPORT", "evil_plugin,evil.payload")
-    with plugins.using(plugins.build()):  # a site process started with FEDL2P_ALLOW_IMPORT
-        assert flower_app.site_code(foreign, {}) == ["evil_plugin"]
+    site = plugins.build()  # a site process started with FEDL2P_ALLOW_IMPORT
+    assert flower_app.site_code(foreign, {}, site) == ["evil_plugin"]
     # the server's run config carries its own allow list in its runtime: a site does not take it
     sent = flower_app.Runtime(allow_import=("evil",)).to_dict()
     assert flower_app.site_runtime(sent, {"device": "cpu"}).allow_import == ()

@@ -48,11 +48,12 @@ def test_each_rule_admits_what_it_names_and_nothing_else():
 def test_a_model_an_artifact_names_is_not_imported_unless_allowed(tmp_path):
     """`--model package.module:factory` reaches the gate as ALLOWED: refused (one line naming --allow-import) unless
     the user allowed its module."""
+    from fedl2p_cli import plugins
     from fedl2p_cli.errors import FedL2PError
     from fedl2p_cli.models import registry
     assert "this_module_does_not_exist_x" not in sys.modules
     with pytest.raises(FedL2PError, match="--allow-import json"):
-        registry.spec("json:loads")
+        registry.spec("json:loads", plugins.build())
 
 
 def test_no_other_module_turns_a_string_into_an_import():

@@ -622,3 +622,44 @@ def test_the_layer_scan_finds_one(tmp_path):
     (hidden / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import X\n")
     assert circles(import_graph(hidden)) == circles(import_graph(hidden, types=True)) == []
     assert circles(all_imports(hidden)) == [["fedl2p_cli.a", "fedl2p_cli.b"]]
+
+
+# -- the catalog is handed over: `current()` only where nothing can hand one -------------------------------------------
+# each module that may look the context's catalog up, with its reason; any other call fails the test
+LOOKUPS = {
+    "fedl2p_cli.plugins": "defines it: `of` answers for a Runtime given none (a test, a library call)",
+    "fedl2p_cli.cli.options": "the command line's edge: the command's catalog, put in its Runtime",
+    "fedl2p_cli.cli.render": "the command line's edge: the pieces a command's help lists",
+    "fedl2p_cli.cli.generate": "the command line's edge: the pieces the generated help lists",
+    "fedl2p_cli.flower.app": "a Flower site's entry point (its ClientApp): the site's own catalog",
+    # handed none yet, so each falls back on the stage's catalog (`run_stage` puts it in place); to shrink
+    "fedl2p_cli.models.registry": "algorithms/systems' context/strategy, `api.build_model` and the readers",
+    "fedl2p_cli.methods.registry": "stages/personalize.py, the report and analysis/personalized.py",
+    "fedl2p_cli.stages.pfl": "its reader, and the harness's `client_accuracy`",
+    "fedl2p_cli.stages.meta_train": "`_entry`, being moved to ctx.catalog",
+    "fedl2p_cli.flower.wire": "a message's dataclass check, below the transport's calls",
+}
+
+
+def catalog_lookups(package: Path = PACKAGE) -> dict[str, int]:
+    """Calls of `current()` (`plugins.current()` or a bare `current()`), counted per module."""
+    found: dict[str, int] = {}
+    for path in sorted(package.rglob("*.py")):
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                 and ast.unparse(n.func).split(".")[-1] == "current" and not n.args]
+        if calls:
+            found[module_name(path)] = len(calls)
+    return found
+
+
+def test_the_catalog_is_looked_up_only_where_none_is_handed():
+    found = catalog_lookups()
+    assert not set(found) - set(LOOKUPS), f"plugins.current() below the edge (hand the catalog over): " \
+                                          f"{sorted(set(found) - set(LOOKUPS))}"
+    assert not set(LOOKUPS) - set(found), f"gone, remove from LOOKUPS: {sorted(set(LOOKUPS) - set(found))}"
+
+
+def test_the_lookup_scan_finds_each_spelling(tmp_path):
+    f = scratch_module(tmp_path, "from . import plugins\nfrom .plugins import current\n"
+                                 "def f():\n    return plugins.current(), current(), plugins.current().active()\n")
+    assert catalog_lookups(f.parent) == {"fedl2p_cli.m": 3}

@@ -2,10 +2,13 @@ import numpy as np
 import pytest
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.data.datasets import Dataset
 from fedl2p_cli.data.partition import choose_unseen, dirichlet_partition, label_entropy
 from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.stages.partition import PartitionConfig, build_partition
+
+CATALOG = plugins.build()  # the built-ins: the sources a partition is drawn from
 
 
 def synthetic(n=6000, k=10, seed=0):
@@ -16,7 +19,8 @@ def synthetic(n=6000, k=10, seed=0):
 
 def entropy_for(alpha):
     ds = synthetic()
-    p = build_partition(PartitionConfig(dataset="digits", alpha=alpha, clients=50, samples_per_client=100, unseen_fraction=0), ds)
+    p = build_partition(PartitionConfig(dataset="digits", alpha=alpha, clients=50, samples_per_client=100, unseen_fraction=0), ds,
+                        catalog=CATALOG)
     return label_entropy(p.label_hist).mean()
 
 
@@ -47,16 +51,16 @@ def test_val_and_test_follow_the_clients_label_mix():
 def test_same_seed_same_partition_and_different_seed_differs():
     ds = synthetic()
     cfg = PartitionConfig(dataset="digits", alpha=0.5, clients=20, samples_per_client=50, seed=3)
-    a, b = build_partition(cfg, ds), build_partition(cfg, ds)
+    a, b = build_partition(cfg, ds, catalog=CATALOG), build_partition(cfg, ds, catalog=CATALOG)
     assert torch.equal(a.source_index, b.source_index) and np.array_equal(a.unseen, b.unseen)
-    c = build_partition(PartitionConfig(dataset="digits", alpha=0.5, clients=20, samples_per_client=50, seed=4), ds)
+    c = build_partition(PartitionConfig(dataset="digits", alpha=0.5, clients=20, samples_per_client=50, seed=4), ds, catalog=CATALOG)
     assert not torch.equal(a.source_index, c.source_index)
 
 
 def test_generated_domains_are_disjoint_and_shifted():
     ds = synthetic()
     cfg = PartitionConfig(dataset="digits-c", alpha=1.0, clients=12, samples_per_client=60, corruptions=["clean", "invert", "contrast"])
-    p = build_partition(cfg, ds)
+    p = build_partition(cfg, ds, catalog=CATALOG)
     src = p.source_index.numpy()
     assert len(np.unique(src)) == len(src)  # domains draw from disjoint pools
     dom_of_sample = np.repeat(p.domain, 60)
@@ -77,7 +81,7 @@ def test_unseen_pools_per_domain_and_whole_domains():
 @pytest.mark.parametrize("kw", [dict(alpha=0), dict(alpha=-1), dict(clients=1000, samples_per_client=100)])
 def test_bad_input(kw):
     with pytest.raises(FedL2PError):
-        build_partition(PartitionConfig(dataset="digits", **({"clients": 10, "samples_per_client": 50} | kw)), synthetic())
+        build_partition(PartitionConfig(dataset="digits", **({"clients": 10, "samples_per_client": 50} | kw)), synthetic(), catalog=CATALOG)
 
 
 def test_per_domain_options_give_each_domain_its_own_skew_size_and_shift():
@@ -87,7 +91,7 @@ def test_per_domain_options_give_each_domain_its_own_skew_size_and_shift():
     common = dict(dataset="digits-c", corruptions=["clean", "contrast", "invert"], clients=30, alpha=1000.0,
                   samples_per_client=90, unseen_fraction=0.0, severity=3)
     p = build_partition(PartitionConfig(**common, domain_alpha={"clean": 0.05}, domain_samples={"clean": 40},
-                                        domain_severity={"contrast": 5}), ds)
+                                        domain_severity={"contrast": 5}), ds, catalog=CATALOG)
     sizes = p.offsets[:, 3] - p.offsets[:, 0]
     dom = {n: p.domain == d for d, n in enumerate(p.domain_names)}
     assert set(sizes[dom["clean"]]) == {40} and set(sizes[~dom["clean"]]) == {90}
@@ -118,9 +122,9 @@ def test_generated_domains_are_normalised_as_the_source_so_the_clean_domain_is_t
     from fedl2p_cli.data.datasets import channel_stats, normalize
     ds = synthetic()
     cfg = dict(dataset="digits-c", alpha=1.0, clients=12, samples_per_client=60, corruptions=["clean", "invert"])
-    p = build_partition(PartitionConfig(**cfg), ds)
+    p = build_partition(PartitionConfig(**cfg), ds, catalog=CATALOG)
     assert p.mean == ds.mean and p.std == ds.std
-    plain = build_partition(PartitionConfig(dataset="digits", alpha=1.0, clients=6, samples_per_client=60), ds)
+    plain = build_partition(PartitionConfig(dataset="digits", alpha=1.0, clients=6, samples_per_client=60), ds, catalog=CATALOG)
     clean = next(c for c in range(12) if p.domain[c] == 0)
     x, src = p.client(clean).train[0], p.source_index[p.offsets[clean][0]:p.offsets[clean][1]]
     common = np.intersect1d(src.numpy(), plain.source_index.numpy())
@@ -128,7 +132,7 @@ def test_generated_domains_are_normalised_as_the_source_so_the_clean_domain_is_t
     for i in common[:5]:  # the same source image: the same raw pixels and the same constants in both partitions
         assert torch.equal(row(p, i), row(plain, i))
     assert torch.equal(x[:1], normalize(p.images[p.offsets[clean][0]:p.offsets[clean][0] + 1], ds.mean, ds.std))
-    old = build_partition(PartitionConfig(**cfg, normalize="partition"), ds)  # the older behaviour, on request
+    old = build_partition(PartitionConfig(**cfg, normalize="partition"), ds, catalog=CATALOG)  # the older behaviour, on request
     assert (old.mean, old.std) == channel_stats(old.images) and old.mean != ds.mean
 
 
@@ -137,7 +141,7 @@ def test_normalize_is_in_the_id_only_where_it_changes_the_pixels():
     from fedl2p_cli.stages.common import config_dict
     from fedl2p_cli.stages.partition import generates
     gen, plain = PartitionConfig(dataset="digits-c"), PartitionConfig(dataset="digits")
-    assert generates(gen) and not generates(plain)
+    assert generates(gen, CATALOG) and not generates(plain, CATALOG)
     assert "normalize" in config_dict(gen)  # a stage that leaves it out (non-generated, or "partition") says so
     old = {k: v for k, v in config_dict(PartitionConfig(dataset="digits-c", normalize="partition")).items() if k != "normalize"}
     assert artifact_id("partition", old, {}) != artifact_id("partition", config_dict(gen), {})

@@ -190,8 +190,7 @@ def test_a_worker_process_takes_its_parents_allow_list_from_the_runtime_and_warn
     from fedl2p_cli.runtime import Runtime
     sent = Runtime(allow_import=("tp_allowed",)).to_dict()
     with plugins.using(Catalog()):
-        plugins.as_worker(Runtime.from_dict(sent).allow_import)
-        catalog = plugins.current()
-        assert "tp_allowed" in catalog.allowed and catalog.quiet
+        catalog = plugins.as_worker(Runtime.from_dict(sent).allow_import)
+        assert catalog is plugins.current() and "tp_allowed" in catalog.allowed and catalog.quiet
         from fedl2p_cli.models import guard
-        assert guard.allowed("tp_allowed.sub") and not guard.allowed("tp_other")
+        assert guard.allowed("tp_allowed.sub", catalog) and not guard.allowed("tp_other", catalog)

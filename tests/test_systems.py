@@ -99,7 +99,7 @@ def test_a_system_declares_its_own_options_and_they_enter_its_id(tiny_store, sto
                 execute(pfl, replace(cfg_of("toy-scaled"), options=options), store, {"partition": part_id})
     with pytest.raises(FedL2PError, match="--options: pFL system 'pfedla' takes no options, got 'x'"):
         execute(pfl, replace(cfg_of("pfedla"), options={"x": "1"}), store, {"partition": part_id})
-    assert "options" not in pfl.identity(cfg_of("pfedla"))  # a system without options: its id as before
+    assert "options" not in pfl.identity(cfg_of("pfedla"), plugins.build())  # a system without options: its id as before
 
 
 def test_options_on_the_command_line(tiny_store, store, capsys, monkeypatch):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import plugins, protocols
-from ..catalog import DATASET
+from .. import protocols
+from ..catalog import DATASET, Catalog
 from ..errors import DataError, FedL2PError
 
 if TYPE_CHECKING:
@@ -58,27 +58,27 @@ class Source:
         return self.images_of or self.name
 
 
-def names() -> tuple[str, ...]:
-    return tuple(plugins.current().names(DATASET))
+def names(catalog: Catalog) -> tuple[str, ...]:
+    return tuple(catalog.names(DATASET))
 
 
-def get(name: str) -> protocols.Source:
-    return plugins.current().get(DATASET, name)
+def get(name: str, catalog: Catalog) -> protocols.Source:
+    return catalog.get(DATASET, name)
 
 
-def load(cfg: PartitionConfig, data_dir: Path | None) -> Dataset:
+def load(cfg: PartitionConfig, data_dir: Path | None, catalog: Catalog) -> Dataset:
     """The source's dataset, checked against the dataset contract and what the source declares (data/validate.py)."""
     from . import validate
-    src = get(cfg.dataset)
+    src = get(cfg.dataset, catalog)
+    owner = catalog.owner(DATASET, src.name)
     try:
         ds = src.load(cfg, data_dir)
     except FedL2PError:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin's loader failing (its file missing, its bug): one line naming it
-        owner = plugins.current().owner(DATASET, src.name)
         if owner is None or owner.builtin:
             raise
         raise DataError(f"dataset '{src.name}' from {owner.describe()}: its load() raised {e.__class__.__name__}: {e}") from None
     if src.mean is not None and hasattr(ds, "mean"):
         ds.mean, ds.std = src.mean, src.std  # type: ignore[assignment]  # validate.check refuses a std left None
-    return validate.check(ds, src, cfg)
+    return validate.check(ds, src, cfg, owner)

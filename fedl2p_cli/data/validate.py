@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..catalog import DATASET
 from ..errors import DataError
 
 if TYPE_CHECKING:
+    from ..catalog import Plugin
     from ..configs import PartitionConfig
     from ..protocols import Source
     from .datasets import Dataset
@@ -24,18 +24,14 @@ class Fault(DataError):
     """A dataset that breaks the contract above (one line; the CLI exits 2)."""
 
 
-def _owner(name: str) -> str:
-    from .. import plugins
-    p = plugins.owner(DATASET, name)
-    return "an unregistered source" if p is None else p.describe()
-
-
-def check(ds: Any, src: Source, cfg: PartitionConfig) -> Dataset:
-    """`ds` as the rest of fedl2p expects it (float images in [0, 1] become uint8), or one line naming the fault."""
+def check(ds: Any, src: Source, cfg: PartitionConfig, owner: Plugin | None) -> Dataset:
+    """`ds` as the rest of fedl2p expects it (float images in [0, 1] become uint8), or one line naming the fault and
+    the source's `owner` (None: an unregistered source)."""
     from .datasets import Dataset
 
     def fault(field: str, what: str) -> Fault:
-        return Fault(f"dataset '{src.name}' from {_owner(src.name)}: {field} {what}")
+        who = "an unregistered source" if owner is None else owner.describe()
+        return Fault(f"dataset '{src.name}' from {who}: {field} {what}")
 
     if not isinstance(ds, Dataset):
         raise fault("load()", f"returned {type(ds).__name__}, not a fedl2p_cli.data.datasets.Dataset")

@@ -46,9 +46,7 @@ def on_runtime(runtime: dict, build: Callable[..., Any], *args: Any) -> OnDevice
     from ..runtime import Runtime
     from .placement import OnDevice
     rt = Runtime.from_dict(runtime).resolved().apply(threads=1)
-    plugins.as_worker(rt.allow_import)
-    plugins.load(list(rt.plugins), "the parent process's plugins")
-    rt = rt.replace(catalog=plugins.current())  # this process's own catalog travels with its runtime
+    rt = rt.replace(catalog=plugins.as_worker(rt.allow_import, rt.plugins))  # this process's own, with its runtime
     return OnDevice(build(*args, rt), rt.torch_device)
 
 

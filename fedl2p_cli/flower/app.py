@@ -24,6 +24,7 @@ import torch
 
 from .. import plugins
 from ..algorithms.fedl2p import MetaConfig, client_update
+from ..catalog import Catalog
 from ..core.client import ClientData
 from ..core.finetune import ClientBN
 from ..core.functional import set_state
@@ -111,13 +112,13 @@ def site_name(node_config) -> str:
     return str(node_config.get("site-name") or Path(str(node_config["site-dir"])).resolve().name)
 
 
-def site_code(spec: dict, node_config) -> list[str]:
+def site_code(spec: dict, node_config, catalog: Catalog) -> list[str]:
     """The run's plugins, after checking that the site itself allows every module the run config asks it to import
     (its plugins, a `package.module:factory` model): node-config `allow-import` (comma-separated modules) or the
-    site's FEDL2P_ALLOW_IMPORT. A server's text never chooses the code a site runs."""
+    site's FEDL2P_ALLOW_IMPORT (in the site's `catalog`). A server's text never chooses the code a site runs."""
     from ..models import guard
     mine = [m.strip() for m in str(node_config.get("allow-import", "")).split(",") if m.strip()]
-    mine += guard.allowed_modules()
+    mine += guard.allowed_modules(catalog)
     model = str(spec["model"])
     asked = [*spec.get("plugins", []), *([model.partition(":")[0]] if ":" in model else [])]
     missing = [m for m in dict.fromkeys(asked) if not any(m == a or m.startswith(a + ".") for a in mine)]
@@ -133,9 +134,10 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
     `site_runtime`), where the executor puts the site's model, data and the server's message; the reply goes back
     from the CPU."""
     runtime.apply(threads=1)
-    plugins.load(site_code(spec, node_config or {}), "the run config's plugins")  # a site knows the server's models
+    catalog = plugins.current()  # the site process's own (its entry point: the ClientApp); the run's plugins join it
+    plugins.load(site_code(spec, node_config or {}, catalog), "the run config's plugins")  # the server's models
     c, data = load_site(folder)
-    model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"])
+    model = registry.build(spec["model"], spec["in_channels"], spec["num_classes"], spec["seed"], catalog=catalog)
     set_state(model, theta)
     meta = MetaConfig(**cfg_dict["meta"])
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import plugins, protocols
-from ..catalog import METHODS
+from ..catalog import METHODS, Catalog
 from ..protocols import ClientContext, Outcome, Row, Setup
 
 if TYPE_CHECKING:
@@ -204,46 +204,51 @@ class System(Method):
         return Outcome(run.system(row))  # NaN where it has no model for the client
 
 
-def _methods() -> list[protocols.Method]:
-    return plugins.current().values(METHODS)
+def _handed(catalog: Catalog | None) -> Catalog:
+    """`catalog`, else the one `run_stage` put in place: stages/personalize.py asks without one so far."""
+    return catalog if catalog is not None else plugins.current()
 
 
-def names(kind: type = Method) -> tuple[str, ...]:
-    return tuple(m.name for m in _methods() if isinstance(m, kind))
+def _methods(catalog: Catalog | None) -> list[protocols.Method]:
+    return _handed(catalog).values(METHODS)
 
 
-def get(name: str) -> protocols.Method:
+def names(kind: type = Method, catalog: Catalog | None = None) -> tuple[str, ...]:
+    return tuple(m.name for m in _methods(catalog) if isinstance(m, kind))
+
+
+def get(name: str, catalog: Catalog | None = None) -> protocols.Method:
     """The method or system registered under `name`; `UnknownName` naming the choices if none."""
-    return plugins.current().get(METHODS, name)
+    return _handed(catalog).get(METHODS, name)
 
 
-def find(name: str) -> protocols.Method | None:
+def find(name: str, catalog: Catalog | None = None) -> protocols.Method | None:
     """The method or system registered under `name`; None if none (a learned variant's name is not a method: its
     artifact says which method it belongs to, `learned`)."""
-    return plugins.current().find(METHODS, name)
+    return _handed(catalog).find(METHODS, name)
 
 
-def learned(family: str) -> Learned | None:
+def learned(family: str, catalog: Catalog | None = None) -> Learned | None:
     """The learned method a meta-train artifact of `family` belongs to."""
-    return next((m for m in _methods() if isinstance(m, Learned) and m.family == family), None)
+    return next((m for m in _methods(catalog) if isinstance(m, Learned) and m.family == family), None)
 
 
-def baselines() -> tuple[str, ...]:
-    return tuple(m.name for m in _methods() if isinstance(m, HandMade) and m.baseline)
+def baselines(catalog: Catalog | None = None) -> tuple[str, ...]:
+    return tuple(m.name for m in _methods(catalog) if isinstance(m, HandMade) and m.baseline)
 
 
-def handmade() -> tuple[str, ...]:
+def handmade(catalog: Catalog | None = None) -> tuple[str, ...]:
     """Methods that need no trained artifact (hand-made strategies and their validation-tuned pick)."""
-    return tuple(m.name for m in _methods() if m.trained_by is None)
+    return tuple(m.name for m in _methods(catalog) if m.trained_by is None)
 
 
-def systems() -> tuple[str, ...]:
-    return names(System)
+def systems(catalog: Catalog | None = None) -> tuple[str, ...]:
+    return names(System, catalog)
 
 
-def label(name: str) -> str:
+def label(name: str, catalog: Catalog | None = None) -> str:
     """A row's label: a registered method's, else the row's own name (a learned variant's)."""
-    m = find(name)
+    m = find(name, catalog)
     return name if m is None or isinstance(m, Learned) else m.label
 
 

@@ -4,37 +4,37 @@ A model named `package.module:factory` is imported only when the user named it: 
 this command, `fedl2p --allow-import MODULE` (or FEDL2P_ALLOW_IMPORT), or a loaded plugin's own module. Loading an
 artifact that names another is one line saying which module it asks for and how to allow it. The list is the
 command's Runtime's (`allow_import`, set at the command line's edge and never changed after), seen here through the
-catalog the stage interface hands over (`Catalog.allowing`); worker processes and Flower simulation nodes receive it in
-their Runtime."""
+catalog each caller hands over (`Catalog.allowing`); worker processes and Flower simulation nodes receive it in their
+Runtime."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from .. import plugins
-from ..catalog import MODEL
+from ..catalog import MODEL, Catalog
 from ..errors import ArtifactError, FedL2PError
 
 
-def allowed_modules() -> list[str]:
-    return list(plugins.current().allowed)
+def allowed_modules(catalog: Catalog) -> list[str]:
+    return list(catalog.allowed)
 
 
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def allowed(module: str) -> bool:
-    return any(_within(module, m) for m in [*allowed_modules(), *plugins.active()])
+def allowed(module: str, catalog: Catalog) -> bool:
+    """`module` is one the user named (the catalog's allow list) or a loaded plugin's."""
+    return any(_within(module, m) for m in [*allowed_modules(catalog), *catalog.active()])
 
 
-def check_stored_model(art: Any, ref: str) -> None:
+def check_stored_model(art: Any, ref: str, catalog: Catalog) -> None:
     """Refuse to build the model an artifact names unless its module is allowed (a registered name always is)."""
-    if ":" not in ref or plugins.current().find(MODEL, ref) is not None:
+    if ":" not in ref or catalog.find(MODEL, ref) is not None:
         return
     module = ref.partition(":")[0]
-    if not allowed(module):
+    if not allowed(module, catalog):
         raise ArtifactError(f"artifact {art.stage}/{art.id} asks for the model '{ref}': fedl2p imports no module an "
                             f"artifact names unless you do; if you trust it, add --allow-import {module} (fedl2p "
                             f"--allow-import {module} COMMAND, or FEDL2P_ALLOW_IMPORT={module})")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
 from .. import imports, plugins
-from ..catalog import MODEL, ModelSpec
+from ..catalog import MODEL, Catalog, ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
 from ..core.pool import use_channels_last_pools
@@ -22,24 +24,30 @@ from .bn_swap import check_swap, plain_bn, replace_bn, require_bn
 HEAD_ATTR = "_fedl2p_head"  # a declared classifier's module name, kept on the built model
 
 
-def names() -> tuple[str, ...]:
-    return tuple(plugins.current().names(MODEL))
+def names(catalog: Catalog) -> tuple[str, ...]:
+    return tuple(catalog.names(MODEL))
 
 
-def spec(name: str) -> ModelSpec:
-    """The registered model `name`, or a `package.module:factory` reference."""
-    found = plugins.current().find(MODEL, name)
+def spec(name: str, catalog: Catalog) -> ModelSpec:
+    """The model `name` registered in `catalog`, or a `package.module:factory` reference its allow list permits."""
+    found = catalog.find(MODEL, name)
     if found is not None:
         return found
     if ":" in name:
-        return ModelSpec(_import_factory(name), name)
-    return plugins.current().get(MODEL, name, hint=", or package.module:factory")
+        return ModelSpec(_import_factory(name, catalog), name)
+    return catalog.get(MODEL, name, hint=", or package.module:factory")
 
 
-def _import_factory(ref: str) -> Callable[..., nn.Module]:
+def _handed(catalog: Catalog | None) -> Catalog:
+    """`catalog`, else the one `run_stage` put in place: the built-in systems' `context`/`strategy` (algorithms/systems)
+    and `api.build_model` (a plugin's code) are handed none, as the PFLSystem protocol gives them none."""
+    return catalog if catalog is not None else plugins.current()
+
+
+def _import_factory(ref: str, catalog: Catalog) -> Callable[..., nn.Module]:
     module, _, attr = ref.partition(":")
     try:  # the user named it (--model, --allow-import) or a loaded plugin's package holds it: models.guard's list
-        fn = imports.load(ref, imports.Why.ALLOWED, allowed=guard.allowed)
+        fn = imports.load(ref, imports.Why.ALLOWED, allowed=partial(guard.allowed, catalog=catalog))
     except imports.ImportRefused as e:
         raise FedL2PError(f"--model {ref}: {e}; name it with --model or allow its module with --allow-import {module}") from None
     except Exception as e:  # noqa: BLE001 - ImportError, AttributeError, or the module's own error
@@ -64,12 +72,13 @@ def _call(factory: Callable[..., nn.Module], in_channels: int, num_classes: int)
 
 
 def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
-          input_shape: tuple[int, ...] | None = None) -> nn.Module:
-    """The model `name` for this many input channels and classes, initialised from `seed`, its BN layers mixing BN.
-    With `input_shape` ([C, H, W] of one input), a model with its own BatchNorm layers is checked on it: the swap keeps
-    its eval outputs, it outputs one score per class, and it is twice differentiable (what FedL2P's meta-gradient
-    needs: a layer that is not fails here, in one line, not in the middle of meta-train)."""
-    s = spec(name)
+          input_shape: tuple[int, ...] | None = None, catalog: Catalog | None = None) -> nn.Module:
+    """The model `name` (looked up in `catalog`) for this many input channels and classes, initialised from `seed`,
+    its BN layers mixing BN. With `input_shape` ([C, H, W] of one input), a model with its own BatchNorm layers is
+    checked on it: the swap keeps its eval outputs, it outputs one score per class, and it is twice differentiable
+    (what FedL2P's meta-gradient needs: a layer that is not fails here, in one line, not in the middle of
+    meta-train)."""
+    s = spec(name, _handed(catalog))
     torch.manual_seed(seed)
     model = guard.call(name, s, lambda: _call(s.factory, in_channels, num_classes))
     if not isinstance(model, nn.Module):
@@ -88,6 +97,14 @@ def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
     if input_shape is not None:
         check_twice_differentiable(model, input_shape, name)
     return model
+
+
+def stored(art: Any, catalog: Catalog | None = None) -> nn.Module:
+    """The model an artifact's config names (`model`, `in_channels`, `num_classes`, `seed`), refused unless its module
+    is allowed. A stage's reader is handed the artifact alone (its row's protocol), so it passes no catalog."""
+    c, handed = art.config, _handed(catalog)
+    guard.check_stored_model(art, c["model"], handed)
+    return build(c["model"], c["in_channels"], c["num_classes"], c["seed"], catalog=handed)
 
 
 def check_twice_differentiable(model: nn.Module, input_shape: tuple[int, ...], name: str) -> None:

@@ -138,7 +138,8 @@ class StageContext:
 
     @property
     def catalog(self) -> Catalog:
-        """The runtime's catalog; a run given none (a test, a library call) answers from the context's own."""
+        """The runtime's catalog, allowing the modules the runtime names; a run given none (a test, a library call)
+        answers from the context's own."""
         return plugins.of(self.runtime)
 
 
@@ -147,10 +148,10 @@ class StageModule(Protocol):
 
 
 def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """A stage run: its module's `execute`, with the catalog handed over (and the runtime's allow list: the modules
-    the command named) the one every lookup below it answers from (a model's factory, a dataset, a method: code that
-    has no runtime in reach)."""
-    with plugins.using(ctx.catalog.allowing(ctx.runtime.allow_import)):
+    """A stage run: its module's `execute`, handed `ctx.catalog`. The catalog is also put in place for the code that
+    is handed none yet (a row's reader, the PFLSystem protocol's `context`/`strategy`, a plugin's `api.build_model`):
+    the lookups that fall back on `plugins.current()` (tests/test_layout.py lists where)."""
+    with plugins.using(ctx.catalog):
         return module.execute(cfg, replace(inputs, store=ctx.store), ctx)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store, artifact_id
+from ..catalog import Catalog
 from ..configs import PartitionConfig
 from ..core.config import validate
 from ..data import corruptions as corr
@@ -21,21 +22,22 @@ from .common import build_or_reuse, config_dict
 from .interface import Inputs, Planned, SectionFile, StageContext
 
 
-def default_domains(dataset: str) -> list[str]:
-    return list(sources.get(dataset).domains or corr.DEFAULT_DOMAINS)
+def default_domains(dataset: str, catalog: Catalog) -> list[str]:
+    return list(sources.get(dataset, catalog).domains or corr.DEFAULT_DOMAINS)
 
 
-def generates(cfg: PartitionConfig) -> bool:
+def generates(cfg: PartitionConfig, catalog: Catalog) -> bool:
     """Whether this partition's domains are corruptions generated here (their pixels made at partition time)."""
-    return sources.get(cfg.dataset).generates(cfg.corruptions)
+    return sources.get(cfg.dataset, catalog).generates(cfg.corruptions)
 
 
-def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> tuple[list[str], list[np.ndarray], bool]:
+def _domains(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None, catalog: Catalog
+             ) -> tuple[list[str], list[np.ndarray], bool]:
     """Domain names, each domain's pool of source indices (without `excluded`), and whether corruptions are
     generated here."""
-    generated = generates(cfg)
+    generated = generates(cfg, catalog)
     if generated:
-        names = cfg.corruptions or default_domains(cfg.dataset)
+        names = cfg.corruptions or default_domains(cfg.dataset, catalog)
         corr.check(names, cfg.severity)
         perm = np.random.default_rng(cfg.seed).permutation(len(ds))
         if excluded is not None:  # before the split, so every domain keeps an equal share
@@ -60,12 +62,14 @@ def speaker_splits(cfg: PartitionConfig, ds: datasets.Dataset) -> list[ClientSpl
     return out
 
 
-def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None) -> partition_h5.Partition:
+def build_partition(cfg: PartitionConfig, ds: datasets.Dataset, excluded: np.ndarray | None = None, *,
+                    catalog: Catalog) -> partition_h5.Partition:
+    """The clients of `ds` as `cfg` draws them; `catalog` holds its source (what domains it has or generates)."""
     if cfg.clients <= 0:
         raise FedL2PError(f"--clients must be positive, got {cfg.clients}")
     if ds.groups is not None:
         return _assemble(cfg, ds, list(ds.domain_names or []), speaker_splits(cfg, ds), False)
-    names, pools, generated = _domains(cfg, ds, excluded)
+    names, pools, generated = _domains(cfg, ds, excluded, catalog)
     if excluded is not None and not generated:  # e.g. the images a model was pretrained on
         pools = [p[~np.isin(p, excluded)] for p in pools]
     if cfg.clients < len(names):
@@ -139,10 +143,10 @@ def summary(p: partition_h5.Partition) -> dict:
             "max_label_entropy": float(np.log(p.num_classes)), "domains": rows}
 
 
-def check(cfg: PartitionConfig) -> None:
+def check(cfg: PartitionConfig, catalog: Catalog) -> None:
     """Reject bad input before anything is read or written."""
     validate(cfg)
-    src = sources.get(cfg.dataset)
+    src = sources.get(cfg.dataset, catalog)
     for opt in sources.OPTIONS:
         if getattr(cfg, opt) is not None and opt not in src.options:
             raise FedL2PError(f"--{opt.replace('_', '-')} does not apply to --dataset {cfg.dataset}")
@@ -150,7 +154,7 @@ def check(cfg: PartitionConfig) -> None:
         check_speech(cfg)
         return
     if src.domains is not None or (cfg.corruptions and not src.corruption_files):
-        corr.check(cfg.corruptions or default_domains(cfg.dataset), cfg.severity)
+        corr.check(cfg.corruptions or default_domains(cfg.dataset, catalog), cfg.severity)
     elif src.corruption_files:
         bad = [c for c in cfg.corruptions or [] if c not in src.corruption_files]
         if bad:
@@ -177,9 +181,9 @@ def data_dir(cfg: PartitionConfig) -> Path | None:
     return Path(cfg.data_dir) if cfg.data_dir else datasets.env_data_dir()
 
 
-def load_source(cfg: PartitionConfig) -> datasets.Dataset:
+def load_source(cfg: PartitionConfig, catalog: Catalog) -> datasets.Dataset:
     """The dataset a partition is drawn from, as its registered source loads it, validated (data/validate.py)."""
-    return sources.load(cfg, data_dir(cfg))
+    return sources.load(cfg, data_dir(cfg), catalog)
 
 
 def with_data(config: dict, fp: str) -> dict:
@@ -188,17 +192,17 @@ def with_data(config: dict, fp: str) -> dict:
     return config if fingerprint.known(fp) else config | {"data": fp}
 
 
-def identify(cfg: PartitionConfig, store: Store, config: dict, force: bool
+def identify(cfg: PartitionConfig, store: Store, config: dict, force: bool, catalog: Catalog
              ) -> tuple[datasets.Dataset | None, str, Callable[[], None]]:
     """The dataset (None when the store's fingerprint cache answered for an artifact that exists), its fingerprint,
     and what records it in the cache once the store exists."""
-    src = sources.get(cfg.dataset)
+    src = sources.get(cfg.dataset, catalog)
     key = fingerprint.cache_key(cfg.dataset, fingerprint.options(cfg), src.read_paths(cfg, data_dir(cfg)))
     cache = fingerprint.Cache(store.root)
     fp = cache.get(key)
     if fp is not None and not force and store.exists("partition", artifact_id("partition", with_data(config, fp), {})):
         return None, fp, lambda: None
-    ds = load_source(cfg)
+    ds = load_source(cfg, catalog)
     fp = fingerprint.of(ds)
     return ds, fp, lambda: cache.put(key, fp)
 
@@ -206,31 +210,31 @@ def identify(cfg: PartitionConfig, store: Store, config: dict, force: bool
 def execute(cfg: PartitionConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """Clients of a dataset -> partition.h5. `exclude` among the inputs (or the config's) is the partition whose images
     these clients must not get."""
-    store = ctx.store
-    check(cfg)
+    store, catalog = ctx.store, ctx.catalog
+    check(cfg, catalog)
     excluded = None
     if inputs.one("exclude") is not None or cfg.exclude:
         ex = inputs.get("exclude", cfg.exclude, stage="partition")
-        if _base(ex.value.dataset) != _base(cfg.dataset):
+        if _base(ex.value.dataset, catalog) != _base(cfg.dataset, catalog):
             raise FedL2PError(f"--exclude {ex.artifact.id} partitions '{ex.value.dataset}', not the same source images as "
                               f"'{cfg.dataset}'")
         cfg.exclude, excluded = ex.artifact.id, ex.value.source_index.numpy()
     # normalize is part of the id only where it changes the pixels and is not the older behaviour (older artifacts,
     # built before the option existed, keep their ids with --normalize partition)
-    quiet: tuple[str, ...] = ("normalize",) if not generates(cfg) or cfg.normalize == "partition" else ()
+    quiet: tuple[str, ...] = ("normalize",) if not generates(cfg, catalog) or cfg.normalize == "partition" else ()
     # --image-size came later: the size a source resized to before it (image-folder: 64) keeps those artifacts' ids,
     # and any other choice (keeping the images' size included) is a new one
-    if cfg.image_size == sources.get(cfg.dataset).resized_before:
+    if cfg.image_size == sources.get(cfg.dataset, catalog).resized_before:
         quiet += ("image_size",)
     config = config_dict(cfg, exclude=("data_dir", "download", *quiet))
-    loaded, fp, remember = identify(cfg, store, config, ctx.force)
+    loaded, fp, remember = identify(cfg, store, config, ctx.force, catalog)
 
     def build(draft: Draft) -> None:
-        ds = loaded if loaded is not None else load_source(cfg)
+        ds = loaded if loaded is not None else load_source(cfg, catalog)
         if loaded is None and fingerprint.of(ds) != fp:  # changed under an unchanged size and mtime
             raise DataError(f"the data of --dataset {cfg.dataset} changed while its files kept their size and time; run "
                             "the command again")
-        part = build_partition(cfg, ds, excluded)
+        part = build_partition(cfg, ds, excluded, catalog=catalog)
         partition_h5.write(draft.path("partition.h5"), part)
         draft.metrics = summary(part) | ({"source": ds.note} if ds.note else {})
         draft.data = {"fingerprint": fp} | ({"known": fingerprint.known(fp)} if fingerprint.known(fp) else {})
@@ -260,9 +264,9 @@ def plan(file: SectionFile) -> list[Planned]:
     return steps
 
 
-def _base(dataset: str) -> str:
+def _base(dataset: str, catalog: Catalog) -> str:
     """The source whose images a dataset holds (fmnist-c: fmnist); an unregistered one is its own."""
-    return sources.get(dataset).base() if dataset in sources.names() else dataset
+    return sources.get(dataset, catalog).base() if dataset in sources.names(catalog) else dataset
 
 
 def read(art: Artifact) -> partition_h5.Partition:

@@ -17,7 +17,7 @@ from .. import imports, plugins
 from ..algorithms.systems.base import PFLSystem, Trained
 from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
-from ..catalog import SYSTEM
+from ..catalog import SYSTEM, Catalog
 from ..configs import PFLConfig
 from ..core.config import validate
 from ..engine.executors import open_pool
@@ -25,7 +25,7 @@ from ..engine.loop import Checkpoint
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..io.partition_h5 import Partition
-from ..models import guard, registry
+from ..models import registry
 from ..runtime import Runtime
 from .common import Progress, build_or_reuse, config_dict, watch, write_history
 from .interface import Inputs, StageContext, reading
@@ -34,30 +34,33 @@ from .interface import Inputs, StageContext, reading
 def check(cfg: PFLConfig, runtime: Runtime | None = None) -> None:
     """The config, and its `--algo` in the runtime's catalog (at compile time, a pipeline's: the context's)."""
     validate(cfg)
-    plugins.of(runtime).get(SYSTEM, cfg.algo)  # a registered system
-    registry.spec(cfg.model)
-    own_options(cfg)
+    catalog = plugins.of(runtime)
+    catalog.get(SYSTEM, cfg.algo)  # a registered system
+    registry.spec(cfg.model, catalog)
+    own_options(cfg, catalog)
 
 
-def system(algo: str) -> Any:
-    """The registered system's class made once (a `PFLSystem`), or its module under API 1's module protocol."""
-    spec = plugins.current().get(SYSTEM, algo).trainer
+def system(algo: str, catalog: Catalog | None = None) -> Any:
+    """The system `algo` registered in `catalog`: its class made once (a `PFLSystem`), or its module under API 1's
+    module protocol. None: the catalog `run_stage` put in place, for the callers handed none (this stage's reader,
+    and the personalisation harness's `client_accuracy`)."""
+    spec = (catalog if catalog is not None else plugins.current()).get(SYSTEM, algo).trainer
     found = imports.load(spec, imports.Why.REGISTERED, declared=[spec])  # the registered system's own trainer
     return found() if ":" in spec else found  # a class, made once; or API 1's module protocol (plugins.register noted it)
 
 
-def identity(cfg: PFLConfig) -> dict:
+def identity(cfg: PFLConfig, catalog: Catalog) -> dict:
     """Only the settings the chosen system reads are part of its artifact's id."""
     shared = ("algo", "model", "rounds", "fraction", "batch_size", "lr", "eval_every", "seed")
     d = config_dict(cfg)
-    out = {k: d[k] for k in (*shared, *system(cfg.algo).SETTINGS[cfg.algo])}
-    opts = own_options(cfg)
+    out = {k: d[k] for k in (*shared, *system(cfg.algo, catalog).SETTINGS[cfg.algo])}
+    opts = own_options(cfg, catalog)
     return out if opts is None else out | {"options": as_record(opts)}  # a system without options: as before
 
 
-def own_options(cfg: PFLConfig) -> Any:
+def own_options(cfg: PFLConfig, catalog: Catalog) -> Any:
     """The system's own options (its `Options`), checked; None for a system that declares none."""
-    sys_ = system(cfg.algo)
+    sys_ = system(cfg.algo, catalog)
     if isinstance(sys_, PFLSystem):
         return sys_.options(cfg)
     return parse(None, cfg.options, cfg.algo)  # API 1's module protocol: no options of its own
@@ -65,17 +68,17 @@ def own_options(cfg: PFLConfig) -> Any:
 
 def execute(cfg: PFLConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """A personalised-FL system trained on the clients of `partition` among the inputs."""
-    store, runtime = ctx.store, ctx.runtime
+    store, runtime, catalog = ctx.store, ctx.runtime, ctx.catalog
     check(cfg, runtime)
     got = inputs.get("partition")
     part_art, part = got.artifact, got.value
-    conf = identity(cfg) | {"in_channels": part.in_channels, "num_classes": part.num_classes}
+    conf = identity(cfg, catalog) | {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
     def build(draft: Draft) -> None:
         ckpt = Checkpoint(store.workdir("pfl", draft.id))
         if not ctx.resume:
             ckpt.clear()
-        sys_ = system(cfg.algo)
+        sys_ = system(cfg.algo, catalog)
         if isinstance(sys_, PFLSystem):
             history, draft.metrics = train(sys_, cfg, part, ckpt, watch(ctx.progress, draft), draft, runtime,
                                            (str(store.root), part_art.id))
@@ -101,15 +104,14 @@ def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, pr
 def worker_context(root: str, partition_id: str, cfg: PFLConfig, runtime: Runtime) -> Any:
     """A worker's (or ClientApp's) own client context, built once from the store."""
     part = reading(Store(root), "partition", partition_id).value
-    return system(cfg.algo).context(cfg, part)
+    return system(cfg.algo, plugins.of(runtime)).context(cfg, part)
 
 
 def read(art: Artifact) -> Trained:
     """The stage's reader (its row's `reader`): the trained system an artifact holds."""
     c = art.config
     cfg = PFLConfig(**{k: v for k, v in c.items() if k in PFLConfig.__dataclass_fields__})
-    guard.check_stored_model(art, c["model"])
-    model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
+    model = registry.stored(art)
     return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], system(cfg.algo).load(art, cfg, model))
 
 

@@ -24,7 +24,7 @@ from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
-from ..models import guard, registry
+from ..models import registry
 from ..runtime import Runtime
 from ..stage_table import stage
 from .common import Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
@@ -42,7 +42,7 @@ def check(cfg: PretrainConfig, runtime: Runtime) -> None:
     validate(cfg)
     if cfg.init is None:
         plugins.of(runtime).get(PRETRAIN_ALGO, cfg.algo)  # UnknownName naming the choices
-    registry.spec(cfg.model)
+    registry.spec(cfg.model, plugins.of(runtime))
     check_runtime(runtime)
 
 
@@ -156,12 +156,13 @@ class PretrainStrategy:
 
 
 def make_strategy(cfg: PretrainConfig, part: Partition, runtime: Runtime) -> PretrainStrategy:
-    return PretrainStrategy(cfg, part, build_model(cfg, part), runtime)
+    return PretrainStrategy(cfg, part, build_model(cfg, part, runtime), runtime)
 
 
-def build_model(cfg: PretrainConfig, part: Partition) -> torch.nn.Module:
+def build_model(cfg: PretrainConfig, part: Partition, runtime: Runtime) -> torch.nn.Module:
     """The model for this partition (a model with its own BatchNorm layers checked on the partition's input shape)."""
-    return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]))
+    return registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, tuple(part.images.shape[1:]),
+                          catalog=plugins.of(runtime))
 
 
 def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runtime: Runtime) -> PretrainContext:
@@ -174,7 +175,7 @@ def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runt
 def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainContext:
     """A worker's own client context (model, client data), built once from the store in its initializer."""
     part = reading(Store(root), "partition", partition_id).value
-    return client_of(cfg, part, build_model(cfg, part), runtime)
+    return client_of(cfg, part, build_model(cfg, part, runtime), runtime)
 
 
 def client_task(ctx: PretrainContext, task: LocalTask) -> LocalResult:
@@ -220,7 +221,7 @@ def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
 
     def build(draft: Draft) -> None:
         if cfg.init:
-            model = build_model(cfg, part)
+            model = build_model(cfg, part, runtime)
             state, history = import_init(cfg, model), []  # type: ignore[var-annotated]  # the rounds' records (dicts)
         else:
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
@@ -241,9 +242,7 @@ def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
 
 def read(art: Artifact) -> Pretrained:
     """The stage's reader (its row's `reader`): a model built for the artifact, holding its weights, and its state."""
-    c = art.config
-    guard.check_stored_model(art, c["model"])
-    model = registry.build(c["model"], c["in_channels"], c["num_classes"], c["seed"])
+    model = registry.stored(art)
     state = weights.load(art.file("model.safetensors"))
     set_state(model, state)
     return Pretrained(model, state)
