@@ -80,12 +80,47 @@ def client_round(meta_grad: str, n: int, **settings) -> collections.Counter:
     return counts
 
 
+# reads of tensors a method recorded on the host (a strategy's key and its values for the results): on a GPU they read
+# host memory and wait for nothing; on the CPU they cannot be told apart from device reads, so they are listed apart
+HOST_SIDE = ("def strategy_key", "strategies.items()")
+PERSONALIZE_METHODS = ["ft-bnc", "ft-bni", "ft-tuned", "fedl2p", "fedl2p-checked"]
+
+
+def personalization(group: int) -> tuple[collections.Counter, int]:
+    """`personalize` of a tiny digits-c federation's seen pool, two seeds, the methods above, batched in groups of
+    `group` clients (1: one at a time), its host reads counted; and the number of (client, seed) pairs."""
+    import tempfile
+
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.core.settings import MetaConfig
+    from fedl2p_cli.runtime import Runtime
+    from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
+    from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
+
+    def run(module, cfg, parents, rt=Runtime()):
+        return run_stage(module, cfg, Inputs.given(parents), StageContext(store, rt))[0]
+    store = Store(tempfile.mkdtemp(prefix="host-syncs-"))
+    part = run(partition, partition.PartitionConfig(dataset="digits-c", clients=12, samples_per_client=40), {})
+    pre = run(pretrain, pretrain.PretrainConfig(rounds=3, fraction=0.5, batch_size=16), {"partition": part.id})
+    st = run(stats, stats.StatsConfig(), {"partition": part.id, "pretrain": pre.id})
+    meta = run(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16,
+               base_lr=0.01)), {"pretrain": pre.id, "stats": st.id})
+    cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0, 1], methods=PERSONALIZE_METHODS)
+    rt = Runtime(engine="batched", client_batch=group) if group > 1 else Runtime()
+    with host_reads() as counts:
+        art = run(personalize, cfg, {"pretrain": pre.id, "stats": st.id, "meta": [meta.id]}, rt)
+    return counts, len(personalize.load(store, art.id)[1].client) * 2
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=8, help="clients in the batched group")
     ap.add_argument("--json", type=Path, default=None, help="write the counts here")
+    ap.add_argument("--personalize", action="store_true", help="count a personalisation's reads instead (groups of 1 and 4)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.personalize:
+        return personalize_main(args.json)
     out = {}
     for mg in ("fomaml", "ift"):
         counts = client_round(mg, args.clients)
@@ -96,6 +131,32 @@ def main() -> None:
             print(f"  {k:5d}  {site}", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"clients": args.clients, "iterations": 2} | out, indent=1) + "\n")
+
+
+def personalize_main(path: Path | None) -> None:
+    out = {}
+    for group in (1, 4):
+        counts, pairs = personalization(group)
+        host = sum(k for site, k in counts.items() if _host_side(site))
+        out[f"group{group}"] = {"total": sum(counts.values()), "host_side": host, "client_seeds": pairs,
+                                "device_per_client_seed": (sum(counts.values()) - host) / pairs, "sites": dict(counts.most_common())}
+        print(f"personalize, groups of {group}: {sum(counts.values()) - host} device reads (+{host} host-side) for {pairs} "
+              "client-seeds", file=sys.stderr)
+        for site, k in counts.most_common():
+            print(f"  {k:5d}  {site}{'  (host-side)' if _host_side(site) else ''}", file=sys.stderr)
+    if path:
+        path.write_text(json.dumps({"methods": PERSONALIZE_METHODS} | out, indent=1) + "\n")
+
+
+def _host_side(site: str) -> bool:
+    """Whether the read at `site` (path:line) is one of HOST_SIDE's: a mark on its line or the 4 lines above."""
+    import linecache
+    path, _, line = site.rpartition(":")
+    if not line.isdigit():
+        return False
+    file = str(Path(__file__).resolve().parents[1] / "fedl2p_cli" / path)
+    near = "".join(linecache.getline(file, i) for i in range(max(int(line) - 4, 1), int(line) + 1))
+    return any(mark in near for mark in HOST_SIDE)
 
 
 if __name__ == "__main__":

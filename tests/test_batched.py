@@ -246,7 +246,7 @@ def test_client_batch_is_refused_by_the_engines_that_do_not_batch():
 def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, monkeypatch):
     """personalize --client-batch 3 (every row's fine-tunings of 3 clients computed ahead in vmapped groups:
     hand-made, ft-tuned's candidates, FedL2P and its checked neighbours) gives the same accuracies, strategies and
-    candidate scores as one client at a time, and the same artifact id."""
+    candidate scores as one client at a time, and the same artifact id; its scores are read once per group."""
     import numpy as np
 
     from fedl2p_cli.stages import personalize
@@ -255,7 +255,13 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
     from fedl2p_cli.stages import harness
     alone, one_at_a_time = [], harness.finetune
     monkeypatch.setattr(harness, "finetune", lambda *a, **k: alone.append(1) or one_at_a_time(*a, **k))
-    out, counts = [], []
+    scored_alone = []  # a score computed for one trial (its own host read), not with its group's
+
+    def counted(fn):
+        return lambda *a, **k: scored_alone.append(1) or fn(*a, **k)
+    for name in ("personalized_accuracy", "evaluate"):
+        monkeypatch.setattr(harness, name, counted(getattr(harness, name)))
+    out, counts, alone_scores = [], [], []
     for name, rt in (("one", Runtime()), ("many", Runtime(client_batch=3))):
         root = tmp_path / name
         shutil.copytree(tiny_store["store"].root, root)
@@ -264,8 +270,10 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
                          force=True, runtime=rt)
         out.append((art, personalize.load(Store(root), art.id)[1]))
         counts.append(len(alone))
+        alone_scores.append(len(scored_alone))
     (a1, one), (a2, many) = out
     assert counts[1] - counts[0] < counts[0] / 4  # batched: few fine-tunings ran alone (a group's leftover client)
+    assert alone_scores[0] > 0 and alone_scores[1] == alone_scores[0]  # batched: every score read with its group's
     assert a1.id == a2.id and one.methods == many.methods
     assert np.allclose(one.acc_after, many.acc_after, atol=1e-6, equal_nan=True)
     assert all(np.allclose(one.beta[m], many.beta[m], equal_nan=True) for m in one.methods)

@@ -166,6 +166,21 @@ def personalized_accuracy(model: nn.Module, params: Params, x: Tensor, y: Tensor
     return evaluate(model, params, x, y, pol, batch_size if pol.client_mean is None else 512)
 
 
+def personalized_sums(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
+                      batch_size: int, eval_stats: str = "running") -> Tensor:
+    """`personalized_accuracy`'s summed loss and count of correct answers as one float64 [2] tensor, on the device:
+    the caller reads many at once (`per_sample` turns the read into `personalized_accuracy`'s floats)."""
+    pol = eval_policy(s, bn, eval_stats)
+    loss, correct = evaluate_sums(model, params, x, y, pol, batch_size if pol.client_mean is None else 512)
+    return torch.stack([loss.double(), correct.double()])
+
+
+def per_sample(sums: list[float], n: int) -> tuple[float, float]:
+    """(loss, accuracy) from `personalized_sums`' values read to the host: `evaluate`'s arithmetic exactly."""
+    n = max(n, 1)
+    return sums[0] / n, sums[1] / n
+
+
 def personalized_loss_sum(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
                           batch_size: int, eval_stats: str = "running") -> Tensor:
     """`personalized_accuracy`'s summed loss (float64), on the device: the caller reads many at once."""

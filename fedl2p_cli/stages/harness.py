@@ -15,8 +15,8 @@ import torch
 
 from ..core.batched import finetune_many
 from ..core.client import ClientData
-from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy
-from ..core.functional import evaluate
+from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, per_sample, personalized_accuracy, personalized_sums
+from ..core.functional import evaluate, evaluate_sums
 from ..engine.loop import batch_stream as batches
 from ..engine.placement import OnDevice
 from ..io.partition_h5 import Partition
@@ -40,15 +40,18 @@ class Trial:
     strategy: Strategy
     ft: FinetuneResult
     scores: dict = field(default_factory=dict)
+    key: tuple | None = None  # (client, seed, strategy_key): where `prefetch` left its scores
 
     def evaluate(self, split: str, stats: str = "running") -> tuple[float, float]:
         """(loss, accuracy) on the client's `split` (val, test) under `stats` (core.finetune.inference_policy);
-        computed once per split and statistics."""
+        computed once per split and statistics, or read with its group's (`Harness.prefetch`)."""
         if (split, stats) not in self.scores:
             h = self.harness
-            x, y = getattr(self.client.data, split)
-            self.scores[split, stats] = personalized_accuracy(h.model, self.ft.params, x, y, self.strategy, self.ft.bn,
-                                                              h.batch_size, stats)
+            got = h.scored.get((self.key, split, stats)) if self.key is not None else None
+            if got is None:
+                x, y = getattr(self.client.data, split)
+                got = personalized_accuracy(h.model, self.ft.params, x, y, self.strategy, self.ft.bn, h.batch_size, stats)
+            self.scores[split, stats] = got
         return self.scores[split, stats]
 
 
@@ -70,6 +73,8 @@ class Harness:
     theta: dict = field(init=False)
     place: Callable[[Any], Any] = field(default=_unplaced, init=False, repr=False)  # a call's own inputs -> the device
     ready: dict = field(default_factory=dict, init=False, repr=False)  # fine-tunings computed ahead (`prefetch`)
+    scored: dict = field(default_factory=dict, init=False, repr=False)  # their scores, read in one go (`prefetch`)
+    plain: dict = field(default_factory=dict, init=False, repr=False)  # (client, split) -> unadapted (loss, accuracy)
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -107,25 +112,65 @@ class Harness:
     def finetune(self, client: Client, strategy: Strategy, seed: int) -> Trial:
         """`epochs` of fine-tuning of the pretrained parameters under `strategy` (placed on the device), batches from
         the client's stream for `seed`."""
+        key = (client.id, seed, strategy_key(strategy))  # from the strategy as recorded (on the host): no device read
         s = self.place(strategy)
-        ft = self.ready.pop((client.id, seed, strategy_key(s)), None) if self.ready else None  # keys read the device
-        return Trial(self, client, s, self._one(client, s, seed) if ft is None else ft)
+        ft = self.ready.pop(key, None) if self.ready else None
+        return Trial(self, client, s, self._one(client, s, seed) if ft is None else ft, key=key)
 
     def _one(self, client: Client, s: Strategy, seed: int) -> FinetuneResult:
         return finetune(self.model, self.theta, *client.data.train, s, client.bn0, self.epochs, self.batch_size,
                         batches(seed, client.id), self.client_bn)
 
-    def prefetch(self, wanted: list[tuple[Client, Strategy, int]], groups: Any) -> None:
+    def prefetch(self, wanted: list[tuple[Client, Strategy, int]], groups: Any,
+                 scores: tuple[tuple[str, str], ...] = ()) -> None:
         """Compute the fine-tunings `wanted` (client, strategy, seed) ahead, in vmapped groups (`groups`, an
-        engine.batched.Groups); `finetune` then takes each from here once, the same fine-tuning to float rounding."""
+        engine.batched.Groups); `finetune` then takes each from here once, the same fine-tuning to float rounding.
+        `scores`: the (split, statistics) pairs each will be evaluated on, computed on the device and read to the host
+        in one read for the whole group (a trial's `evaluate` finds them; the same floats as evaluating it alone)."""
         todo: dict[tuple, tuple[Client, Strategy, int]] = {}
         for client, strategy, seed in wanted:
-            s = self.place(strategy)
-            todo.setdefault((client.id, seed, strategy_key(s)), (client, s, seed))
+            todo.setdefault((client.id, seed, strategy_key(strategy)), (client, self.place(strategy), seed))
         for bn_i in (False, True):  # BN I (no beta) and mixed strategies cannot share a vmapped group
             keys = [k for k, (_, s, _) in todo.items() if (s.beta is None) == bn_i]
             for k, ft in zip(keys, groups.run([todo[k] for k in keys], self._group)):
                 self.ready[k] = ft
+        if scores:
+            clients = {c.id: c for c, _, _ in todo.values()}
+            self._score({k: (c, s, self.ready[k]) for k, (c, s, _) in todo.items()}, scores, list(clients.values()))
+
+    def _score(self, fts: dict[tuple, tuple[Client, Strategy, FinetuneResult]], scores: tuple[tuple[str, str], ...],
+               clients: list[Client]) -> None:
+        """Every fine-tuning's (loss, accuracy) on each (split, statistics), and each client's without fine-tuning on
+        each split (`unadapted`), in one host read for all of them."""
+        at = [(k, split, stats) for k in fts for split, stats in dict.fromkeys(scores)]
+        plain = [(c, split) for c in clients for split in dict.fromkeys(split for split, _ in scores)
+                 if (c.id, split) not in self.plain]
+        sums = []
+        for k, split, stats in at:
+            client, s, ft = fts[k]
+            x, y = getattr(client.data, split)
+            sums.append(personalized_sums(self.model, ft.params, x, y, s, ft.bn, self.batch_size, stats))
+        sums += [torch.stack([v.double() for v in evaluate_sums(self.model, self.theta, *getattr(c.data, split))])
+                 for c, split in plain]
+        if not sums:
+            return
+        values = torch.stack(sums).tolist()
+        for (k, split, stats), v in zip(at, values):
+            self.scored[k, split, stats] = per_sample(v, len(getattr(fts[k][0].data, split)[1]))
+        for (c, split), v in zip(plain, values[len(at):]):
+            self.plain[c.id, split] = per_sample(v, len(getattr(c.data, split)[1]))
+
+    def unadapted(self, client: Client, split: str) -> tuple[float, float]:
+        """(loss, accuracy) of the pretrained parameters on the client's `split`: the same for every seed and row,
+        computed once (or read with its group's, `prefetch`)."""
+        if (client.id, split) not in self.plain:
+            self.plain[client.id, split] = evaluate(self.model, self.theta, *getattr(client.data, split))
+        return self.plain[client.id, split]
+
+    def forget(self) -> None:
+        """Drop what `prefetch` computed and nobody asked for (a method that asked for less than it named)."""
+        self.ready.clear()
+        self.scored.clear()
 
     def _group(self, items: list[tuple[Client, Strategy, int]]) -> list[FinetuneResult]:
         if len(items) == 1:
@@ -136,7 +181,8 @@ class Harness:
 
 
 def strategy_key(s: Strategy) -> tuple:
-    """A strategy's identity (its values): two requests for the same fine-tuning of a client and seed share it."""
+    """A strategy's identity (its values): two requests for the same fine-tuning of a client and seed share it. Read
+    from the strategy as a method recorded it, on the host (placed on a GPU, it would wait for the device)."""
     return (None if s.beta is None else tuple(s.beta.tolist()), tuple(s.lr.tolist()))
 
 
@@ -165,7 +211,7 @@ class ClientRun:
 
     def unadapted(self, split: str) -> tuple[float, float]:
         """(loss, accuracy) of the pretrained parameters on the client's `split`, without fine-tuning."""
-        return evaluate(self.harness.model, self.harness.theta, *getattr(self.client.data, split))
+        return self.harness.unadapted(self.client, split)
 
     def learned(self, row: Any) -> Trial | None:
         """Fine-tuning under the strategy a learned row recorded for this client (None: it has none)."""

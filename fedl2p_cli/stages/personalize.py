@@ -295,7 +295,7 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
             runs |= {(j, k): ClientRun(setup, h, client, seed, strategies) for k, seed in enumerate(cfg.seeds)}
         if groups is not None:  # the group's fine-tunings, every row's, computed ahead in vmapped groups
             h.prefetch([(run.client, s, run.seed) for run in runs.values() for r in rows
-                        for s in r.method.wants(r, _context(run))], groups)
+                        for s in r.method.wants(r, _context(run))], groups, scored_on(cfg))
         for (j, k), run in runs.items():
             for i, r in enumerate(rows):
                 out = r.method.personalize(r, _context(run))
@@ -305,12 +305,18 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
                 elif out.candidates is not None:
                     cand[k, j] = out.candidates
             progress.advance(1)
-        h.ready.clear()  # a method that asked for less than it named leaves nothing behind
+        h.forget()  # a method that asked for less than it named leaves nothing behind
     progress.stop()
     return results_h5.Results(names, list(cfg.seeds), setup.pool, np.array(clients), h.part.domain[clients], before, acc,
                               beta, eta, sparsity, {"epochs": cfg.epochs, "base_lr": cfg.base_lr, "client_bn": cfg.client_bn,
                                                     "eval_stats": cfg.eval_stats}, stacked(cand, len(cfg.seeds), len(clients)),
                               {m: cast(np.ndarray, stacked(v, len(cfg.seeds), len(clients))) for m, v in checked.items()})
+
+
+def scored_on(cfg: PersonalizeConfig) -> tuple[tuple[str, str], ...]:
+    """The (split, statistics) pairs the built-in methods evaluate a fine-tuning on: a hand-made row and `ft-tuned`'s
+    candidates at the running statistics, a learned row and its check at `--eval-stats`; validation and test each."""
+    return tuple(dict.fromkeys((split, stats) for stats in ("running", cfg.eval_stats) for split in ("val", "test")))
 
 
 def stacked(cand: dict[tuple[int, int], np.ndarray], seeds: int, clients: int) -> np.ndarray | None:
