@@ -41,7 +41,7 @@ def client_row(ctx, c: int, cfg, h: float, seed: int) -> dict:
     from fedl2p_cli.stages.meta_train import initial_lambda
     n_p = len(ctx.theta_g)
     xi, x = ctx.inputs(c)
-    lam = initial_lambda(ctx.cfg, len(xi), len(x), n_p)
+    lam = initial_lambda(ctx.cfg, ctx.entries.head, len(xi), len(x), n_p)
     hyper = hyper_fn(xi, x, n_p, cfg)
     data, bn0 = ctx.part.client(c), ctx.stats.client_bn(c)
     (xt, yt), (xv, yv) = data.train, data.val

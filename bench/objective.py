@@ -155,7 +155,7 @@ def context(art):
     cfg = meta_train.config_from_dict(art.config)
     ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
                                   art.parents["stats"], cfg, Runtime())
-    return ctx, meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+    return ctx, meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
 
 
 def sweep(ctx, lam0, betas) -> list[dict]:

@@ -101,7 +101,7 @@ def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     rt = Runtime(min_answers=0.5, workers=2)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
     ctx = meta_train.make_context(*ids, cfg, rt)
-    lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+    lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
     seen = ctx.part.pool(False)
     assert 2 in seen
     with ClientPool(2, meta_train.make_context, (*ids, cfg, rt), _dies_for_client_2, ctx, rt.torch_device) as pool:

@@ -337,7 +337,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     try:
         ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
                                       tiny_store["stats"].id, cfg, Runtime())
-        lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+        lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
         strategy = meta_train.MetaStrategy(ctx, lam0)
         strategy.seen = list(sites[:2])  # a misbehaving site's replies were dropped: lambda is the two others'
         st = run_rounds(strategy, rounds, None, NoProgress(), in_process(lambda t: meta_train.client_task(ctx, t)))

@@ -6,8 +6,10 @@ import json
 import numpy as np
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
+from fedl2p_cli.catalog import META_HEAD
 from fedl2p_cli.cli.main import run_cli
 from fedl2p_cli.flower import app as flower_app
 from fedl2p_cli.io import weights
@@ -23,7 +25,7 @@ def deployment(tiny_store, out, perturb=0.01):
     rc = flower_app.run_config(tiny_store["store"], tiny_store["pretrain"].id, cfg, 2, out)
     (out / "run.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items()))
     spec = json.loads(rc["model"])
-    lam = meta_train.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    lam = meta_train.initial_lambda(cfg, plugins.current().get(META_HEAD, cfg.meta.head), spec["n_bn"], spec["n_x"], len(spec["params"]))
     g = torch.Generator().manual_seed(1)
     weights.save(out / "lambda.safetensors", {k: v + perturb * torch.randn(v.shape, generator=g) for k, v in lam.items()})
     (out / "history.csv").write_text("round,val_loss\n1,2.0\n2,1.9\n")

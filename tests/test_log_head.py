@@ -329,8 +329,7 @@ def test_an_lr_meta_gradient_is_one_registration(tiny_store, tmp_path):
     catalog = plugins.build(lambda r: r.add_lr_grad(entry))
     c = LogClient.make("doubled")
     _, ft = c.tune(1.0)
-    with plugins.using(catalog):
-        mine = meta_train.meta_gradient_of(c.cfg)
+    mine = meta_train.meta_gradient_of(c.cfg, catalog)
     traj = meta_grads.builtin("fomaml", "trajectory")
     g = [m.one(c.model, ft, c.lam, c.hyper, c.data, c.cfg, torch.Generator().manual_seed(4)).grads for m in (mine, traj)]
     assert torch.allclose(g[0]["logeta"], 2 * g[1]["logeta"]) and float(g[1]["logeta"].abs().max()) > 1e-6

@@ -257,7 +257,7 @@ def _first_finetune(tiny_store, cfg):
                                   tiny_store["stats"].id, mcfg, Runtime())
     c = ctx.part.pool(False)[0]
     xi, x = ctx.inputs(c)
-    lam = meta_train.initial_lambda(mcfg, len(xi), len(x), len(ctx.theta_g))
+    lam = meta_train.initial_lambda(mcfg, ctx.entries.head, len(xi), len(x), len(ctx.theta_g))
     hyper = fedl2p_alg.hyper_fn(xi, x, len(ctx.theta_g), cfg)
     data, gen = ctx.part.client_on(c, torch.device("cpu")), torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -24,7 +24,7 @@ def round0(tiny_store):
     cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META, norm_bound=3.0)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
     ctx = meta_train.make_context(*ids, cfg, Runtime())
-    lam0 = meta_train.initial_lambda(cfg, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
+    lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
     strategy = meta_train.MetaStrategy(ctx, lam0)
     st = strategy.initial_state()
     tasks = strategy.configure(st, 0)

@@ -148,13 +148,13 @@ BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())
 
 def builtin(name: str, lr_grad: str = "last-step") -> MetaGradient:
     """The built-in meta-gradient `name` with the built-in `--lr-grad` entry `lr_grad`; a plugin's comes from the
-    catalog (`stages.meta_train.meta_grad_entry`, `with_lr_grad`), which the stage passes to the client update
+    catalog (`stages.meta_train.meta_gradient_of`, `with_lr_grad`), which the stage passes to the client update
     (algorithms/ reads no catalog)."""
     from .lr_grads import builtin as lr_builtin
     for mg in BUILTIN:
         if mg.name == name:
             return with_lr_grad(mg, lr_builtin(lr_grad))
-    raise ValueError(f"'{name}' is not a built-in meta-gradient: pass the catalog's entry (stages.meta_train.meta_grad_entry)")
+    raise ValueError(f"'{name}' is not a built-in meta-gradient: pass the catalog's entry (stages.meta_train.meta_gradient_of)")
 
 
 def with_lr_grad(mg: MetaGradient, entry: LrGradient) -> MetaGradient:

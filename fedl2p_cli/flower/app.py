@@ -24,7 +24,7 @@ import torch
 
 from .. import plugins
 from ..algorithms.fedl2p import MetaConfig, client_update
-from ..catalog import Catalog
+from ..catalog import META_HEAD, Catalog
 from ..core.client import ClientData
 from ..core.finetune import ClientBN
 from ..core.functional import set_state
@@ -147,7 +147,8 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
         theta_g = {n: theta[n] for n, _ in model.named_parameters()}
         return mt.guarded(c, lambda timer: client_update(
             model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
-            generator(cfg_dict["seed"], rnd, c), timer, mt.meta_gradient_of(meta), mt.head_entry(meta.head)))
+            generator(cfg_dict["seed"], rnd, c), timer, mt.meta_gradient_of(meta, catalog),
+            catalog.get(META_HEAD, meta.head)))
     return OnDevice((model.eval(), data), runtime.torch_device)(update, (theta, lam))
 
 
@@ -216,7 +217,8 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
         raise FedL2PError(f"{files['run.toml']} is not a run config `fedl2p flower run-config` wrote ({e})") from None
     pre = store.load("pretrain", spec["pretrain"])
     lam = weights.load(files["lambda.safetensors"])
-    want = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    head = plugins.current().get(META_HEAD, cfg.meta.head)  # the import command's catalog (its edge)
+    want = mt.initial_lambda(cfg, head, spec["n_bn"], spec["n_x"], len(spec["params"]))
     if {k: tuple(v.shape) for k, v in lam.items()} != {k: tuple(v.shape) for k, v in want.items()}:
         raise FedL2PError(f"{files['lambda.safetensors']} does not hold the meta-nets of this run config")
     config = mt.identity(cfg) | {"deployment": {"sites": rc.get("sites"),
@@ -383,8 +385,10 @@ def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict
     out = Path(str(rc["out"]))
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
     # the server's context: no model or statistics (the sites have them), and the sites in place of a partition
-    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg)  # type: ignore[arg-type]
-    lam0 = mt.initial_lambda(cfg, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    entries = mt.Entries.of(cfg, plugins.current())  # the ServerApp's catalog (its entry point)
+    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg,  # type: ignore[arg-type]
+                     entries)
+    lam0 = mt.initial_lambda(cfg, entries.head, spec["n_bn"], spec["n_x"], len(spec["params"]))
     cfg_dict = dataclasses.asdict(cfg)
 
     def execute(tasks: list[Any]) -> list:  # the strategy's MetaTasks

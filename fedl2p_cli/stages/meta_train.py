@@ -6,15 +6,16 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
+from .. import plugins
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..algorithms.meta_grads import MetaGradient, with_lr_grad
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
+from ..catalog import LR_GRAD, META_GRAD, META_HEAD, META_INPUTS, SERVER_STEP, Catalog
 from ..configs import MetaTrainConfig, config_from_dict
 from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
@@ -29,15 +30,10 @@ from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
-from ..protocols import LrGradient, MetaHead, MetaInputs, ServerStep
+from ..protocols import MetaHead, MetaInputs, ServerStep
 from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
 from .interface import Inputs, StageContext, reading
-
-if TYPE_CHECKING:
-    from ..catalog import Kind
-
-T = TypeVar("T")
 
 NORM_PREFIX = "input_norm."
 NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
@@ -45,53 +41,31 @@ NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+
 
 def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
-    meta_gradient_of(cfg.meta)  # catalog entries: an unknown name stops here, naming the choices
-    head_entry(cfg.meta.head)
-    server_step_entry(cfg.meta_opt)
-    inputs_entry(cfg.input_norm)
+    Entries.of(cfg, plugins.of(runtime))  # catalog entries: an unknown name stops here, naming the choices
     if cfg.local and runtime.engine not in ("local", "auto"):  # auto: --local runs no rounds, on any device
         raise FedL2PError(f"--engine {runtime.engine} runs federated rounds; --local (L2P) has none, use --engine local")
     check_runtime(runtime)
 
 
-def meta_grad_entry(name: str) -> MetaGradient:
-    """The meta-gradient registered as `name` (`UnknownName` naming the choices, for --meta-grad)."""
-    from ..catalog import META_GRAD
-    return _entry(META_GRAD, name)
+def meta_gradient_of(meta: MetaConfig, catalog: Catalog) -> MetaGradient:
+    """The client update's meta-gradient: the --meta-grad entry with its LRs' path from the --lr-grad entry
+    (`UnknownName` naming the choices for either)."""
+    return with_lr_grad(catalog.get(META_GRAD, meta.meta_grad), catalog.get(LR_GRAD, meta.lr_grad))
 
 
-def lr_grad_entry(name: str) -> LrGradient:
-    """The LR meta-gradient registered as `name` (`UnknownName` naming the choices, for --lr-grad)."""
-    from ..catalog import LR_GRAD
-    return _entry(LR_GRAD, name)
+@dataclass(frozen=True)
+class Entries:
+    """A meta-train run's catalog entries, looked up once in the catalog handed over: the meta-gradient (with its
+    LR path), the head, the server step and the inputs."""
+    meta_gradient: MetaGradient
+    head: MetaHead
+    server_step: ServerStep
+    inputs: MetaInputs
 
-
-def meta_gradient_of(meta: MetaConfig) -> MetaGradient:
-    """The client update's meta-gradient: the --meta-grad entry with its LRs' path from the --lr-grad entry."""
-    return with_lr_grad(meta_grad_entry(meta.meta_grad), lr_grad_entry(meta.lr_grad))
-
-
-def head_entry(name: str) -> MetaHead:
-    """The meta-net head registered as `name` (`UnknownName` naming the choices, for --head)."""
-    from ..catalog import META_HEAD
-    return _entry(META_HEAD, name)
-
-
-def server_step_entry(name: str) -> ServerStep:
-    """The server step registered as `name` (`UnknownName` naming the choices, for --meta-opt)."""
-    from ..catalog import SERVER_STEP
-    return _entry(SERVER_STEP, name)
-
-
-def inputs_entry(name: str) -> MetaInputs:
-    """The meta-net inputs registered as `name` (`UnknownName` naming the choices, for --input-norm)."""
-    from ..catalog import META_INPUTS
-    return _entry(META_INPUTS, name)
-
-
-def _entry(kind: Kind[T], name: str) -> T:
-    from .. import plugins
-    return plugins.current().get(kind, name)
+    @classmethod
+    def of(cls, cfg: MetaTrainConfig, catalog: Catalog) -> Entries:
+        return cls(meta_gradient_of(cfg.meta, catalog), catalog.get(META_HEAD, cfg.meta.head),
+                   catalog.get(SERVER_STEP, cfg.meta_opt), catalog.get(META_INPUTS, cfg.input_norm))
 
 
 @dataclass
@@ -103,26 +77,25 @@ class Context:
     part: Partition
     stats: StatsTable
     cfg: MetaTrainConfig
+    entries: Entries  # the run's catalog entries
     norm: dict | None = None  # the --input-norm entry's state, fitted on the seen clients (None: it keeps none)
 
     def inputs(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Client c's meta-net inputs: its statistics through the --input-norm entry."""
-        return inputs_entry(self.cfg.input_norm).apply(self.norm or {}, *self.stats.inputs(c))
+        return self.entries.inputs.apply(self.norm or {}, *self.stats.inputs(c))
 
     def update(self, c: int, lam: Lambda, gen: torch.Generator, timer: Timer) -> ClientResult:
         """One client's update, where the context and `lam` are (the executor put them there)."""
         xi, x = self.inputs(c)
         return client_update(self.model, self.theta_g, lam, xi, x, self.stats.client_bn(c), self.part.client(c),
-                             self.cfg.meta, gen, timer, meta_gradient_of(self.cfg.meta),
-                             head_entry(self.cfg.meta.head))
+                             self.cfg.meta, gen, timer, self.entries.meta_gradient, self.entries.head)
 
     def update_many(self, cs: list[int], lams: list[Lambda], gens: list[torch.Generator], timer: Timer
                     ) -> list[ClientResult | Diverged]:
         """Several clients' updates as one batched computation (`client_update_many`): per client as `update`."""
         return client_update_many(self.model, self.theta_g, lams, [self.inputs(c) for c in cs],
                                   [self.stats.client_bn(c) for c in cs], [self.part.client(c) for c in cs],
-                                  self.cfg.meta, gens, timer, meta_gradient_of(self.cfg.meta),
-                                  head_entry(self.cfg.meta.head))
+                                  self.cfg.meta, gens, timer, self.entries.meta_gradient, self.entries.head)
 
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
@@ -132,7 +105,7 @@ class Context:
         seen = self.part.pool(False)
         n_p = len(self.theta_g)
         with torch.no_grad():
-            head = head_entry(self.cfg.meta.head)
+            head = self.entries.head
             outs = [hyper_fn(*self.inputs(c), n_p, self.cfg.meta, head)(lam) for c in seen]
         beta = torch.stack([o[0] for o in outs])
         etas = torch.stack([o[1] for o in outs])
@@ -179,8 +152,9 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
         table = reading(store, "stats", stats_id).value
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     rows = [table.row(c) for c in part.pool(False)]
-    norm = fit_inputs(inputs_entry(cfg.input_norm), table.xi[rows], table.x[rows])
-    return Context(model, theta_g, part, table, cfg, norm or None)
+    entries = Entries.of(cfg, plugins.of(runtime))
+    norm = fit_inputs(entries.inputs, table.xi[rows], table.x[rows])
+    return Context(model, theta_g, part, table, cfg, entries, norm or None)
 
 
 def fit_inputs(entry: MetaInputs, xi: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -313,8 +287,8 @@ class MetaStrategy:
         with timer.section("aggregate"):
             weights = [1.0 if self.cfg.client_weights == "equal" else float(r.n) for r in results]
             new = robust_average([r.lam for r in results], weights, self.cfg.aggregator)
-            new, state = server_step_entry(self.cfg.meta_opt).step(lam, new, group_of(st.tensors, "opt"), rnd + 1,
-                                                                   self.cfg.server_lr)
+            new, state = self.ctx.entries.server_step.step(lam, new, group_of(st.tensors, "opt"), rnd + 1,
+                                                           self.cfg.server_lr)
             if state:  # a step with moments (fedadam): checkpointed with the loop
                 st.tensors |= nest("opt", state)
         st.tensors |= nest("lam", new)
@@ -419,7 +393,7 @@ def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
         part, norm = ctx.part, ctx.norm
         if any(part.offsets[c][2] - part.offsets[c][1] < 1 for c in part.pool(False)):
             raise FedL2PError("meta-training needs validation data on every seen client; partition with --val-fraction > 0")
-        lam0 = initial_lambda(cfg, *input_widths(inputs_entry(cfg.input_norm), norm, table), len(ctx.theta_g))
+        lam0 = initial_lambda(cfg, ctx.entries.head, *input_widths(ctx.entries.inputs, norm, table), len(ctx.theta_g))
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
@@ -498,9 +472,9 @@ def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: 
     return art.id
 
 
-def initial_lambda(cfg: MetaTrainConfig, n_bn: int, n_x: int, n_params: int) -> Lambda:
+def initial_lambda(cfg: MetaTrainConfig, head: MetaHead, n_bn: int, n_x: int, n_params: int) -> Lambda:
     """lambda at round 0, drawn by the --head entry from the run's seed."""
-    return head_entry(cfg.meta.head).init(n_bn, n_x, n_params, cfg.meta, cfg.nets, cfg.seed)
+    return head.init(n_bn, n_x, n_params, cfg.meta, cfg.nets, cfg.seed)
 
 
 @dataclass(frozen=True)
@@ -522,7 +496,7 @@ class MetaTrained:
 
     def initial(self, n_bn: int, n_x: int, n_params: int) -> Lambda:
         """Its run's lambda at round 0 (re-drawn from its seed): the control a learned split is read beside."""
-        return initial_lambda(self.cfg, n_bn, n_x, n_params)
+        return initial_lambda(self.cfg, self.head, n_bn, n_x, n_params)
 
 
 def read(art: Artifact) -> MetaTrained:
@@ -530,8 +504,9 @@ def read(art: Artifact) -> MetaTrained:
     stored_ = weights.load(art.file("lambda.safetensors"))
     norm = {k[len(NORM_PREFIX):]: v for k, v in stored_.items() if k.startswith(NORM_PREFIX)}
     cfg = config_from_dict(art.config)
+    catalog = plugins.current()  # a reader is handed the artifact alone: the stage's catalog (`run_stage` put it there)
     return MetaTrained({k: v for k, v in stored_.items() if not k.startswith(NORM_PREFIX)}, norm or None, cfg,
-                       head_entry(cfg.meta.head), inputs_entry(cfg.input_norm))
+                       catalog.get(META_HEAD, cfg.meta.head), catalog.get(META_INPUTS, cfg.input_norm))
 
 
 def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:
