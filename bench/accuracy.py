@@ -118,6 +118,7 @@ def central_accuracy(part_id: str, pretrain_cfg: dict, epochs: int = 10) -> floa
     import torch
     import torch.nn.functional as F
 
+    from fedl2p_cli import plugins
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.functional import get_state
     from fedl2p_cli.engine.loop import generator, step_lr
@@ -128,7 +129,8 @@ def central_accuracy(part_id: str, pretrain_cfg: dict, epochs: int = 10) -> floa
     _, part = partition_stage.load(Store(STORE), part_id)
     seen = part.pool(False)
     x, y = pool_tensors(part, seen, "train")
-    model = registry.build(pretrain_cfg["model"], part.in_channels, part.num_classes, pretrain_cfg["seed"]).train()
+    model = registry.build(pretrain_cfg["model"], part.in_channels, part.num_classes, pretrain_cfg["seed"],
+                           catalog=plugins.current()).train()
     opt = torch.optim.SGD(model.parameters(), lr=pretrain_cfg["lr"])
     gen = generator(pretrain_cfg["seed"], 0, 0)
     for ep in range(epochs):

@@ -21,13 +21,13 @@ def sync(dev: torch.device) -> None:
 
 def clients(model_name: str, n: int, dev: torch.device):
     """A model on `dev`, its parameters, a lambda and `n` synthetic clients (data, statistics, BN statistics)."""
-    from fedl2p_cli import device
+    from fedl2p_cli import device, plugins
     from fedl2p_cli.core.client import ClientData
     from fedl2p_cli.core.finetune import ClientBN
     from fedl2p_cli.core.metanets import init_lambda
     from fedl2p_cli.core.stats import client_stats
     from fedl2p_cli.models import registry
-    m = registry.build(model_name, SHAPE["channels"], SHAPE["classes"]).to(dev).eval()
+    m = registry.build(model_name, SHAPE["channels"], SHAPE["classes"], catalog=plugins.current()).to(dev).eval()
     theta = {k: v.detach().clone() for k, v in m.named_parameters()}
     out = []
     for c in range(n):

@@ -92,12 +92,13 @@ def bench_engine() -> dict:
 
 
 def bench_stats() -> dict:
+    from fedl2p_cli import plugins
     from fedl2p_cli.core.stats import many_client_stats
     from fedl2p_cli.models import registry
     with tempfile.TemporaryDirectory() as d:
         _, _, part = _embedded(d)
         xs = [part.client(c).train[0] for c in range(20)]
-    model = registry.build("small-cnn", 1, 10).eval()
+    model = registry.build("small-cnn", 1, 10, catalog=plugins.current()).eval()
     plain_eval = plain_model(model).eval()
     allx = torch.cat(xs)
 
@@ -112,13 +113,14 @@ def bench_stats() -> dict:
 
 
 def _hyper_setup(name: str):
+    from fedl2p_cli import plugins
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.finetune import ClientBN, Strategy
     from fedl2p_cli.core.metanets import hyperparameters, init_lambda
     from fedl2p_cli.core.stats import stat_layers
     from fedl2p_cli.models import registry
     ch = 1 if name == "small-cnn" else 3
-    m = registry.build(name, ch, 10)
+    m = registry.build(name, ch, 10, catalog=plugins.current())
     theta = {n: p.detach().clone() for n, p in m.named_parameters()}
     n_bn, n_x, n_p = len(bn_layers(m)), 2 * len(stat_layers(m)), len(theta)
     lam = init_lambda(n_bn, n_x, n_p, 1e-3, "both", 0)
@@ -250,6 +252,7 @@ def bench_client_round() -> dict:
     `torch.optim.SGD`, the same batches): the floor that any implementation's round sits above."""
     import torch.nn.functional as F
 
+    from fedl2p_cli import plugins
     from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.finetune import ClientBN
@@ -261,7 +264,7 @@ def bench_client_round() -> dict:
     with tempfile.TemporaryDirectory() as d:
         _, _, part = _embedded(d)
         data = part.client(0)
-    m = registry.build("small-cnn", 1, 10)
+    m = registry.build("small-cnn", 1, 10, catalog=plugins.current())
     theta = {n: p.detach().clone() for n, p in m.named_parameters()}
     n_bn, n_x = len(bn_layers(m)), 2 * len(stat_layers(m))
     lam = init_lambda(n_bn, n_x, len(theta), 0.01, "both", 0)
@@ -382,6 +385,7 @@ def bench_server_memory(n: int) -> dict:
     round's client updates (10% of the clients). State = bytes of the tensors it keeps; peak = RSS growth over the
     process after imports and the model, through init and one server step (pFedLA: one client's mix and
     hypernetwork update; FedL2P: the weighted mean of the round's lambdas)."""
+    from fedl2p_cli import plugins
     from fedl2p_cli.algorithms import pfedla
     from fedl2p_cli.core.aggregate import weighted_average
     from fedl2p_cli.core.functional import get_state
@@ -389,7 +393,7 @@ def bench_server_memory(n: int) -> dict:
     from fedl2p_cli.core.metanets import init_lambda
     from fedl2p_cli.core.stats import client_stats
     from fedl2p_cli.models import registry
-    model = registry.build("small-cnn", 1, 10)
+    model = registry.build("small-cnn", 1, 10, catalog=plugins.current())
     names = [k for k, _ in model.named_parameters()]
     st = client_stats(model, torch.randn(64, 1, 32, 32))
     base = peak_rss_mb()

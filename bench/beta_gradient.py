@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli import plugins
 from fedl2p_cli.analysis import tables
 
 HERE = Path(__file__).resolve().parent
@@ -193,7 +194,7 @@ def main() -> None:
         (HERE / "beta-gradient.json").write_text(json.dumps(measured, indent=1))
         print(report(measured))
         return
-    _, lam, _ = meta_train.load_lambda(Store(objective.accuracy.STORE), art.id)
+    _, lam, _ = meta_train.load_lambda(Store(objective.accuracy.STORE), art.id, plugins.current())
     if unroll:  # the exact derivative beside the measurements already made, at the same two lambdas
         measured = json.loads((HERE / "beta-gradient.json").read_text())
         for m, at in zip(measured[:2], (lam0, lam)):

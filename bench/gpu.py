@@ -50,7 +50,7 @@ def timed(fns: dict, reps: int) -> dict[str, float]:
 
 def client(model_name: str, dev: torch.device, seed: int = 0):
     """A model on `dev`, its lambda, statistics and one CIFAR-shaped client (synthetic data)."""
-    from fedl2p_cli import device
+    from fedl2p_cli import device, plugins
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.client import ClientData
     from fedl2p_cli.core.finetune import ClientBN
@@ -61,7 +61,7 @@ def client(model_name: str, dev: torch.device, seed: int = 0):
     n = CIFAR["train"] + CIFAR["val"]
     x = torch.randn(n, CIFAR["channels"], CIFAR["size"], CIFAR["size"], generator=g)
     y = torch.randint(0, CIFAR["classes"], (n,), generator=g)
-    m = registry.build(model_name, CIFAR["channels"], CIFAR["classes"]).to(dev).eval()
+    m = registry.build(model_name, CIFAR["channels"], CIFAR["classes"], catalog=plugins.current()).to(dev).eval()
     x, y = x.to(dev), y.to(dev)
     tr = CIFAR["train"]
     data = ClientData((x[:tr], y[:tr]), (x[tr:], y[tr:]), (x[:0], y[:0]))

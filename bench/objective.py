@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedl2p_cli import plugins
 from fedl2p_cli.analysis import tables
 
 HERE = Path(__file__).resolve().parent
@@ -123,7 +124,7 @@ def main() -> None:
             results.append({"variant": budget.label(art.metrics["variant"].split("-seed")[0])[0], "seed": cfg.seed,
                             "rounds": 0, "keep": "initial", **{k: v.tolist() for k, v in ctxs[key][2].items()}})
         ctx = ctxs[key][0]
-        _, lam, _ = meta_train.load_lambda(Store(accuracy.STORE), art.id)
+        _, lam, _ = meta_train.load_lambda(Store(accuracy.STORE), art.id, plugins.current())
         sc = score(ctx, lam)
         slope, se = domain_trend(art, np.asarray(ctx.part.domain))
         results.append({"variant": budget.label(art.metrics["variant"].split("-seed")[0])[0], "seed": cfg.seed,

@@ -209,10 +209,11 @@ def counted(fn, net: torch.nn.Module, modules: tuple) -> dict[str, int]:
 
 
 def bench_model(name: str, reps: int, client_mod, model_utils) -> dict:
+    from fedl2p_cli import plugins
     from fedl2p_cli.models import registry
     spec = MODELS[name]
     torch.manual_seed(0)
-    model = registry.build(name, spec["channels"], 10)
+    model = registry.build(name, spec["channels"], 10, catalog=plugins.current())
     data = client_data(spec["channels"], spec["train"])
     Shared.part, Shared.template = OnePart(data), their_model(model, model_utils, native_conv=True)
     with tempfile.TemporaryDirectory() as d:

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from .algorithms.meta_grads import Fomaml, Ift
     from .algorithms.systems.base import Trained as TrainedSystem
     from .artifacts import Artifact, Draft
+    from .catalog import Catalog
     from .configs import PartitionConfig, PFLConfig
     from .core.aggregate import weighted_average
     from .core.client import ClientData, LocalConfig, Timer
@@ -150,11 +151,13 @@ def batch_stream(seed: int, client: int) -> torch.Generator:
     return stream(seed, client)
 
 
-def build_model(name: str, in_channels: int, num_classes: int, seed: int = 0) -> nn.Module:
+def build_model(name: str, in_channels: int, num_classes: int, seed: int = 0, catalog: Catalog | None = None) -> nn.Module:
     """The model `name` (registered, or `package.module:factory`), initialised from `seed`, its BN layers mixing BN:
-    the model every stage builds for that name."""
+    the model every stage builds for that name. `catalog`: where it is looked up, a system's `self.catalog`; None:
+    the running stage's (`plugins.current()`, for plugin code written before systems were handed one)."""
+    from . import plugins
     from .models.registry import build
-    return build(name, in_channels, num_classes, seed)
+    return build(name, in_channels, num_classes, seed, catalog=plugins.current() if catalog is None else catalog)
 
 
 def head_prefix(model: nn.Module) -> str:

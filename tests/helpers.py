@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.core.finetune import ClientBN
 from fedl2p_cli.core.metanets import hyperparameters, init_lambda
 from fedl2p_cli.core.stats import client_stats
@@ -26,7 +27,7 @@ def detached_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def smooth_setup(n: int = 24, classes: int = 3, seed: int = 0, noisy: bool = False):
     """tiny-smooth model in float64 with BN buffers set away from 0/1, data, stats and a lambda."""
     torch.manual_seed(seed)
-    model = build("tiny-smooth", 1, classes, seed=seed).double()
+    model = build("tiny-smooth", 1, classes, seed=seed, catalog=plugins.current()).double()
     with torch.no_grad():
         for m in model.modules():
             if hasattr(m, "running_mean"):
@@ -82,7 +83,7 @@ def tiny_client(tiny_store):
     from fedl2p_cli.stages import partition, pretrain, stats
     store = tiny_store["store"]
     _, part = partition.load(store, tiny_store["partition"].id)
-    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id, plugins.current())
     _, table = stats.load(store, tiny_store["stats"].id)
     c = part.pool(False)[0]
     theta = {n: state[n] for n, _ in model.named_parameters()}

@@ -61,9 +61,9 @@ def test_a_torchvision_model_gets_mixing_bn_with_the_same_outputs(factory, allow
     assert set(swapped.state_dict()) == {k for k in state if not k.endswith("num_batches_tracked")}
     if factory.endswith("mobilenet_v3_small"):  # its hard-swish has no second derivative: refused when built
         with pytest.raises(FedL2PError, match="is not twice differentiable .*hardsigmoid_backward"):
-            registry.build(factory, 3, 10, seed=0, input_shape=(3, 32, 32))
+            registry.build(factory, 3, 10, seed=0, input_shape=(3, 32, 32), catalog=plugins.current())
         return
-    built = registry.build(factory, 3, 10, seed=0, input_shape=(3, 32, 32))  # the checked path the stages take
+    built = registry.build(factory, 3, 10, seed=0, input_shape=(3, 32, 32), catalog=plugins.current())  # the checked path the stages take
     assert all(isinstance(m, MixBN) for _, m in bn_layers(built)) and len(bn_layers(built)) == n_bn
 
 
@@ -96,9 +96,9 @@ def test_a_bn_subclass_is_swapped_when_it_is_a_batchnorm_and_refused_when_it_is_
 
 
 def bn_subclasses():
-    assert len(bn_layers(registry.build("own-bn", 1, 3, input_shape=(1, 8, 8)))) == 1
+    assert len(bn_layers(registry.build("own-bn", 1, 3, input_shape=(1, 8, 8), catalog=plugins.current()))) == 1
     with pytest.raises(FedL2PError, match="model 'scaled-bn': its outputs change"):
-        registry.build("scaled-bn", 1, 3, input_shape=(1, 8, 8))
+        registry.build("scaled-bn", 1, 3, input_shape=(1, 8, 8), catalog=plugins.current())
     with pytest.raises(FedL2PError, match="outputs shape"):  # a model with 5 outputs for a partition of 3 classes
         registry._check_classes(net(OwnBN)(1, 5), torch.zeros(2, 1, 8, 8), 3, "own-bn")
 
@@ -125,10 +125,10 @@ def test_a_model_that_is_not_twice_differentiable_is_refused_when_built_and_the_
 
     with plugins.using(plugins.build(models)):
         with pytest.raises(FedL2PError, match="model 'hs' is not twice differentiable .*hardsigmoid_backward"):
-            registry.build("hs", 1, 3, input_shape=(1, 8, 8))
-        checked = registry.build("hs2", 1, 3, seed=4, input_shape=(1, 8, 8))
+            registry.build("hs", 1, 3, input_shape=(1, 8, 8), catalog=plugins.current())
+        checked = registry.build("hs2", 1, 3, seed=4, input_shape=(1, 8, 8), catalog=plugins.current())
         after_check = torch.get_rng_state()
-        plain = registry.build("hs2", 1, 3, seed=4)
+        plain = registry.build("hs2", 1, 3, seed=4, catalog=plugins.current())
         assert torch.equal(torch.get_rng_state(), after_check)  # the check drew nothing from torch's global generator
     assert checked.state_dict().keys() == plain.state_dict().keys()
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in checked.state_dict().items())
@@ -141,7 +141,7 @@ def test_init_loads_the_users_own_state_dict(tmp_path, allow):
     user = registry._call(registry.spec(factory, allow(factory)).factory, 3, 10)
     bn_swap._randomise_bn(user, torch.Generator().manual_seed(3))
     torch.save(user.state_dict(), tmp_path / "mine.pt")
-    model = registry.build(factory, 3, 10, seed=5, input_shape=(3, 32, 32))
+    model = registry.build(factory, 3, 10, seed=5, input_shape=(3, 32, 32), catalog=plugins.current())
     state = import_init(PretrainConfig(model=factory, init=str(tmp_path / "mine.pt")), model)
     want = {k: v for k, v in user.state_dict().items() if not k.endswith("num_batches_tracked")}
     assert state.keys() == want.keys()
@@ -151,9 +151,9 @@ def test_init_loads_the_users_own_state_dict(tmp_path, allow):
 
 def test_a_model_reference_that_does_not_load_is_one_error(allow):
     with pytest.raises(FedL2PError, match="--model no_such_pkg.mod:f: refusing to import .* --allow-import no_such_pkg.mod"):
-        registry.build("no_such_pkg.mod:f", 3, 10)  # nobody named or allowed it: not even looked for
+        registry.build("no_such_pkg.mod:f", 3, 10, catalog=plugins.current())  # nobody named or allowed it: not even looked for
     allow("no_such_pkg.mod:f")
     with pytest.raises(FedL2PError, match="--model no_such_pkg.mod:f: cannot load it"):
-        registry.build("no_such_pkg.mod:f", 3, 10)
+        registry.build("no_such_pkg.mod:f", 3, 10, catalog=plugins.current())
     with pytest.raises(FedL2PError, match="unknown model 'vgg'"):
-        registry.build("vgg", 3, 10)
+        registry.build("vgg", 3, 10, catalog=plugins.current())

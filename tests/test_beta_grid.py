@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.configs import BetaGridConfig
 from fedl2p_cli.core.config import ConfigError
@@ -59,7 +60,7 @@ def test_a_score_is_the_fine_tune_it_names(grid_run, tiny_store):
     store, cfg, art, _ = grid_run
     raw = json.loads(art.file("scores.json").read_text())
     _, part = partition.load(store, art.parents["partition"])
-    _, model, state = pretrain.load(store, art.parents["pretrain"])
+    _, model, state = pretrain.load(store, art.parents["pretrain"], plugins.current())
     _, table = stats.load(store, art.parents["stats"])
     theta = {n: state[n] for n, _ in model.named_parameters()}
     c, i, seed = raw["clients"][2], 5, 1

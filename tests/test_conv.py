@@ -59,7 +59,7 @@ def test_values_and_derivatives_up_to_third_order_match_native(kw):
 
 
 def test_built_models_use_it_with_unchanged_parameters_and_rng():
-    model = build("resnet18-cifar", 3, 10, seed=0)
+    model = build("resnet18-cifar", 3, 10, seed=0, catalog=plugins.current())
     after = torch.rand(3)
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert convs and all(type(m) is Conv2d for m in convs)

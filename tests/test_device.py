@@ -40,7 +40,7 @@ def cpu_tensors(obj) -> list[torch.Tensor]:
 def client():
     """A small CNN, its statistics and a client with train, validation and test data, all on the CPU."""
     torch.manual_seed(0)
-    model = build("small-cnn", 1, 4, seed=0)
+    model = build("small-cnn", 1, 4, seed=0, catalog=plugins.current())
     x = torch.randn(40, 1, 16, 16)
     y = torch.randint(0, 4, (40,))
     data = ClientData((x[:24], y[:24]), (x[24:32], y[24:32]), (x[32:], y[32:]))

@@ -18,6 +18,7 @@ from fedl2p_fedbn import fedbn  # noqa: E402
 from fedl2p_fedbn.model import HardSigmoid, HardSwish, mobilenet_v3_small  # noqa: E402
 from fedl2p_fedbn.npz import load_npz  # noqa: E402
 
+from fedl2p_cli import plugins
 from fedl2p_cli.algorithms.local import LocalConfig  # noqa: E402
 from fedl2p_cli.core.functional import get_state  # noqa: E402
 from fedl2p_cli.engine.loop import generator  # noqa: E402
@@ -33,7 +34,7 @@ def clients(n: int, sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def test_local_keys_are_the_bn_layers_and_nothing_else():
-    model = registry.build("small-cnn", 1, 3)
+    model = registry.build("small-cnn", 1, 3, catalog=plugins.current())
     keys = fedbn.local_keys(model)
     bn = {n for n, m in model.named_modules() if m.__class__.__name__ == "MixBN"}
     assert keys == {f"{b}.{k}" for b in bn for k in ("weight", "bias", "running_mean", "running_var")}
@@ -44,7 +45,7 @@ def test_local_keys_are_the_bn_layers_and_nothing_else():
 
 
 def test_a_round_keeps_bn_local_and_averages_the_rest_by_sample_count():
-    model = registry.build("small-cnn", 1, 3)
+    model = registry.build("small-cnn", 1, 3, catalog=plugins.current())
     keys = fedbn.local_keys(model)
     shared, init_local = fedbn.split(get_state(model), keys)
     cfg = LocalConfig(epochs=1, batch_size=8)
@@ -67,7 +68,7 @@ def test_a_round_keeps_bn_local_and_averages_the_rest_by_sample_count():
 
 
 def test_a_new_client_trains_only_its_bn_and_takes_its_own_statistics():
-    model = registry.build("small-cnn", 1, 3)
+    model = registry.build("small-cnn", 1, 3, catalog=plugins.current())
     keys = fedbn.local_keys(model)
     shared, local = fedbn.split(get_state(model), keys)
     x, y = clients(3, [40, 40, 40])[2]

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedl2p_cli import plugins
 from fedl2p_cli.core.finetune import precise_bn
 from fedl2p_cli.core.metanets import ServerAdam, hyperparameters, init_lambda, input_normalizer, normalize_inputs
 from fedl2p_cli.core.selection import candidates, select_by_validation
@@ -45,7 +46,7 @@ def _by_hand_statistics(model, x, beta):
 @pytest.mark.parametrize("chunk", [10_000, 7])  # one full-batch pass, and the chunked pass per layer
 def test_precise_bn_equals_population_statistics_under_beta(chunk):
     torch.manual_seed(0)
-    model = build("small-cnn", 1, 4).double().eval()
+    model = build("small-cnn", 1, 4, catalog=plugins.current()).double().eval()
     with torch.no_grad():
         for m in model.modules():
             if hasattr(m, "running_mean"):
@@ -105,7 +106,7 @@ def test_input_standardisation_is_stored_and_used_at_personalisation(tiny_store)
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, input_norm="standardize", meta_opt="fedadam", meta=TINY_META)
     assert cfg.variant() == "fedl2p-std-adam"
     art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
-    _, lam, norm = meta_train.load_lambda(store, art.id)
+    _, lam, norm = meta_train.load_lambda(store, art.id, plugins.current())
     assert norm is not None and not any(k.startswith("input_norm") for k in lam)
     _, table = stats.load(store, tiny_store["stats"].id)
     _, part = partition.load(store, tiny_store["partition"].id)
@@ -196,7 +197,7 @@ def test_keep_last_returns_the_final_aggregate_and_best_the_scored_broadcast(tin
     for keep in ("best", "last"):
         cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep=keep, seed=5, meta=TINY_META)
         art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
-        got[keep] = meta_train.load_lambda(store, art.id)[1]
+        got[keep] = meta_train.load_lambda(store, art.id, plugins.current())[1]
     _, table = stats.load(store, tiny_store["stats"].id)
     lam0 = init_lambda(table.xi.shape[1], table.x.shape[1], len(table.param_names), TINY_META.base_lr, "both", 5)
     assert all(torch.equal(got["best"][k], lam0[k]) for k in lam0)

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedl2p_cli import plugins
 from fedl2p_cli.core.bn import BNPolicy, bn_layers, update_running
 from fedl2p_cli.core.finetune import ClientBN, Strategy, sgd_step
 from fedl2p_cli.core.functional import ce_loss
@@ -24,7 +25,7 @@ def general_step(model, params, x, y, s, bn):
 
 @pytest.fixture(scope="module")
 def setup():
-    model = build("small-cnn", 1, 10, seed=0)
+    model = build("small-cnn", 1, 10, seed=0, catalog=plugins.current())
     with torch.no_grad():
         for _, m in bn_layers(model):
             m.running_mean.uniform_(-0.5, 0.5)
@@ -58,7 +59,7 @@ def test_bn_i_step_equals_plain_pytorch(setup):
     s = Strategy(None, torch.full((len(theta),), 0.05))
     ours, _ = sgd_step(model, theta, x, y, s, ClientBN([m.running_mean.clone() for _, m in bn_layers(model)],
                                                        [m.running_var.clone() for _, m in bn_layers(model)]))
-    plain = build("small-cnn", 1, 10, seed=0).train()
+    plain = build("small-cnn", 1, 10, seed=0, catalog=plugins.current()).train()
     plain.load_state_dict({**plain.state_dict(), **theta})
     opt = torch.optim.SGD(plain.parameters(), lr=0.05)
     F.cross_entropy(plain(x), y).backward()

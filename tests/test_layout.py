@@ -632,11 +632,10 @@ LOOKUPS = {
     "fedl2p_cli.cli.render": "the command line's edge: the pieces a command's help lists",
     "fedl2p_cli.cli.generate": "the command line's edge: the pieces the generated help lists",
     "fedl2p_cli.flower.app": "the Flower app's entry points (ClientApp, ServerApp, `flower import`): their own catalog",
+    "fedl2p_cli.api": "the plugin-facing edge: `build_model` given no catalog (a plugin written before a system had "
+                      "`self.catalog`) builds from the running stage's",
     # handed none yet, so each falls back on the stage's catalog (`run_stage` puts it in place); to shrink
-    "fedl2p_cli.models.registry": "algorithms/systems' context/strategy, `api.build_model` and the readers",
-    "fedl2p_cli.methods.registry": "stages/personalize.py, the report and analysis/personalized.py",
-    "fedl2p_cli.stages.pfl": "its reader, and the harness's `client_accuracy`",
-    "fedl2p_cli.stages.meta_train": "its reader (a reader is handed the artifact alone)",
+    "fedl2p_cli.methods.registry": "stages/personalize.py (its compile-time `plan` too), the report, analysis/personalized.py",
     "fedl2p_cli.flower.wire": "a message's dataclass check, below the transport's calls",
 }
 

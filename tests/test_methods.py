@@ -63,7 +63,7 @@ def check_a_new_method(tiny_store, tmp_path):
     np.testing.assert_allclose(r.eta["ft-half"], 0.005)
     assert "| FT (half) |" in art.file("summary.md").read_text()
     _, part = partition.load(store, tiny_store["partition"].id)
-    _, model, state = pretrain.load(store, pre)
+    _, model, state = pretrain.load(store, pre, plugins.current())
     _, table = stats.load(store, st)
     theta = {n: state[n] for n, _ in model.named_parameters()}
     c = int(r.client[0])
@@ -90,7 +90,7 @@ def check_some_tensors(tiny_store, tmp_path, head):
     cfg = personalize.PersonalizeConfig(methods=["ft-head"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
     art, _ = execute(personalize, cfg, store, {"pretrain": pre, "stats": st})
     _, r = personalize.load(store, art.id)
-    _, model, state = pretrain.load(store, pre)
+    _, model, state = pretrain.load(store, pre, plugins.current())
     names = [n for n, _ in model.named_parameters()]
     chosen = np.array([n in head(model) for n in names])
     assert 0 < chosen.sum() < len(names)
@@ -142,7 +142,7 @@ def test_a_checked_learned_strategy_picks_by_validation(tiny_store, tmp_path):
     assert r.methods == ["ft-bnc", v, f"{v}-checked"]
     np.testing.assert_array_equal(r.beta[v], r.beta[f"{v}-checked"])
     _, part = partition.load(store, tiny_store["partition"].id)
-    _, model, state = pretrain.load(store, pre)
+    _, model, state = pretrain.load(store, pre, plugins.current())
     _, table = stats.load(store, st)
     theta = {n: state[n] for n, _ in model.named_parameters()}
     picks_differ = False

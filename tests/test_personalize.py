@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedl2p_cli import methods
+from fedl2p_cli import methods, plugins
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.core.bn import BNPolicy, MixBN
 from fedl2p_cli.core.finetune import ClientBN, Strategy, eval_policy, finetune, personalized_accuracy
@@ -66,7 +66,7 @@ def test_mixing_is_eq2(bn_model):
 
 def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     store = tiny_store["store"]
-    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id, plugins.current())
     _, table = stats.load(store, tiny_store["stats"].id)
     theta = {n: state[n] for n, _ in model.named_parameters()}
     n_bn, n_p = table.xi.shape[1], len(theta)
@@ -77,7 +77,7 @@ def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     lam["lrnet.2.bias"].fill_(1.0)   # LRNet = 1, so eta = eta~ = base LR
     cfg = personalize.PersonalizeConfig(methods=["ft-bng"], base_lr=0.01)
     setup = personalize.Setup(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["partition"].id,
-                              table, torch.device("cpu"))
+                              table, torch.device("cpu"), plugins.current())
     meta = personalize.Row("fedl2p", methods.get("fedl2p"), None,
                            personalize.MetaNets(lam, MetaConfig(base_lr=0.01), None, per_client=False))
     c = 0
@@ -99,7 +99,7 @@ def test_test_batch_evaluation_of_beta_1_is_bn_i_and_of_other_betas_is_eq2_on_th
     """--eval-stats test-batch: a learned beta mixes each test batch's statistics with the pretrained ones; at beta 1
     that is exactly FT (BN I)'s evaluation, and it differs from the default running-statistics evaluation."""
     store = tiny_store["store"]
-    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id, plugins.current())
     _, table = stats.load(store, tiny_store["stats"].id)
     from fedl2p_cli.stages.partition import load as load_part
     _, part = load_part(store, tiny_store["partition"].id)

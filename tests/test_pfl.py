@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.algorithms import cafeme
 from fedl2p_cli.core import layer_mix as lm
 from fedl2p_cli.core.modulate import gate_sites, gated, init_modulator, modulator
@@ -84,12 +85,12 @@ def test_heurpfedla_keeps_exactly_the_top_k_self_weighted_layers_local():
 
 @pytest.mark.parametrize("name,sites", [("small-cnn", [16, 32, 64]), ("resnet18-cifar", [64] * 2 + [128] * 2 + [256] * 2 + [512] * 2)])
 def test_gate_sites(name, sites):
-    model = registry.build(name, 1, 10)
+    model = registry.build(name, 1, 10, catalog=plugins.current())
     assert [c for _, c in gate_sites(model, 1)] == sites
 
 
 def test_gates_are_in_01_and_gates_of_one_reproduce_the_base_model_exactly():
-    model = registry.build("small-cnn", 1, 10).eval()
+    model = registry.build("small-cnn", 1, 10, catalog=plugins.current()).eval()
     sites = gate_sites(model, 1)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(6, 1, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g)
@@ -116,7 +117,7 @@ def test_cafeme_modulator_context_is_permutation_invariant():
 def test_cafeme_second_order_meta_gradient_matches_finite_differences():
     """order="second" differentiates through the inner SGD steps: check d(held-out loss)/d(one base weight)
     against central differences of the same unrolled computation, in float64 on the smooth model."""
-    model = registry.build("tiny-smooth", 1, 3).double()
+    model = registry.build("tiny-smooth", 1, 3, catalog=plugins.current()).double()
     sites = gate_sites(model, 1, 8)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(12, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (12,), generator=g)
@@ -203,7 +204,7 @@ def test_pfl_resume_is_bit_identical(tiny_store):
 
 def test_cafeme_runs_on_resnet18_cifar():
     """The gates sit after each residual block of ResNet-18-cifar; one meta-update is finite and changes omega."""
-    model = registry.build("resnet18-cifar", 3, 10)
+    model = registry.build("resnet18-cifar", 3, 10, catalog=plugins.current())
     sites = gate_sites(model, 3)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g)

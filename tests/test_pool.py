@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedl2p_cli import plugins
 from fedl2p_cli.core.pool import MaxPool2d, max_pool2d
 from fedl2p_cli.models.registry import build
 
@@ -50,11 +51,11 @@ def test_gradgradcheck_in_float64():
 
 
 def test_built_models_pool_through_it_with_unchanged_outputs():
-    model = build("small-cnn", 1, 10, seed=0)
+    model = build("small-cnn", 1, 10, seed=0, catalog=plugins.current())
     pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
     assert pools and all(type(m) is MaxPool2d for m in pools)
     x = tied_input(4)[:, :1].expand(4, 1, 11, 12).contiguous()
-    native = build("small-cnn", 1, 10, seed=0)
+    native = build("small-cnn", 1, 10, seed=0, catalog=plugins.current())
     for m in native.modules():
         if type(m) is MaxPool2d:
             m.__class__ = nn.MaxPool2d

@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedl2p_cli import plugins
 from fedl2p_cli.algorithms.local import LocalConfig, perfedavg_hf_step, sgd_client
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.core.aggregate import weighted_average
@@ -35,7 +36,7 @@ def test_fedavg_one_client_full_participation_equals_sgd(tmp_path):
     part.unseen[0] = False  # one seen client
     cfg = pretrain.PretrainConfig(rounds=2, fraction=1.0, batch_size=16, lr=0.05, eval_every=10)
     state, _ = pretrain.train(cfg, part, None, NoProgress())
-    model = registry.build("small-cnn", part.in_channels, part.num_classes, 0)
+    model = registry.build("small-cnn", part.in_channels, part.num_classes, 0, catalog=plugins.current())
     ref = get_state(model)
     x, y = part.client(0).train
     for rnd in range(2):
@@ -49,7 +50,7 @@ def test_fedbabu_head_is_bit_identical_to_init(tiny_store, tmp_path):
     art, _ = execute(pretrain, pretrain.PretrainConfig(**(TINY_PRETRAIN | {"algo": "fedbabu", "rounds": 2})), store,
                      {"partition": tiny_store["partition"].id}, plot=False)
     state = weights.load(art.file("model.safetensors"))
-    model = registry.build("small-cnn", 1, 10, 0)
+    model = registry.build("small-cnn", 1, 10, 0, catalog=plugins.current())
     init = get_state(model)
     head = [k for k in init if k.startswith(registry.head_prefix(model))]
     assert head == ["13.weight", "13.bias"]  # the classifier really is found

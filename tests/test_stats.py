@@ -2,6 +2,7 @@ import math
 
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.core.bn import MixBN
 from fedl2p_cli.core.stats import Moments, client_stats, kl_gauss, layer_statistics, stat_layers, sym_kl
 from fedl2p_cli.models.registry import build
@@ -32,7 +33,7 @@ def test_batched_merge_equals_single_pass():
 
 
 def test_layer_order_equals_module_order_and_batch_size_invariance():
-    model = build("small-cnn", 1, 10)
+    model = build("small-cnn", 1, 10, catalog=plugins.current())
     seen = []
     hs = [m.register_forward_pre_hook(lambda mod, i, n=n: seen.append(n)) for n, m in stat_layers(model)]
     model.eval()(torch.randn(2, 1, 32, 32))
@@ -47,12 +48,12 @@ def test_layer_order_equals_module_order_and_batch_size_invariance():
 
 
 def test_resnet18_cifar_has_82_inputs():
-    model = build("resnet18-cifar", 3, 10)
+    model = build("resnet18-cifar", 3, 10, catalog=plugins.current())
     assert len(stat_layers(model)) == 41
 
 
 def test_client_matching_pretrained_statistics_gets_zero_xi():
-    model = build("small-cnn", 1, 10)
+    model = build("small-cnn", 1, 10, catalog=plugins.current())
     x = torch.randn(512, 1, 32, 32)
     # set every BN layer's running statistics to the exact statistics of its input on x
     _, bn = layer_statistics(model, x)
@@ -83,7 +84,7 @@ def test_corrupted_domains_get_larger_xi(tiny_store):
 
 def test_grouped_clients_equal_one_at_a_time():
     from fedl2p_cli.core.stats import many_client_stats
-    model = build("small-cnn", 1, 10)
+    model = build("small-cnn", 1, 10, catalog=plugins.current())
     xs = [torch.randn(40, 1, 32, 32) * (1 + i) + i for i in range(5)] + [torch.randn(30, 1, 32, 32)]
     many = many_client_stats(model, xs, batch_size=128)
     for x, got in zip(xs, many):

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import torch
 
-from fedl2p_cli import methods
+from fedl2p_cli import methods, plugins
 from fedl2p_cli.io import results_h5
 from fedl2p_cli.stages import personalize, pretrain
 
@@ -19,7 +19,7 @@ from fedl2p_cli.stages import personalize, pretrain
 def test_the_global_model_row_is_the_pretrained_model_on_each_clients_test_split(tiny_store):
     store, pers = tiny_store["store"], tiny_store["personalize"]
     r = results_h5.read(pers.file("results.h5"))
-    _, model, _ = pretrain.load(store, tiny_store["pretrain"].id)
+    _, model, _ = pretrain.load(store, tiny_store["pretrain"].id, plugins.current())
     with h5py.File(tiny_store["partition"].file("partition.h5"), "r") as f:
         images, labels, offsets = f["images"][...], f["labels"][...], f["offsets"][...]
         mean = torch.tensor(json.loads(f.attrs["mean"])).view(1, -1, 1, 1)

@@ -76,9 +76,9 @@ def trained_and_evaluated(cfg, store, part_id, tiny_store, label="Toy FedAvg", a
     pers, _ = execute(personalize, pcfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     _, r = personalize.load(store, pers.id)
     assert r.methods == ["ft-bnc", cfg.algo] and f"| {label} |" in pers.file("summary.md").read_text()
-    t = pfl.load(store, art.id)
+    t = pfl.load(store, art.id, plugins.current())
     _, p = partition.load(store, part_id)
-    accuracy = accuracy or pfl.system(cfg.algo).accuracy
+    accuracy = accuracy or pfl.system(cfg.algo, plugins.current()).accuracy
     want = [accuracy(t, int(c), p.client(int(c)), 0, 1) for c in r.client]
     np.testing.assert_allclose(r.acc_after[1, 0], want)
     return art

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedl2p_cli import methods
+from fedl2p_cli import methods, plugins
 from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
 from fedl2p_cli.artifacts import Artifact, Store
 from fedl2p_cli.core.client import ClientData
@@ -277,7 +277,7 @@ def test_personalize_reports_an_accuracy_recomputed_from_primitives(tiny_store):
     art = tiny_store["personalize"]
     _, r = personalize.load(store, art.id)
     _, part = partition.load(store, tiny_store["partition"].id)
-    _, model, state = pretrain.load(store, tiny_store["pretrain"].id)
+    _, model, state = pretrain.load(store, tiny_store["pretrain"].id, plugins.current())
     _, table = stats.load(store, tiny_store["stats"].id)
     model.eval()
     theta = {n: state[n] for n, _ in model.named_parameters()}

@@ -72,8 +72,8 @@ class Strategy:
 class ToyFedAvg(PFLSystem):
     SETTINGS = {"toy-fedavg": ("local_epochs",)}
 
-    def context(self, cfg, part):
-        model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+    def context(self, cfg, part):  # the catalog fedl2p handed it; its Strategy leaves build_model to find the stage's
+        model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed, catalog=self.catalog)
         return ToyClient(model, part, LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size), cfg.lr, cfg.seed)
 
     def strategy(self, cfg, part, local):

@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedl2p_cli.algorithms.local import LocalConfig, sgd_client
+from fedl2p_cli.api import build_model
 from fedl2p_cli.core.aggregate import weighted_average
 from fedl2p_cli.core.functional import get_state
 from fedl2p_cli.engine.loop import LoopState, generator, sample_clients
 from fedl2p_cli.engine.rounds import in_process, run_rounds
 from fedl2p_cli.io import weights
-from fedl2p_cli.models import registry
 from fedl2p_cli.stages.pretrain import global_accuracy
 
 SETTINGS = {"toy-fedavg-v1": ("local_epochs",)}
@@ -30,7 +30,7 @@ class Strategy:
 
     def __init__(self, cfg, part):
         self.cfg, self.part = cfg, part
-        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.model = build_model(cfg.model, part.in_channels, part.num_classes, cfg.seed)  # API 1: no catalog handed
         self.local = LocalConfig(epochs=cfg.local_epochs, batch_size=cfg.batch_size)
 
     def initial_state(self):

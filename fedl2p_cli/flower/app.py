@@ -67,7 +67,7 @@ def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: 
     if site_names is not None and (len(site_names) != sites or len(set(site_names)) != sites):
         raise FedL2PError(f"--site-names must name --sites {sites} different sites, got {len(site_names)}: "
                           f"{', '.join(site_names)}")
-    art, model, state = pretrain_stage.load(store, pretrain_ref)
+    art, model, state = pretrain_stage.load(store, pretrain_ref, plugins.of(runtime))
     out.mkdir(parents=True, exist_ok=True)
     (out / ".gitignore").write_text("# weights, checkpoints and results of a deployment: never committed\n*\n")
     weights.save(out / "model.safetensors", state, {"pretrain": art.id})

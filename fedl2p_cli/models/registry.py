@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import imports, plugins
+from .. import imports
 from ..catalog import MODEL, Catalog, ModelSpec
 from ..core.bn import index_bn_layers
 from ..core.conv import use_double_backward_convs
@@ -36,12 +36,6 @@ def spec(name: str, catalog: Catalog) -> ModelSpec:
     if ":" in name:
         return ModelSpec(_import_factory(name, catalog), name)
     return catalog.get(MODEL, name, hint=", or package.module:factory")
-
-
-def _handed(catalog: Catalog | None) -> Catalog:
-    """`catalog`, else the one `run_stage` put in place: the built-in systems' `context`/`strategy` (algorithms/systems)
-    and `api.build_model` (a plugin's code) are handed none, as the PFLSystem protocol gives them none."""
-    return catalog if catalog is not None else plugins.current()
 
 
 def _import_factory(ref: str, catalog: Catalog) -> Callable[..., nn.Module]:
@@ -72,13 +66,13 @@ def _call(factory: Callable[..., nn.Module], in_channels: int, num_classes: int)
 
 
 def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
-          input_shape: tuple[int, ...] | None = None, catalog: Catalog | None = None) -> nn.Module:
+          input_shape: tuple[int, ...] | None = None, *, catalog: Catalog) -> nn.Module:
     """The model `name` (looked up in `catalog`) for this many input channels and classes, initialised from `seed`,
     its BN layers mixing BN. With `input_shape` ([C, H, W] of one input), a model with its own BatchNorm layers is
     checked on it: the swap keeps its eval outputs, it outputs one score per class, and it is twice differentiable
     (what FedL2P's meta-gradient needs: a layer that is not fails here, in one line, not in the middle of
     meta-train)."""
-    s = spec(name, _handed(catalog))
+    s = spec(name, catalog)
     torch.manual_seed(seed)
     model = guard.call(name, s, lambda: _call(s.factory, in_channels, num_classes))
     if not isinstance(model, nn.Module):
@@ -99,12 +93,12 @@ def build(name: str, in_channels: int, num_classes: int, seed: int = 0,
     return model
 
 
-def stored(art: Any, catalog: Catalog | None = None) -> nn.Module:
-    """The model an artifact's config names (`model`, `in_channels`, `num_classes`, `seed`), refused unless its module
-    is allowed. A stage's reader is handed the artifact alone (its row's protocol), so it passes no catalog."""
-    c, handed = art.config, _handed(catalog)
-    guard.check_stored_model(art, c["model"], handed)
-    return build(c["model"], c["in_channels"], c["num_classes"], c["seed"], catalog=handed)
+def stored(art: Any, catalog: Catalog) -> nn.Module:
+    """The model an artifact's config names (`model`, `in_channels`, `num_classes`, `seed`) in `catalog` (the reading
+    stage's), refused unless its module is allowed."""
+    c = art.config
+    guard.check_stored_model(art, c["model"], catalog)
+    return build(c["model"], c["in_channels"], c["num_classes"], c["seed"], catalog=catalog)
 
 
 def check_twice_differentiable(model: nn.Module, input_shape: tuple[int, ...], name: str) -> None:

@@ -225,4 +225,5 @@ class ClientRun:
     def system(self, row: Any) -> float:
         """Another system's test accuracy on this client (its own models; NaN where it has none for the client)."""
         from . import pfl as pfl_stage
-        return pfl_stage.client_accuracy(row.payload, self.client.id, self.client.data, self.seed, self.setup.cfg.pfl_steps)
+        return pfl_stage.client_accuracy(row.payload, self.client.id, self.client.data, self.seed, self.setup.cfg.pfl_steps,
+                                         self.setup.catalog)

@@ -30,9 +30,12 @@ from ..runtime import Runtime, round_options
 from ..stage_table import Stage, stage
 from .common import Progress
 
+Reader = Callable[[Artifact, Catalog], Any]  # a row's reader: an artifact, and the catalog of the stage that reads it
 
-def reader(name: str) -> Callable[[Artifact], Any]:
-    """The stage's reader (its row's `reader`): an artifact of it -> what the stage wrote."""
+
+def reader(name: str) -> Reader:
+    """The stage's reader (its row's `reader`): an artifact of it and the reading stage's catalog (what a stored
+    model, head or system is looked up in) -> what the stage wrote."""
     target = stage(name).reader
     if target is None:
         raise FedL2PError(f"stage {name} has no reader: nothing reads its artifacts")
@@ -41,31 +44,35 @@ def reader(name: str) -> Callable[[Artifact], Any]:
 
 @dataclass
 class Read:
-    """One artifact a step reads, and (on first use) what its stage wrote, by its row's reader."""
+    """One artifact a step reads, and (on first use) what its stage wrote, by its row's reader given `catalog`."""
     artifact: Artifact
     store: Store
+    catalog: Catalog
     plugins: bool = True  # its own parents are loaded checking their plugins (a report reads files: it needs none)
 
     @cached_property
     def value(self) -> Any:
-        return reader(self.artifact.stage)(self.artifact)
+        return reader(self.artifact.stage)(self.artifact, self.catalog)
 
     def parent(self, key: str) -> Read:
         """One of its own parents (a grandparent of the step), by its key in the artifact's parents."""
-        return reading(self.store, key.split(":")[0], self.artifact.parents[key], plugins=self.plugins)
+        return reading(self.store, key.split(":")[0], self.artifact.parents[key], self.catalog, plugins=self.plugins)
 
 
-def reading(store: Store, name: str, ref: str | None, verify: bool = True, plugins: bool = True) -> Read:
-    """The `name` stage's artifact `ref` (an id or a prefix; None: its newest), to be read by its row's reader."""
-    return Read(store.load(name, ref, verify=verify, plugins=plugins), store, plugins)
+def reading(store: Store, name: str, ref: str | None, catalog: Catalog, verify: bool = True,
+            plugins: bool = True) -> Read:
+    """The `name` stage's artifact `ref` (an id or a prefix; None: its newest), to be read by its row's reader with
+    `catalog` (a stage's own; code outside the stages, a test or a bench, hands its own)."""
+    return Read(store.load(name, ref, verify=verify, plugins=plugins), store, catalog, plugins)
 
 
 @dataclass(frozen=True)
 class Inputs:
     """The artifacts a step reads: ids by parent name (a stage's name, or a name its plan gives), in plan order, and
-    the store they are read from (`run_stage` binds it)."""
+    the store they are read from and the catalog their readers look up in (`run_stage` binds both: the stage's)."""
     ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     store: Store | None = None
+    catalog: Catalog | None = None
 
     def get(self, name: str, default: str | None = None, stage: str | None = None, verify: bool = True) -> Read:
         """The one artifact given as `name` (a parent of stage `stage`, default `name`), else `default` (an id the
@@ -109,7 +116,9 @@ class Inputs:
         return self.store
 
     def _read(self, name: str, ref: str | None, verify: bool) -> Read:
-        return reading(self._store(), name, ref, verify)
+        if self.catalog is None:
+            raise FedL2PError("Inputs are read with the stage's catalog: run the stage through run_stage")
+        return reading(self._store(), name, ref, self.catalog, verify)
 
     def one(self, name: str) -> str | None:
         """The one artifact of that parent (None: none given; the stage then takes the newest or its default)."""
@@ -148,11 +157,13 @@ class StageModule(Protocol):
 
 
 def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
-    """A stage run: its module's `execute`, handed `ctx.catalog`. The catalog is also put in place for the code that
-    is handed none yet (a row's reader, the PFLSystem protocol's `context`/`strategy`, a plugin's `api.build_model`):
-    the lookups that fall back on `plugins.current()` (tests/test_layout.py lists where)."""
-    with plugins.using(ctx.catalog):
-        return module.execute(cfg, replace(inputs, store=ctx.store), ctx)
+    """A stage run: its module's `execute`, handed `ctx.catalog`, and its inputs bound to the store and that catalog.
+    The catalog is also put in place for the code that is handed none (a plugin's `api.build_model`, the methods
+    registry, the store's check that an artifact's plugins are loaded): the lookups that fall back on
+    `plugins.current()` (tests/test_layout.py lists where)."""
+    catalog = ctx.catalog
+    with plugins.using(catalog):
+        return module.execute(cfg, replace(inputs, store=ctx.store, catalog=catalog), ctx)
 
 
 @dataclass

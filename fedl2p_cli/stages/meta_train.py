@@ -145,14 +145,14 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
                  runtime: Runtime, table: StatsTable | None = None) -> Context:
     """Everything a client update reads, from the store (also each worker's initializer; `table`: the statistics the
     caller already loaded). `runtime` is the builder's signature the executors call; the executor places it."""
-    store = Store(root)
-    part = reading(store, "partition", partition_id).value
-    model, state = reading(store, "pretrain", pretrain_id).value
+    store, catalog = Store(root), plugins.of(runtime)
+    part = reading(store, "partition", partition_id, catalog).value
+    model, state = reading(store, "pretrain", pretrain_id, catalog).value
     if table is None:
-        table = reading(store, "stats", stats_id).value
+        table = reading(store, "stats", stats_id, catalog).value
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     rows = [table.row(c) for c in part.pool(False)]
-    entries = Entries.of(cfg, plugins.of(runtime))
+    entries = Entries.of(cfg, catalog)
     norm = fit_inputs(entries.inputs, table.xi[rows], table.x[rows])
     return Context(model, theta_g, part, table, cfg, entries, norm or None)
 
@@ -499,20 +499,21 @@ class MetaTrained:
         return initial_lambda(self.cfg, self.head, n_bn, n_x, n_params)
 
 
-def read(art: Artifact) -> MetaTrained:
-    """The stage's reader (its row's `reader`): lambda, its inputs' state, settings, head and inputs entries."""
+def read(art: Artifact, catalog: Catalog) -> MetaTrained:
+    """The stage's reader (its row's `reader`): lambda, its inputs' state, settings, and its head and inputs entries
+    in `catalog` (the reading stage's)."""
     stored_ = weights.load(art.file("lambda.safetensors"))
     norm = {k[len(NORM_PREFIX):]: v for k, v in stored_.items() if k.startswith(NORM_PREFIX)}
     cfg = config_from_dict(art.config)
-    catalog = plugins.current()  # a reader is handed the artifact alone: the stage's catalog (`run_stage` put it there)
     return MetaTrained({k: v for k, v in stored_.items() if not k.startswith(NORM_PREFIX)}, norm or None, cfg,
                        catalog.get(META_HEAD, cfg.meta.head), catalog.get(META_INPUTS, cfg.input_norm))
 
 
-def load_lambda(store: Store, ref: str | None) -> tuple[Artifact, Lambda, dict | None]:
-    """lambda and its input standardisation (None: raw inputs): for code outside the stages (tests, benches)."""
+def load_lambda(store: Store, ref: str | None, catalog: Catalog) -> tuple[Artifact, Lambda, dict | None]:
+    """lambda and its input standardisation (None: raw inputs): for code outside the stages (tests, benches), which
+    hand their own catalog."""
     art = store.load("meta-train", ref)
-    got = read(art)
+    got = read(art, catalog)
     return art, got.lam, got.norm
 
 

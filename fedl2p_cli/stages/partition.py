@@ -269,8 +269,8 @@ def _base(dataset: str, catalog: Catalog) -> str:
     return sources.get(dataset, catalog).base() if dataset in sources.names(catalog) else dataset
 
 
-def read(art: Artifact) -> partition_h5.Partition:
-    """The stage's reader (its row's `reader`): the clients a partition artifact holds."""
+def read(art: Artifact, catalog: Catalog | None = None) -> partition_h5.Partition:
+    """The stage's reader (its row's `reader`): the clients a partition artifact holds (a file: no catalog needed)."""
     return partition_h5.read(art.file("partition.h5"))
 
 

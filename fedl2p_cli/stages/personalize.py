@@ -20,6 +20,7 @@ from ..algorithms.fedl2p import MetaConfig, hyper_fn
 from ..analysis import picks, spread
 from ..analysis.personalized import beta_table, fixed, markdown, row_cells, spread_lines  # noqa: F401 (the command's)
 from ..artifacts import Artifact, Draft, Store
+from ..catalog import Catalog
 from ..configs import PersonalizeConfig, config_from_dict
 from ..core import metanets
 from ..core.config import validate, variant_words
@@ -89,6 +90,7 @@ class Setup:
     partition_id: str
     table: StatsTable
     dev: torch.device
+    catalog: Catalog  # the stage's: the methods, and the systems its rows evaluate
     model: torch.nn.Module | None = None  # the harness's model, once it is built (a hand-made method's tensors read it)
 
     @property
@@ -417,7 +419,8 @@ def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[
     stats_in = inputs.made_from("stats", "pretrain", pre.artifact.id, "pretrained model")
     table: StatsTable = stats_in.value
     parents = {"partition": stats_in.artifact.parents["partition"], "pretrain": pre.artifact.id, "stats": stats_in.artifact.id}
-    setup = Setup(cfg, inputs, pre.artifact.id, stats_in.artifact.id, parents["partition"], table, ctx.runtime.torch_device)
+    setup = Setup(cfg, inputs, pre.artifact.id, stats_in.artifact.id, parents["partition"], table, ctx.runtime.torch_device,
+                  ctx.catalog)
     pool = "unseen" if cfg.unseen else "seen"
     metas = [r.artifact.id for r in inputs.every("meta-train", verify=False) if method_of(r.artifact).supports(pool)]
     rows = canonical(setup.rows({"meta-train": metas + inputs.many("meta"), "pfl": inputs.many("pfl")}))
@@ -464,8 +467,9 @@ class Personalized:
     learned: list[str]  # the rows a meta-train artifact made (learned variants), in the results' order
 
 
-def read(art: Artifact) -> Personalized:
-    """The stage's reader (its row's `reader`): the results an artifact holds and which of its rows were learned."""
+def read(art: Artifact, catalog: Catalog | None = None) -> Personalized:
+    """The stage's reader (its row's `reader`): the results an artifact holds and which of its rows were learned (a
+    file and the artifact's parents: no catalog needed)."""
     r = results_h5.read(art.file("results.h5"))
     return Personalized(r, learned_rows(art, r))
 

@@ -40,13 +40,16 @@ def check(cfg: PFLConfig, runtime: Runtime | None = None) -> None:
     own_options(cfg, catalog)
 
 
-def system(algo: str, catalog: Catalog | None = None) -> Any:
-    """The system `algo` registered in `catalog`: its class made once (a `PFLSystem`), or its module under API 1's
-    module protocol. None: the catalog `run_stage` put in place, for the callers handed none (this stage's reader,
-    and the personalisation harness's `client_accuracy`)."""
-    spec = (catalog if catalog is not None else plugins.current()).get(SYSTEM, algo).trainer
+def system(algo: str, catalog: Catalog) -> Any:
+    """The system `algo` registered in `catalog`: its class made once (a `PFLSystem`, given the catalog its models are
+    looked up in), or its module under API 1's module protocol."""
+    spec = catalog.get(SYSTEM, algo).trainer
     found = imports.load(spec, imports.Why.REGISTERED, declared=[spec])  # the registered system's own trainer
-    return found() if ":" in spec else found  # a class, made once; or API 1's module protocol (plugins.register noted it)
+    if ":" not in spec:
+        return found  # API 1's module protocol (plugins.register noted it)
+    made = found()
+    made.catalog = catalog
+    return made
 
 
 def identity(cfg: PFLConfig, catalog: Catalog) -> dict:
@@ -103,26 +106,29 @@ def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, pr
 
 def worker_context(root: str, partition_id: str, cfg: PFLConfig, runtime: Runtime) -> Any:
     """A worker's (or ClientApp's) own client context, built once from the store."""
-    part = reading(Store(root), "partition", partition_id).value
-    return system(cfg.algo, plugins.of(runtime)).context(cfg, part)
+    catalog = plugins.of(runtime)
+    part = reading(Store(root), "partition", partition_id, catalog).value
+    return system(cfg.algo, catalog).context(cfg, part)
 
 
-def read(art: Artifact) -> Trained:
-    """The stage's reader (its row's `reader`): the trained system an artifact holds."""
+def read(art: Artifact, catalog: Catalog) -> Trained:
+    """The stage's reader (its row's `reader`): the trained system an artifact holds, its model and system looked up
+    in `catalog` (the reading stage's)."""
     c = art.config
     cfg = PFLConfig(**{k: v for k, v in c.items() if k in PFLConfig.__dataclass_fields__})
-    model = registry.stored(art)
-    return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], system(cfg.algo).load(art, cfg, model))
+    model = registry.stored(art, catalog)
+    return Trained(cfg.algo, art.id, model, cfg, c["num_classes"], system(cfg.algo, catalog).load(art, cfg, model))
 
 
-def load(store: Store, ref: str | None) -> Trained:
-    """A pfl artifact's trained system (its newest for None): for code outside the stages (tests, benches)."""
-    return read(store.load("pfl", ref))
+def load(store: Store, ref: str | None, catalog: Catalog) -> Trained:
+    """A pfl artifact's trained system (its newest for None): for code outside the stages (tests, benches), which
+    hand their own catalog."""
+    return read(store.load("pfl", ref), catalog)
 
 
-def client_accuracy(t: Trained, c: int, data, seed: int, steps: int) -> float:
+def client_accuracy(t: Trained, c: int, data, seed: int, steps: int, catalog: Catalog) -> float:
     """Test accuracy of client c under a trained system (NaN where the system has no model for it)."""
-    return system(t.algo).accuracy(t, c, data, seed, steps)
+    return system(t.algo, catalog).accuracy(t, c, data, seed, steps)
 
 
 def label(cfg: PFLConfig) -> str:

@@ -11,7 +11,7 @@ import torch
 from .. import plugins
 from ..algorithms.local import LocalConfig
 from ..artifacts import Artifact, Draft, Store, sha256_file
-from ..catalog import PRETRAIN_ALGO, PretrainAlgo
+from ..catalog import PRETRAIN_ALGO, Catalog, PretrainAlgo
 from ..configs import PretrainConfig
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
@@ -174,7 +174,7 @@ def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runt
 
 def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainContext:
     """A worker's own client context (model, client data), built once from the store in its initializer."""
-    part = reading(Store(root), "partition", partition_id).value
+    part = reading(Store(root), "partition", partition_id, plugins.of(runtime)).value
     return client_of(cfg, part, build_model(cfg, part, runtime), runtime)
 
 
@@ -240,18 +240,20 @@ def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
     return build_or_reuse(store, "pretrain", conf, parents, build, ctx.force, runtime)
 
 
-def read(art: Artifact) -> Pretrained:
-    """The stage's reader (its row's `reader`): a model built for the artifact, holding its weights, and its state."""
-    model = registry.stored(art)
+def read(art: Artifact, catalog: Catalog) -> Pretrained:
+    """The stage's reader (its row's `reader`): a model built for the artifact (looked up in `catalog`, the reading
+    stage's), holding its weights, and its state."""
+    model = registry.stored(art, catalog)
     state = weights.load(art.file("model.safetensors"))
     set_state(model, state)
     return Pretrained(model, state)
 
 
-def load(store: Store, ref: str | None) -> tuple[Artifact, torch.nn.Module, dict]:
-    """The pretrained artifact (its newest for None), its model and state: for code outside the stages (Flower)."""
+def load(store: Store, ref: str | None, catalog: Catalog) -> tuple[Artifact, torch.nn.Module, dict]:
+    """The pretrained artifact (its newest for None), its model and state: for code outside the stages (Flower, tests,
+    benches), which hand their own catalog."""
     art = store.load("pretrain", ref)
-    return (art, *read(art))
+    return (art, *read(art, catalog))
 
 
 def plan(file: SectionFile) -> list[Planned]:

@@ -22,6 +22,7 @@ from ..analysis import report_html as H
 from ..analysis import spread
 from ..analysis.personalized import beta_table, fixed, row_cells, spread_lines
 from ..artifacts import Artifact, Draft, Store
+from ..catalog import Catalog
 from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime
 from ..stage_table import TABLE
@@ -130,7 +131,7 @@ def execute(sections: list[Section], inputs: Inputs, ctx: StageContext) -> tuple
     config, parents = identity(sections)
 
     def build(draft: Draft) -> None:
-        draft.path("report.html").write_text(render(sections, store), encoding="utf-8")
+        draft.path("report.html").write_text(render(sections, store, ctx.catalog), encoding="utf-8")
         draft.metrics = {"sections": [s.name for s in sections], "artifacts": len(parents)}
         draft.plugins = []  # a page: opening it again needs none of the plugins its artifacts were made with
 
@@ -138,13 +139,14 @@ def execute(sections: list[Section], inputs: Inputs, ctx: StageContext) -> tuple
 
 
 # -- the page --------------------------------------------------------------------------------------------------
-def render(sections: list[Section], store: Store) -> str:
+def render(sections: list[Section], store: Store, catalog: Catalog) -> str:
+    """The page; `catalog` (the stage's) names the methods and reads the artifacts."""
     from .. import __version__
     body, nav, done = [], [], set()
     for k, s in enumerate(sections):
         anchor = f"sec-{k}"
         nav.append((anchor, s.name))
-        body.append(f'<h2 id="{anchor}">{H.esc(s.name)}</h2>' + section_html(s, store))
+        body.append(f'<h2 id="{anchor}">{H.esc(s.name)}</h2>' + section_html(s, store, catalog))
     body.append('<h2 id="artifacts">Artifacts</h2><p class="meta">Each artifact once (a pipeline that reuses '
                 "another's shares its box): config as it differs from the defaults (full config collapsed), "
                 "headline metrics, timing, where it was computed, and its plots.</p>")
@@ -159,7 +161,7 @@ def render(sections: list[Section], store: Store) -> str:
                   f"{len(done)} artifacts", nav, "".join(body))
 
 
-def section_html(s: Section, store: Store) -> str:
+def section_html(s: Section, store: Store, catalog: Catalog) -> str:
     arts = [a for _, a in s.arts]
     nodes = [H.Node(a.id, a.stage, lab) for lab, a in s.arts]
     ids = {a.id for a in arts}
@@ -181,7 +183,7 @@ def section_html(s: Section, store: Store) -> str:
             out.append(f"<h4>analyze {H.esc(a.config.get('analysis'))}</h4><pre>"
                        f"{H.esc(a.file('summary.md').read_text())}</pre>")
     for a in pers:
-        out.append(pool_detail_html(store, a))
+        out.append(pool_detail_html(store, a, catalog))
     metas = [a for a in arts if TABLE.stage(a.stage).trains]
     if metas:
         out.append(training_html(metas))
@@ -207,7 +209,7 @@ def pools_html(pers: list[Artifact]) -> str:
                    "client and seed")
 
 
-def pool_detail_html(store: Store, a: Artifact) -> str:
+def pool_detail_html(store: Store, a: Artifact, catalog: Catalog) -> str:
     """One pool: each seed's accuracy, the paired deltas, per domain; β and η of each learned method per domain."""
     from ..io import results_h5
     s = json.loads(a.file("summary.json").read_text())
@@ -226,7 +228,7 @@ def pool_detail_html(store: Store, a: Artifact) -> str:
     side = [H.table(["method", *doms], [[methods.label(m), *[f"{100 * v['per_domain'][d]:.2f}" if d in v["per_domain"]
                                                               else "—" for d in doms]] for m, v in s["methods"].items()],
                     f"Accuracy (%) per domain, {s['pool']} clients")]
-    names = Read(a, store, plugins=False).parent("stats").value.param_names  # its statistics' tensors, by the stats reader
+    names = Read(a, store, catalog, plugins=False).parent("stats").value.param_names  # its statistics' tensors, by the stats reader
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
             title, cols, brows = beta_table(m, v["beta_per_domain"])

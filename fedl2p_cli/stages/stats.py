@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..artifacts import Artifact, Draft, Store
+from ..catalog import Catalog
 from ..configs import StatsConfig
 from ..core.bn import bn_layers
 from ..core.config import validate
@@ -96,8 +97,8 @@ def check_fit(model: torch.nn.Module, part) -> None:
         raise ArtifactError(f"the pretrained model has {out.shape[1]} classes, the partition {part.num_classes}")
 
 
-def read(art: Artifact) -> stats_h5.StatsTable:
-    """The stage's reader (its row's `reader`): the statistics table an artifact holds."""
+def read(art: Artifact, catalog: Catalog | None = None) -> stats_h5.StatsTable:
+    """The stage's reader (its row's `reader`): the statistics table an artifact holds (a file: no catalog needed)."""
     return stats_h5.read(art.file("stats.h5"))
 
 

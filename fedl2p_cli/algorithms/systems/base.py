@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ...artifacts import Artifact, Draft
+    from ...catalog import Catalog
     from ...configs import PFLConfig
     from ...core.client import ClientData
     from ...engine.loop import LoopState
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 
 
 class PFLSystem:
-    """A personalised-FL system. fedl2p makes one instance (no arguments) in each process that uses it.
+    """A personalised-FL system. fedl2p makes one instance (no arguments) in each process that uses it, and sets its
+    `catalog`: the pieces of the run that made it, where its models are looked up (`api.build_model(...,
+    catalog=self.catalog)`).
 
     How `pfl-train` runs it, in order:
     1. `context(cfg, part)` in this process and in every worker process or Flower ClientApp: what a client's update
@@ -46,6 +49,7 @@ class PFLSystem:
 
     SETTINGS: ClassVar[dict[str, tuple[str, ...]]] = {}
     Options: ClassVar[type | None] = None
+    catalog: Catalog  # set by fedl2p once it has made the instance (stages/pfl.py `system`)
 
     def options(self, cfg: PFLConfig) -> Any:
         """`cfg.options` as this system's `Options` (checked: a name it lacks or a value of the wrong type is one

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...catalog import Catalog
 from ...configs import PFLConfig
 from ...core.client import Timer
 from ...core.modulate import gate_sites, init_modulator
@@ -48,8 +49,8 @@ class CAFeMeClient:
     seed: int
 
 
-def client_of(cfg: PFLConfig, part: Partition) -> CAFeMeClient:
-    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+def client_of(cfg: PFLConfig, part: Partition, catalog: Catalog) -> CAFeMeClient:
+    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, catalog=catalog)
     return CAFeMeClient(model, gate_sites(model, part.in_channels), part, cafeme_config(cfg, part.num_classes), cfg.seed)
 
 
@@ -71,10 +72,10 @@ class CAFeMeStrategy:
     """CAFeMe (Alg. 1): each sampled client personalises omega and takes one outer step; the server averages.
     The state is omega plus every client's Adam moments (keys adam<c>.). Clients and validation run where `local` is placed."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice):
+    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice, catalog: Catalog):
         self.cfg, self.part, self.on = cfg, part, local
         self.label = f"pfl-train {cfg.algo}"
-        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, catalog=catalog)
         self.sites = gate_sites(self.model, part.in_channels)
         self.seen = part.pool(False)
         if any(len(part.client(c).val[1]) < 2 for c in self.seen):
@@ -133,10 +134,10 @@ class CAFeMe(PFLSystem):
     SETTINGS = {"cafeme": ("steps", "outer_lr", "order", "outer")}
 
     def context(self, cfg: PFLConfig, part: Partition) -> CAFeMeClient:
-        return client_of(cfg, part)
+        return client_of(cfg, part, self.catalog)
 
     def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> CAFeMeStrategy:
-        return CAFeMeStrategy(cfg, part, local)
+        return CAFeMeStrategy(cfg, part, local, self.catalog)
 
     client = staticmethod(client_task)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from ...catalog import Catalog
 from ...configs import PFLConfig
 from ...core.client import Timer
 from ...core.functional import evaluate, get_state
@@ -53,9 +54,9 @@ class PFedLAClient:
     server: pfedla.Server
 
 
-def client_of(cfg: PFLConfig, part: Partition) -> PFedLAClient:
+def client_of(cfg: PFLConfig, part: Partition, catalog: Catalog) -> PFedLAClient:
     """A client's context; its server holds only the shape (clients, layer names): the tensors come with each task."""
-    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+    model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, catalog=catalog)
     names = [n for n, _ in model.named_parameters()]
     seen = part.pool(False)
     shape = pfedla.Server(seen, {}, [{} for _ in seen], names, layers_of(names))
@@ -94,10 +95,10 @@ class PFedLAStrategy:
     clients' hypernetworks and stored models (the state is the server: stacked models and hypernetworks). Clients,
     the server's round and the validation run where `local` is placed."""
 
-    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice):
+    def __init__(self, cfg: PFLConfig, part: Partition, local: OnDevice, catalog: Catalog):
         self.cfg, self.part, self.on = cfg, part, local
         self.label = f"pfl-train {cfg.algo}"
-        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed)
+        self.model = registry.build(cfg.model, part.in_channels, part.num_classes, cfg.seed, catalog=catalog)
         self.seen = part.pool(False)
         names = [n for n, _ in self.model.named_parameters()]
         self.server = pfedla.init_server(self.seen, get_state(self.model), names, cfg.embed_dim, cfg.hn_hidden,
@@ -153,10 +154,10 @@ class PFedLA(PFLSystem):
                 "heurpfedla": ("local_epochs", "hn_lr", "embed_dim", "hn_hidden", "k")}
 
     def context(self, cfg: PFLConfig, part: Partition) -> PFedLAClient:
-        return client_of(cfg, part)
+        return client_of(cfg, part, self.catalog)
 
     def strategy(self, cfg: PFLConfig, part: Partition, local: OnDevice) -> PFedLAStrategy:
-        return PFedLAStrategy(cfg, part, local)
+        return PFedLAStrategy(cfg, part, local, self.catalog)
 
     client = staticmethod(client_task)
 
