@@ -212,10 +212,11 @@ def join(r, s: dict, x, xs: dict) -> None:
     (results `x`, summary `xs`), their deltas paired against the main one's best baseline and tuned row as
     `fedl2p personalize` pairs them (personalize.deltas): the extra groups personalise no tuned row of their own."""
     from fedl2p_cli import methods as registry
+    from fedl2p_cli import plugins
     from fedl2p_cli.stages import personalize as pers_stage
-    best, tuned = pers_stage.references(r, s.get("best_baseline"))
+    best, tuned = pers_stage.references(r, s.get("best_baseline"), plugins.current())
     for i, m in enumerate(x.methods):
-        if m in registry.handmade() or m in s["methods"] or np.isnan(x.acc_after[i]).all():
+        if m in registry.handmade(plugins.current()) or m in s["methods"] or np.isnan(x.acc_after[i]).all():
             continue
         s["methods"][m] = xs["methods"][m] | pers_stage.deltas(x.acc_after[i], best, tuned)
 
@@ -225,6 +226,7 @@ def cluster_rows(cell: str, row: dict) -> dict:
     these clients (the extras' too). A beta that is the same for every client (spread < 1e-3 in every layer) has no
     clusters: spectral clustering of rounding noise gave ARIs from 0.36 to 0.69 here, so it is reported as constant."""
     from fedl2p_cli import methods as registry
+    from fedl2p_cli import plugins
     from fedl2p_cli.analysis.clusters import spectral_ari
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.stages import personalize as pers_stage
@@ -241,7 +243,7 @@ def cluster_rows(cell: str, row: dict) -> dict:
         if not np.array_equal(x.client, r.client):
             continue
         for m in x.methods:
-            if m in registry.handmade() or f"beta ({m})" in out or np.isnan(x.beta[m]).any():
+            if m in registry.handmade(plugins.current()) or f"beta ({m})" in out or np.isnan(x.beta[m]).any():
                 continue
             spread = float(np.ptp(x.beta[m], axis=0).max())
             out[f"beta ({m})"] = spectral_ari(x.beta[m].astype(np.float64), r.domain)[0] if spread >= 1e-3 else "constant"
@@ -296,6 +298,7 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     """The same cell personalised with the paper's running client statistics (`client_bn = "running"`) next to the
     default recomputed ones: FT baselines and the meta-net variants, same clients, seeds and batches."""
     from fedl2p_cli import methods as registry
+    from fedl2p_cli import plugins
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.cli import options
     from fedl2p_cli.runtime import Runtime
@@ -304,7 +307,7 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     main = store.load("personalize", row["personalize"], verify=False)
     metas = [v for k, v in main.parents.items() if k.startswith("meta-train:")]
     out = {"precise": {m: v["mean"] for m, v in row["methods"].items() if m != "ft-tuned"}}
-    cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(registry.baselines()), epochs=EPOCHS,
+    cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(registry.baselines(plugins.current())), epochs=EPOCHS,
                                        batch_size=32, base_lr=BASE_LR, seeds=SEEDS, client_bn="running")
     art, _ = options.execute(pers_stage, cfg, {"pretrain": main.parents["pretrain"], "stats": main.parents["stats"], "meta": metas},
                              store.root, Runtime(), False)
@@ -379,11 +382,14 @@ def over_meta_seeds(methods: dict, groups: dict[str, str] | None = None) -> dict
 
 def report(done: list[list[dict]]) -> str:
     from fedl2p_cli import methods as registry
+    from fedl2p_cli import plugins
     rows = [r | {"methods": over_meta_seeds(r["methods"])} for cell in done for r in cell]
     methods = list(dict.fromkeys(m for r in rows for m in r["methods"]))
-    hand = [m for m in methods if m in registry.handmade()]
+    hand = [m for m in methods if m in registry.handmade(plugins.current())]
     learned = [m for m in methods if m not in hand]
-    cols = ["scenario", "α", "pool", "global", *map(registry.label, hand), "oracle (test, bound)", *map(registry.label, learned)]
+    catalog = plugins.current()
+    cols = ["scenario", "α", "pool", "global", *(registry.label(m, catalog) for m in hand), "oracle (test, bound)",
+            *(registry.label(m, catalog) for m in learned)]
     import subprocess
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "fedl2p_cli", "bench"], capture_output=True, text=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fedl2p_cli import plugins
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.stages import pipeline
 
@@ -16,7 +17,7 @@ import accuracy  # noqa: E402
 
 def variants(sections: dict) -> list[str]:
     """The meta-train variants of a cell's pipeline, as its compiled plan names them (nothing runs)."""
-    plan = pipeline.compile(pipeline.Pipeline("test", sections, Store("unused")))
+    plan = pipeline.compile(pipeline.Pipeline("test", sections, Store("unused")), plugins.current())
     return [s.label for s in plan.steps if s.stage == "meta-train"]
 
 
@@ -65,7 +66,7 @@ def test_an_extra_groups_rows_join_with_personalizes_own_paired_deltas(tiny_stor
     r2 = replace(r, methods=["ft-tuned" if m == "ft-bni" else m for m in r.methods], beta=as_tuned(r.beta),
                  eta=as_tuned(r.eta), sparsity=as_tuned(r.sparsity))
     _, part = partition.load(store, tiny_store["partition"].id)
-    s2 = personalize.summarize(r2, part.domain_names)
+    s2 = personalize.summarize(r2, part.domain_names, plugins.current())
     assert all("vs_ft_tuned" in s2["methods"][m] for m in learned)
     assert joined(r2, s2, learned)["methods"] == s2["methods"]
 

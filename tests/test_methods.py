@@ -21,23 +21,24 @@ from .helpers import execute
 
 
 def test_the_builtin_methods():
-    assert methods.baselines() == ("ft-bnc", "ft-bng", "ft-bni")
-    assert methods.handmade() == ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned")
-    assert methods.systems() == ("pfedla", "heurpfedla", "cafeme")
-    assert [methods.label(m) for m in methods.handmade()] == ["FT (BN C)", "FT (BN G)", "FT (BN I)", "FT tuned (val)"]
+    cat = plugins.current()
+    assert methods.baselines(cat) == ("ft-bnc", "ft-bng", "ft-bni")
+    assert methods.handmade(cat) == ("ft-bnc", "ft-bng", "ft-bni", "ft-tuned")
+    assert methods.systems(cat) == ("pfedla", "heurpfedla", "cafeme")
+    assert [methods.label(m, cat) for m in methods.handmade(cat)] == ["FT (BN C)", "FT (BN G)", "FT (BN I)", "FT tuned (val)"]
     # a meta-train variant belongs to the family its options say (not to a prefix of its printed name); L2P and
     # pFedLA have nothing for clients they never trained
     from fedl2p_cli.configs import MetaConfig, MetaTrainConfig
     fo = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", beta_init=0.5, init_gain=1.0), input_norm="standardize",
                          keep="last")
-    assert fo.variant() == "fedl2p-fomaml-std-last-gain1" and methods.learned(fo.family()) is methods.get("fedl2p")
+    assert fo.variant() == "fedl2p-fomaml-std-last-gain1" and methods.learned(fo.family(), cat) is methods.get("fedl2p", cat)
     local = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", beta_init=0.5), local=True)
-    assert local.variant() == "l2p-fomaml" and methods.learned(local.family()) is methods.get("l2p")
-    assert methods.find("fedl2p-fomaml") is None and methods.find("fedl2p-tbs") is None and methods.find("ft-bnx") is None
+    assert local.variant() == "l2p-fomaml" and methods.learned(local.family(), cat) is methods.get("l2p", cat)
+    assert methods.find("fedl2p-fomaml", cat) is None and methods.find("fedl2p-tbs", cat) is None and methods.find("ft-bnx", cat) is None
     with pytest.raises(UnknownName, match="unknown method 'ft-bnx' \\(--methods\\); choose one of: ft-bnc, ft-bng"):
-        methods.get("ft-bnx")
-    assert not methods.get("l2p").supports("unseen") and not methods.get("pfedla").supports("unseen")
-    assert methods.get("cafeme").supports("unseen") and methods.get("fedl2p").supports("unseen")
+        methods.get("ft-bnx", cat)
+    assert not methods.get("l2p", cat).supports("unseen") and not methods.get("pfedla", cat).supports("unseen")
+    assert methods.get("cafeme", cat).supports("unseen") and methods.get("fedl2p", cat).supports("unseen")
 
 
 def test_a_new_method_is_one_registration(tiny_store, tmp_path):
@@ -49,7 +50,7 @@ def test_a_new_method_is_one_registration(tiny_store, tmp_path):
 
     with plugins.using(plugins.build(register)):
         check_a_new_method(tiny_store, tmp_path)
-    assert methods.find("ft-half") is None  # registered in the test's own catalog only
+    assert methods.find("ft-half", plugins.current()) is None  # registered in the test's own catalog only
 
 
 def check_a_new_method(tiny_store, tmp_path):
@@ -71,7 +72,7 @@ def check_a_new_method(tiny_store, tmp_path):
     ft = finetune(model.eval(), theta, *data.train, s, table.client_bn(c), 1, 16, generator(0, c, 7), "precise")
     want = personalized_accuracy(model, ft.params, *data.test, s, ft.bn, 16)[1]
     assert r.acc_after[1, 0, 0] == pytest.approx(want, abs=1e-9)
-    assert methods.get("ft-half").label == "FT (half)"
+    assert methods.get("ft-half", plugins.current()).label == "FT (half)"
 
 
 def test_a_handmade_method_may_fine_tune_some_tensors_only(tiny_store, tmp_path):

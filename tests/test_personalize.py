@@ -78,10 +78,10 @@ def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     cfg = personalize.PersonalizeConfig(methods=["ft-bng"], base_lr=0.01)
     setup = personalize.Setup(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["partition"].id,
                               table, torch.device("cpu"), plugins.current())
-    meta = personalize.Row("fedl2p", methods.get("fedl2p"), None,
+    meta = personalize.Row("fedl2p", methods.get("fedl2p", plugins.current()), None,
                            personalize.MetaNets(lam, MetaConfig(base_lr=0.01), None, per_client=False))
     c = 0
-    strat = {r.name: r.method.strategy(r, setup, c) for r in (setup.requested("ft-bng", methods.get("ft-bng")), meta)}
+    strat = {r.name: r.method.strategy(r, setup, c) for r in (setup.requested("ft-bng", methods.get("ft-bng", plugins.current())), meta)}
     assert torch.equal(strat["fedl2p"].beta, torch.zeros(n_bn)) and torch.allclose(strat["fedl2p"].lr, strat["ft-bng"].lr)
     from fedl2p_cli.stages.partition import load as load_part
     _, part = load_part(store, tiny_store["partition"].id)
@@ -154,7 +154,7 @@ def test_summary_gives_the_learned_beta_per_domain_and_layer(tiny_store):
     assert set(s["methods"]) - {"fedl2p"} == {"ft-bnc", "ft-bng", "ft-bni"}
     assert all("beta_per_domain" not in v for m, v in s["methods"].items() if m != "fedl2p")
     per_domain = s["methods"]["fedl2p"]["beta_per_domain"]
-    _, cols, rows = personalize.beta_table("fedl2p", per_domain)
+    _, cols, rows = personalize.beta_table("fedl2p", per_domain, plugins.current())
     assert cols == ["domain"] + [f"bn{i}" for i in range(r.beta["fedl2p"].shape[1])]
     md = art.file("summary.md").read_text()
     for (name, _), d in zip(per_domain.items(), np.unique(r.domain)):

@@ -1,4 +1,5 @@
 
+from fedl2p_cli import plugins
 from fedl2p_cli.stages import pipeline
 from fedl2p_cli.stages.common import NoProgress
 
@@ -120,7 +121,7 @@ def test_a_step_reads_only_what_its_row_names(tmp_path):
     assert pipeline.undeclared_reads(dataclasses.replace(check, parents=("stats", "meta-train")), reads, known) == []
     f = tmp_path / "p.toml"
     f.write_text(TOML)
-    pipeline.compile(pipeline.load(f, tmp_path / "store"))  # the table's rows name what their steps read
+    pipeline.compile(pipeline.load(f, tmp_path / "store"), plugins.current())  # the table's rows name what their steps read
     rows = Table(tuple(dataclasses.replace(s, parents=()) if s.name == "pretrain" else s for s in TABLE.rows))
     with pytest.raises(FedL2PError, match=r"stage pretrain: its step pretrain reads partition, which its row's parents"):
-        pipeline.compile(pipeline.load(f, tmp_path / "store", rows))
+        pipeline.compile(pipeline.load(f, tmp_path / "store", rows), plugins.current())

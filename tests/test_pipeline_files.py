@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 
+from fedl2p_cli import plugins
 from fedl2p_cli.cli.main import run_cli
 from fedl2p_cli.stages import pipeline
 from fedl2p_cli.stages import pipeline_files as pf
@@ -86,7 +87,7 @@ def test_every_shipped_pipeline_passes_validation(tmp_path):
     """Every shipped pipeline (the paper's, the quickstart's, the benchmark's cells) resolves and passes the
     whole-file validation (keys, types, ranges) without any data."""
     for _, f in pf.shipped():
-        pipeline.compile(pipeline.load(f, tmp_path / "store"))
+        pipeline.compile(pipeline.load(f, tmp_path / "store"), plugins.current())
     assert not (tmp_path / "store").exists()
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+from fedl2p_cli import plugins
 from fedl2p_cli.artifacts import canonical_json
 from fedl2p_cli.configs import MetaTrainConfig
 from fedl2p_cli.core.settings import MetaConfig
@@ -45,7 +46,7 @@ def shipped_identities() -> dict:
     for f in sorted(ROOT.glob("pipelines/**/*.toml")):
         if f.name.startswith("_"):
             continue
-        file = SectionFile(pipeline_files.resolve(f), f.name)
+        file = SectionFile(pipeline_files.resolve(f), f.name, plugins.current())
         cfgs = [p.config for p in default_plan(stage("meta-train"), meta_train, file)]
         out[str(f.relative_to(ROOT))] = [canonical_json(meta_train.identity(c)) for c in cfgs]
     return out

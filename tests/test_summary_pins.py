@@ -44,7 +44,7 @@ def test_each_row_and_its_delta_recomputed_from_the_results(tiny_store):
     per_seed = {m: r.acc_after[i].mean(axis=1) for i, m in enumerate(r.methods)}  # mean over clients, per seed
     for m, v in s["methods"].items():
         assert (v["mean"], v["sd"]) == (float(np.mean(per_seed[m])), float(np.std(per_seed[m])))
-    base = [m for m in r.methods if m in methods.baselines()]
+    base = [m for m in r.methods if m in methods.baselines(plugins.current())]
     best = max(base, key=lambda m: np.mean(per_seed[m]))
     assert s["best_baseline"] == best
     for i, m in enumerate(r.methods):
@@ -55,7 +55,7 @@ def test_each_row_and_its_delta_recomputed_from_the_results(tiny_store):
 
 def test_a_difference_that_rounds_to_zero_reads_0_00():
     row = personalize.row_cells("fedl2p", {"mean": 0.5, "sd": 0.0, "vs_best_baseline": -1e-5, "vs_ft_tuned": 0.0,
-                                           "clients_better": 0.0})
+                                           "clients_better": 0.0}, plugins.current())
     assert row[2:4] == ["0.00", "0.00"]
 
 

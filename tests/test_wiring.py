@@ -251,7 +251,7 @@ def test_the_paper_meta_net_init_is_the_default():
 
 def test_each_ft_baseline_has_its_bn_policy():
     """FT (BN C): beta 1; FT (BN G): beta 0; FT (BN I): batch statistics in training and at test time."""
-    s = {m: methods.get(m).fixed(1.0, 0.01, 3, 4) for m in methods.baselines()}
+    s = {m: methods.get(m, plugins.current()).fixed(1.0, 0.01, 3, 4) for m in methods.baselines(plugins.current())}
     assert torch.equal(s["ft-bnc"].beta, torch.ones(3)) and torch.equal(s["ft-bng"].beta, torch.zeros(3))
     assert s["ft-bni"].beta is None and inference_policy(None, ClientBN([], [])).client_mean is None
     assert all(torch.equal(v.lr, torch.full((4,), 0.01)) for v in s.values())

@@ -3,65 +3,71 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .. import methods
 from . import spread
 from .text import signed
 
+if TYPE_CHECKING:
+    from ..catalog import Catalog
 
-def fixed(m: str) -> bool:
+
+def fixed(m: str, catalog: Catalog) -> bool:
     """A hand-made method: one strategy for every client (the registry's HandMade)."""
-    return isinstance(methods.find(m), methods.HandMade)
+    return isinstance(methods.find(m, catalog), methods.HandMade)
 
 
-def markdown(s: dict) -> str:
+def markdown(s: dict, catalog: Catalog) -> str:
+    """summary.md: the rows, β per domain and the spread lines (`catalog`: the rows' methods, for their labels)."""
     lines = [f"Personalised test accuracy, {s['pool']} clients ({s['clients']}), mean ± SD over seeds {s['seeds']}", "",
              "| method | accuracy (%) | Δ vs best FT | Δ vs FT tuned | clients better | sparsity |", "|---|---|---|---|---|---|",
              f"| global model | {100 * s['global_acc']:.2f} | | | | |"]
     for m, v in s["methods"].items():
-        lines.append("| " + " | ".join(row_cells(m, v)) + " |")
+        lines.append("| " + " | ".join(row_cells(m, v, catalog)) + " |")
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
-            title, cols, rows = beta_table(m, v["beta_per_domain"])
+            title, cols, rows = beta_table(m, v["beta_per_domain"], catalog)
             lines += ["", f"{title} (mean over a domain's clients)", "",
                       "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
-    spreads = spread_lines(s)
+    spreads = spread_lines(s, catalog)
     if spreads:
         lines += ["", "Are the strategies personal? (spread across clients and domains)", ""] + [f"- {x}" for x in spreads]
     return "\n".join(lines) + "\n"
 
 
-def spread_lines(s: dict) -> list[str]:
+def spread_lines(s: dict, catalog: Catalog) -> list[str]:
     """Per learned row: the spread of its β and LRs across clients and domains beside its round-0 control, and one
     line when every client got (nearly) the same strategy; a checked row's picks and ft-tuned's grid edge per kind."""
     out = [line for m, v in s["methods"].items()
-           for line in spread.lines(methods.label(m), v.get("spread") or {}, v.get("spread_round0"))]
+           for line in spread.lines(methods.label(m, catalog), v.get("spread") or {}, v.get("spread_round0"))]
     for m, v in s["methods"].items():
         if "picks" in v:
-            out.append(f"{methods.label(m)} picked (seed × client, per kind): " + "; ".join(
+            out.append(f"{methods.label(m, catalog)} picked (seed × client, per kind): " + "; ".join(
                 f"{k} " + ", ".join(f"{lab} {n}" for lab, n in c.items()) for k, c in v["picks"].items()))
         if "edge" in v:
-            out.append(f"{methods.label(m)} picked its grid's largest LR (×10) for " + ", ".join(
+            out.append(f"{methods.label(m, catalog)} picked its grid's largest LR (×10) for " + ", ".join(
                 f"{k} {100 * x:.0f}%" for k, x in v["edge"].items() if k != "all")
                 + f" of clients (all: {100 * v['edge']['all']:.0f}%); where that is often, the grid's edge limits it")
     return out
 
 
-def beta_table(m: str, per_domain: dict[str, list[float]]) -> tuple[str, list[str], list[list[str]]]:
+def beta_table(m: str, per_domain: dict[str, list[float]], catalog: Catalog) -> tuple[str, list[str], list[list[str]]]:
     """Title, columns and rows of a learned method's β by domain (rows) and BN layer (columns): what an ARI alone
     hides, how far apart the domains' β are."""
     n = len(next(iter(per_domain.values())))
-    return (f"β per domain and BN layer, {methods.label(m)}",
+    return (f"β per domain and BN layer, {methods.label(m, catalog)}",
             ["domain"] + [f"bn{i}" for i in range(n)], [[d] + [f"{b:.2f}" for b in bs] for d, bs in per_domain.items()])
 
 
-def row_cells(m: str, v: dict) -> list[str]:
+def row_cells(m: str, v: dict, catalog: Catalog) -> list[str]:
     """One summary row: label, mean ± SD, Δ vs best FT, Δ vs ft-tuned, share of clients better, sparsity."""
     fmt = lambda k: signed(100 * v[k]) if k in v else ""  # noqa: E731
     if np.isnan(v["mean"]):  # e.g. pFedLA on unseen clients: it has no model for them
-        return [methods.label(m), "N/A", "", "", "", ""]
-    return [methods.label(m), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
+        return [methods.label(m, catalog), "N/A", "", "", "", ""]
+    return [methods.label(m, catalog), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
             f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
             f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""]

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import typer
 
+from .. import plugins
+from ..catalog import Catalog
 from ..configs import PersonalizeConfig
 from ..runtime import Runtime
 from . import options, render
@@ -28,18 +30,19 @@ def personalize(
     """Fine-tune every client of the pool under each method -> results.h5, summary.md/json, beta/eta plots."""
     art, reused = options.execute(stage, cfg, {"pretrain": pretrain, "stats": stats, "meta": meta, "pfl": pfl}, store, rt,
                                   force, progress=render.RichProgress())
-    show(json.loads(art.file("summary.json").read_text()))
+    show(json.loads(art.file("summary.json").read_text()), plugins.of(rt))
     render.artifact_line("personalize", art.id, art.path, reused)
 
 
-def show(s: dict) -> None:
+def show(s: dict, catalog: Catalog) -> None:
+    """A personalisation's summary as the terminal's tables (`catalog`: the command's, for the rows' labels)."""
     rows = [["global model", f"{100 * s['global_acc']:.2f}", "", "", "", ""]]
-    rows += [stage.row_cells(m, v) for m, v in s["methods"].items()]
+    rows += [stage.row_cells(m, v, catalog) for m, v in s["methods"].items()]
     render.table(f"personalised accuracy (%), {s['pool']} clients ({s['clients']}), seeds {s['seeds']}",
                  ["method", "accuracy", "Δ vs best FT", "Δ vs FT tuned", "clients better", "sparsity"], rows)
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
-            title, cols, brows = stage.beta_table(m, v["beta_per_domain"])
+            title, cols, brows = stage.beta_table(m, v["beta_per_domain"], catalog)
             render.table(f"{title} ({s['pool']} clients)", cols, brows)
-    for line in stage.spread_lines(s):
+    for line in stage.spread_lines(s, catalog):
         print(line, flush=True)

@@ -55,7 +55,7 @@ def run(
             render.err_console.print(f"[yellow]warning:[/yellow] meta-train [{r.label}] diverged in {m['diverged']}; "
                                      f"kept {m.get('kept', 'the best lambda so far')}")
         if r.stage == "personalize":
-            personalize.show(json.loads(r.artifact.file("summary.json").read_text()))
+            personalize.show(json.loads(r.artifact.file("summary.json").read_text()), plugins.of(rt))
         if r.stage == "analyze":
             a = json.loads(r.artifact.file("ari.json").read_text())
             render.table(f"ARI vs true domains ({a['pool']} clients)", ["feature", "ARI"], [[k, v] for k, v in a["ari"].items()])

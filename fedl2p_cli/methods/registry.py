@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from .. import plugins, protocols
+from .. import protocols
 from ..catalog import METHODS, Catalog
 from ..protocols import ClientContext, Outcome, Row, Setup
 
@@ -110,13 +110,14 @@ class Tuned(Method):
                 vl, va = run.unadapted("val")
                 out[i] = vl, va, run.unadapted("test")[1]
             else:
-                trial = run.handmade(cast(HandMade, get(name)), f)  # the candidates are hand-made methods
+                trial = run.handmade(cast(HandMade, run.setup.method(name)), f)  # the candidates are hand-made methods
                 out[i] = *trial.evaluate("val"), trial.evaluate("test")[1]
         return Outcome(out[select_by_validation(out[:, 1], out[:, 0]), 2], out)
 
     def wants(self, row: Row, run: ClientContext) -> list[Strategy]:
         from ..core.selection import NO_FT
-        return [run.handmade_strategy(cast(HandMade, get(name)), f) for name, f in self.candidates() if name != NO_FT]
+        return [run.handmade_strategy(cast(HandMade, run.setup.method(name)), f) for name, f in self.candidates()
+                if name != NO_FT]
 
 
 @dataclass(frozen=True)
@@ -204,62 +205,53 @@ class System(Method):
         return Outcome(run.system(row))  # NaN where it has no model for the client
 
 
-def _handed(catalog: Catalog | None) -> Catalog:
-    """`catalog`, else the one `run_stage` put in place: stages/personalize.py asks without one so far."""
-    return catalog if catalog is not None else plugins.current()
+def names(catalog: Catalog, kind: type = Method) -> tuple[str, ...]:
+    return tuple(m.name for m in catalog.values(METHODS) if isinstance(m, kind))
 
 
-def _methods(catalog: Catalog | None) -> list[protocols.Method]:
-    return _handed(catalog).values(METHODS)
-
-
-def names(kind: type = Method, catalog: Catalog | None = None) -> tuple[str, ...]:
-    return tuple(m.name for m in _methods(catalog) if isinstance(m, kind))
-
-
-def get(name: str, catalog: Catalog | None = None) -> protocols.Method:
+def get(name: str, catalog: Catalog) -> protocols.Method:
     """The method or system registered under `name`; `UnknownName` naming the choices if none."""
-    return _handed(catalog).get(METHODS, name)
+    return catalog.get(METHODS, name)
 
 
-def find(name: str, catalog: Catalog | None = None) -> protocols.Method | None:
+def find(name: str, catalog: Catalog) -> protocols.Method | None:
     """The method or system registered under `name`; None if none (a learned variant's name is not a method: its
     artifact says which method it belongs to, `learned`)."""
-    return _handed(catalog).find(METHODS, name)
+    return catalog.find(METHODS, name)
 
 
-def learned(family: str, catalog: Catalog | None = None) -> Learned | None:
+def learned(family: str, catalog: Catalog) -> Learned | None:
     """The learned method a meta-train artifact of `family` belongs to."""
-    return next((m for m in _methods(catalog) if isinstance(m, Learned) and m.family == family), None)
+    return next((m for m in catalog.values(METHODS) if isinstance(m, Learned) and m.family == family), None)
 
 
-def baselines(catalog: Catalog | None = None) -> tuple[str, ...]:
-    return tuple(m.name for m in _methods(catalog) if isinstance(m, HandMade) and m.baseline)
+def baselines(catalog: Catalog) -> tuple[str, ...]:
+    return tuple(m.name for m in catalog.values(METHODS) if isinstance(m, HandMade) and m.baseline)
 
 
-def handmade(catalog: Catalog | None = None) -> tuple[str, ...]:
+def handmade(catalog: Catalog) -> tuple[str, ...]:
     """Methods that need no trained artifact (hand-made strategies and their validation-tuned pick)."""
-    return tuple(m.name for m in _methods(catalog) if m.trained_by is None)
+    return tuple(m.name for m in catalog.values(METHODS) if m.trained_by is None)
 
 
-def systems(catalog: Catalog | None = None) -> tuple[str, ...]:
-    return names(System, catalog)
+def systems(catalog: Catalog) -> tuple[str, ...]:
+    return names(catalog, System)
 
 
-def label(name: str, catalog: Catalog | None = None) -> str:
+def label(name: str, catalog: Catalog) -> str:
     """A row's label: a registered method's, else the row's own name (a learned variant's)."""
     m = find(name, catalog)
     return name if m is None or isinstance(m, Learned) else m.label
 
 
-def before_personalizing(requested: list[Any], model: Any) -> None:
+def before_personalizing(requested: list[Any], model: Any, catalog: Catalog) -> None:
     """Every hand-made method a personalisation runs (a tuned method's candidates among them), checked once before
     the first client, on the model the harness built."""
     from . import check
     todo = list(requested)
     for m in requested:
         if isinstance(m, Tuned):
-            todo += [c for name, _ in m.candidates() if (c := find(name)) is not None]
+            todo += [c for name, _ in m.candidates() if (c := find(name, catalog)) is not None]
     for m in todo:
         if isinstance(m, HandMade):
             check.rate(m)

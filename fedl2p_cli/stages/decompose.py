@@ -16,6 +16,7 @@ import torch
 from .. import methods
 from ..analysis.text import signed
 from ..artifacts import Artifact, Draft
+from ..catalog import Catalog
 from ..configs import DecomposeConfig
 from ..core.config import validate
 from ..core.finetune import Strategy
@@ -65,12 +66,13 @@ def domain_cells(s: dict) -> tuple[list[str], dict[str, list[str]]]:
                   for n in s["combinations"]}
 
 
-def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, beta: np.ndarray, params: list[str]) -> str:
+def markdown(s: dict, method: str, pool: str, clients: int, ratio: np.ndarray, beta: np.ndarray, params: list[str],
+             catalog: Catalog) -> str:
     lines = [f"{method} on {clients} {pool} clients: accuracy (%) mean ± SD over seeds, Δ paired vs the learned strategy", "",
              "| strategy | accuracy | Δ vs learned |", "|---|---|---|"]
     lines += [f"| {n} | {v['mean']:.2f} ± {v['sd']:.2f} | {signed(v['vs_learned'])} ± {v['vs_learned_sd']:.2f} |"
               for n, v in s["combinations"].items()]
-    lines += [f"| {methods.label(k)} (stored) | {v['mean']:.2f} ± {v['sd']:.2f} | |" for k, v in s["stored"].items()]
+    lines += [f"| {methods.label(k, catalog)} (stored) | {v['mean']:.2f} ± {v['sd']:.2f} | |" for k, v in s["stored"].items()]
     doms, cells = domain_cells(s)
     if doms:  # does a change help one kind of client and cost another?
         lines += ["", "By domain: accuracy (Δ vs learned, paired)", "", "| strategy | " + " | ".join(doms) + " |",
@@ -119,11 +121,12 @@ def execute(cfg: DecomposeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
                     acc[i, k, j] = h.finetune(client, s, seed).evaluate("test", pc.get("eval_stats", "running"))[1]
             bar.advance(1)
         bar.stop()
-        stored = {m: 100 * r.acc_after[r.methods.index(m)].mean(axis=1) for m in (method, *methods.baselines()) if m in r.methods}
+        stored = {m: 100 * r.acc_after[r.methods.index(m)].mean(axis=1)
+                  for m in (method, *methods.baselines(ctx.catalog)) if m in r.methods}
         summ = summary(names, acc, stored, part.domain[np.asarray(r.client, dtype=np.int64)], list(part.domain_names))
         draft.path("summary.json").write_text(json.dumps(summ | {"method": method, "beta_fixed": b_fixed}, indent=2))
         draft.path("summary.md").write_text(markdown(summ, method, r.pool, len(r.client), r.eta[method] / base_lr,
-                                                     r.beta[method], table.param_names))
+                                                     r.beta[method], table.param_names, ctx.catalog))
         draft.metrics = {n: v["mean"] for n, v in summ["combinations"].items()}
 
     return build_or_reuse(store, "analyze", {"analysis": "decompose", **config_dict(cfg) | {"method": method, "beta": b_fixed}},

@@ -179,9 +179,11 @@ class Planned:
 
 @dataclass(frozen=True)
 class SectionFile:
-    """A pipeline file's sections (its `extends` applied) and its name, as a stage's plan reads them."""
+    """A pipeline file's sections (its `extends` applied) and its name, as a stage's plan reads them, with the
+    catalog the file is compiled against (the methods a [personalize] section may list)."""
     sections: dict[str, Any]
     name: str
+    catalog: Catalog
 
     def table(self, section: str, value: Any = None) -> dict:
         """A section that must be one table of settings."""

@@ -115,9 +115,9 @@ class Setup:
         out: list[Row] = []
         for stage in METHOD_STAGES:
             given = [self.inputs.at(stage, r).artifact for r in refs.get(stage, [])] if stage else []
-            rows = [_own(method_of(a).prepare(self, a)) for a in given]
+            rows = [_own(method_of(a, self.catalog).prepare(self, a)) for a in given]
             rows += [_own(kind.prepare(self, a)) for a in given for m in self.cfg.methods  # a checked row beside its own
-                     if isinstance(kind := methods.find(m), methods.Checked) and stands_for(a, m)]
+                     if isinstance(kind := self.find(m), methods.Checked) and stands_for(a, m, self.catalog)]
             twice = [(a.id, b.id, r.name) for i, (a, r) in enumerate(zip(given, rows))
                      for b, q in zip(given[:i], rows[:i]) if q.name == r.name]
             if twice:  # one row per name: the later would silently replace the earlier
@@ -126,8 +126,9 @@ class Setup:
                                   "compares one artifact per method (run personalize once per artifact)")
             out += rows
             for m in self.cfg.methods:
-                kind = methods.find(m)
-                if (kind.trained_by if kind else "meta-train") == stage and not any(stands_for(a, m) for a in given):
+                kind = self.find(m)
+                if (kind.trained_by if kind else "meta-train") == stage and not any(stands_for(a, m, self.catalog)
+                                                                                    for a in given):
                     out.append(self.requested(m, kind))
         return list({r.name: r for r in out}.values())
 
@@ -136,8 +137,16 @@ class Setup:
         options say which learned method it belongs to)."""
         if kind is None:
             art = self.newest_meta(m)
-            return _own(method_of(art).prepare(self, art))
+            return _own(method_of(art, self.catalog).prepare(self, art))
         return _own(kind.prepare(self, kind.resolve(self, m)))
+
+    def find(self, name: str) -> protocols.Method | None:
+        """The method or system registered as `name` in this personalisation's catalog (None: a learned variant's)."""
+        return methods.find(name, self.catalog)
+
+    def method(self, name: str) -> protocols.Method:
+        """The method registered as `name` (a tuned method's candidates); `UnknownName` naming the choices if none."""
+        return methods.get(name, self.catalog)
 
     def unknown(self, m: str) -> str:
         # a system whose plugin is not loaded: loading its artifact (verified) names the plugin to load
@@ -146,8 +155,8 @@ class Setup:
                        if a.parents.get("pretrain") == self.pretrain_id})
         hint = (f"; this model's trained variants: {', '.join(have)} (name one in --methods, or pass --meta ID)"
                 if have else "; run `fedl2p meta-train` first")
-        return (f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade())}), not a system "
-                f"({', '.join(methods.systems())}) and no meta-train artifact of that variant for pretrained model "
+        return (f"unknown method '{m}': not a hand-made method ({', '.join(methods.handmade(self.catalog))}), not a "
+                f"system ({', '.join(methods.systems(self.catalog))}) and no meta-train artifact of that variant for pretrained model "
                 f"{self.pretrain_id}{hint}")
 
     def newest_learned(self, family: str) -> Artifact:
@@ -234,10 +243,10 @@ def _context(run: ClientRun) -> methods.registry.ClientContext:
     return cast("methods.registry.ClientContext", run)
 
 
-def canonical(rows: list[Row]) -> list[Row]:
+def canonical(rows: list[Row], catalog: Catalog) -> list[Row]:
     """Rows in one order whatever order --methods gave: per stage (METHOD_STAGES), methods needing no artifact in the
     registry's order, the others by name (the pipelines' lists are in this order already: their ids are kept)."""
-    order = {m: i for i, m in enumerate(methods.names())}
+    order = {m: i for i, m in enumerate(methods.names(catalog))}
     return sorted(rows, key=lambda r: (METHOD_STAGES.index(r.artifact[0] if r.artifact else None),
                                        order.get(r.name, len(order)) if r.artifact is None else 0, r.name))
 
@@ -247,21 +256,21 @@ def learned_family(art: Artifact) -> str:
     return config_from_dict(art.config).family()
 
 
-def method_of(art: Artifact) -> protocols.Method:
+def method_of(art: Artifact, catalog: Catalog) -> protocols.Method:
     """The method an artifact given by id belongs to: a meta-train artifact's learned family, a pfl one's system."""
     if art.stage == "meta-train":
-        return methods.learned(learned_family(art))  # type: ignore[return-value]  # every family is registered
-    return methods.get(art.config["algo"])
+        return methods.learned(learned_family(art), catalog)  # type: ignore[return-value]  # every family is registered
+    return methods.get(art.config["algo"], catalog)
 
 
-def stands_for(art: Artifact, name: str) -> bool:
+def stands_for(art: Artifact, name: str, catalog: Catalog) -> bool:
     """A requested name that an artifact given by id answers: its own name (variant, algorithm) or the learned method
     it belongs to (`--methods fedl2p --meta ID` of any FedL2P variant: a method's name means its newest run, and
     ID is the run asked for)."""
     own = art.metrics.get("variant") if art.stage == "meta-train" else art.config.get("algo")
-    kind = methods.find(name)
+    kind = methods.find(name, catalog)
     checked = isinstance(kind, methods.Checked) and art.stage == "meta-train" and learned_family(art) == kind.family
-    return name == own or method_of(art) is kind or checked
+    return name == own or method_of(art, catalog) is kind or checked
 
 
 def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int], progress: Progress,
@@ -332,48 +341,49 @@ def stacked(cand: dict[tuple[int, int], np.ndarray], seeds: int, clients: int) -
     return out
 
 
-def summarize(r: results_h5.Results, domain_names: list[str], controls: dict[str, dict] | None = None) -> dict:
+def summarize(r: results_h5.Results, domain_names: list[str], catalog: Catalog,
+              controls: dict[str, dict] | None = None) -> dict:
     """Paper layout: per method, mean over clients, then mean and SD over seeds; also per domain. `controls`: a learned
     row's spread under its initial lambda (the round-0 control), printed beside its own; a checked row's picks and
-    ft-tuned's picks at its grid's edge, per kind."""
+    ft-tuned's picks at its grid's edge, per kind. `catalog`: what each row's method is."""
     rows: dict[str, dict[str, Any]] = {}
     for i, m in enumerate(r.methods):
         per_seed = np.nanmean(r.acc_after[i], axis=1) if not np.isnan(r.acc_after[i]).all() else np.full(len(r.seeds), np.nan)
-        learned = not fixed(m) and not np.isnan(r.sparsity[m]).all()
+        learned = not fixed(m, catalog) and not np.isnan(r.sparsity[m]).all()
         rows[m] = {"mean": float(np.mean(per_seed)), "sd": float(np.std(per_seed)),
                    "sparsity": float(np.nanmean(r.sparsity[m])) if learned else None,
                    "per_domain": {domain_names[d]: float(np.nanmean(r.acc_after[i][:, r.domain == d]))
                                   for d in np.unique(r.domain) if not np.isnan(r.acc_after[i][:, r.domain == d]).all()}}
     for m in r.methods:
-        if not fixed(m) and not np.isnan(r.beta[m]).all():
+        if not fixed(m, catalog) and not np.isnan(r.beta[m]).all():
             rows[m]["beta_per_domain"] = {domain_names[d]: [float(v) for v in np.nanmean(r.beta[m][r.domain == d], axis=0)]
                                           for d in np.unique(r.domain)}
-        if not fixed(m) and not m.endswith(methods.registry.CHECKED) and not np.isnan(r.eta[m]).all():
+        if not fixed(m, catalog) and not m.endswith(methods.registry.CHECKED) and not np.isnan(r.eta[m]).all():
             # a learned row: are its strategies personal? (its checked row has the same ones)
             rows[m]["spread"] = spread.spread(r.beta[m], r.eta[m], r.domain)
             if controls and m in controls:
                 rows[m]["spread_round0"] = controls[m]
     for m, trials in r.checked.items():
         rows[m]["picks"] = picks.checked(trials, r.domain, domain_names)
-    tuned = next((m for m in r.methods if isinstance(methods.find(m), methods.Tuned)), None)
+    tuned = next((m for m in r.methods if isinstance(methods.find(m, catalog), methods.Tuned)), None)
     if tuned is not None and r.candidates is not None:
         rows[tuned]["edge"] = picks.tuned_edge(r.candidates, r.domain, domain_names)
-    base = [m for m in r.methods if m in methods.baselines()]
+    base = [m for m in r.methods if m in methods.baselines(catalog)]
     out = {"pool": r.pool, "clients": len(r.client), "seeds": r.seeds, "global_acc": float(r.acc_before.mean()), "methods": rows}
     best = max(base, key=lambda m: rows[m]["mean"]) if base else None
     if best is not None:
         out["best_baseline"] = best
-    best_acc, tuned_acc = references(r, best)
+    best_acc, tuned_acc = references(r, best, catalog)
     for i, m in enumerate(r.methods):
         if m not in base and not np.isnan(r.acc_after[i]).all():
-            rows[m] |= deltas(r.acc_after[i], best_acc, None if m in methods.handmade() else tuned_acc)
+            rows[m] |= deltas(r.acc_after[i], best_acc, None if m in methods.handmade(catalog) else tuned_acc)
     return out
 
 
-def references(r: results_h5.Results, best: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+def references(r: results_h5.Results, best: str | None, catalog: Catalog) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The accuracies [seeds, clients] that other rows are paired against: the best baseline's (named) and the tuned
     row's (None where the personalisation has none)."""
-    tuned = next((m for m in r.methods if isinstance(methods.find(m), methods.Tuned)), None)
+    tuned = next((m for m in r.methods if isinstance(methods.find(m, catalog), methods.Tuned)), None)
     return (None if best is None else r.acc_after[r.methods.index(best)],
             None if tuned is None else r.acc_after[r.methods.index(tuned)])
 
@@ -391,17 +401,18 @@ def deltas(acc: np.ndarray, best: np.ndarray | None, tuned: np.ndarray | None) -
     return out
 
 
-def plots(r: results_h5.Results, table: StatsTable, draft: Draft) -> None:
+def plots(r: results_h5.Results, table: StatsTable, draft: Draft, catalog: Catalog) -> None:
     from ..analysis.plots import bar, hyperparam_boxes
     for m in r.methods:
-        if fixed(m) or np.isnan(r.eta[m]).all():
+        if fixed(m, catalog) or np.isnan(r.eta[m]).all():
             continue
         ok = ~np.isnan(r.eta[m]).any(axis=1)
         hyperparam_boxes(r.beta[m][ok], [f"bn{i}" for i in range(r.beta[m].shape[1])], f"{m}: beta per BN layer", "beta",
                          draft.path(f"beta_{m}.png"))
         hyperparam_boxes(r.eta[m][ok], table.param_names, f"{m}: learning rate per tensor", "eta",
                          draft.path(f"eta_{m}.png"), log=True)
-    sp = {m: float(np.nanmean(r.sparsity[m])) for m in r.methods if not fixed(m) and not np.isnan(r.sparsity[m]).all()}
+    sp = {m: float(np.nanmean(r.sparsity[m])) for m in r.methods
+          if not fixed(m, catalog) and not np.isnan(r.sparsity[m]).all()}
     if sp:
         bar(sp, "share of parameters with learning rate 0", "sparsity", draft.path("sparsity.png"))
 
@@ -422,8 +433,9 @@ def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[
     setup = Setup(cfg, inputs, pre.artifact.id, stats_in.artifact.id, parents["partition"], table, ctx.runtime.torch_device,
                   ctx.catalog)
     pool = "unseen" if cfg.unseen else "seen"
-    metas = [r.artifact.id for r in inputs.every("meta-train", verify=False) if method_of(r.artifact).supports(pool)]
-    rows = canonical(setup.rows({"meta-train": metas + inputs.many("meta"), "pfl": inputs.many("pfl")}))
+    metas = [r.artifact.id for r in inputs.every("meta-train", verify=False)
+             if method_of(r.artifact, ctx.catalog).supports(pool)]
+    rows = canonical(setup.rows({"meta-train": metas + inputs.many("meta"), "pfl": inputs.many("pfl")}), ctx.catalog)
     parents |= {f"{r.artifact[0]}:{r.name}": r.artifact[1] for r in rows if r.artifact}
     part = stats_in.parent("partition").value
     clients = part.pool(cfg.unseen)
@@ -433,16 +445,17 @@ def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[
     def build(draft: Draft) -> None:
         model, state = pre.value
         h = Harness.on(setup.dev, model, state, part, table, cfg.epochs, cfg.batch_size, cfg.client_bn)
-        methods.registry.before_personalizing([r.method for r in rows], h.model)  # a method fine-tuning nothing: refused
+        # a method fine-tuning nothing: refused
+        methods.registry.before_personalizing([r.method for r in rows], h.model, ctx.catalog)
         r = evaluate_pool(replace(setup, model=h.model), h, rows, clients, ctx.progress or NoProgress(),
                           client_groups(ctx.runtime, len(clients)))
         results_h5.write(draft.path("results.h5"), r)
         controls = {r_.name: c for r_ in rows if not r_.name.endswith(methods.registry.CHECKED)  # a checked row's are its row's
                     and (c := setup.round0_control(r_, clients, part.domain[clients]))}
-        s = summarize(r, part.domain_names, controls)
+        s = summarize(r, part.domain_names, ctx.catalog, controls)
         draft.path("summary.json").write_text(json.dumps(s, indent=2))
-        draft.path("summary.md").write_text(markdown(s))
-        plots(r, table, draft)
+        draft.path("summary.md").write_text(markdown(s, ctx.catalog))
+        plots(r, table, draft, ctx.catalog)
         draft.metrics = {"pool": s["pool"], "global_acc": s["global_acc"]} | {m: v["mean"] for m, v in s["methods"].items()}
 
     # the methods needing no artifact, in the registry's order: those with one are its parents (`--methods
@@ -495,8 +508,8 @@ def plan(file: SectionFile) -> list[Planned]:
         return []
     values, own = file.runtime(file.table("personalize"), "personalize", RUNTIME_KEYS)
     values.pop("pools", None)
-    handmade = values.pop("methods", list(methods.baselines()))
-    allowed = methods.handmade() + methods.names(methods.Checked)  # a checked row reads the [[meta-train]] runs
+    handmade = values.pop("methods", list(methods.baselines(file.catalog)))
+    allowed = methods.handmade(file.catalog) + methods.names(file.catalog, methods.Checked)  # checked: [[meta-train]]
     bad = [m for m in handmade if m not in allowed] if isinstance(handmade, list) else [handmade]
     if bad:
         raise FedL2PError(f"pipeline {file.name}: [personalize] methods lists '{bad[0]}'; hand-made and checked "

@@ -13,8 +13,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .. import imports
+from .. import imports, plugins
 from ..artifacts import Artifact, Store, StoreIndex, canonical_json
+from ..catalog import Catalog
 from ..core.config import flat_fields, key_name, option_name
 from ..errors import FedL2PError
 from ..runtime import Runtime
@@ -113,10 +114,11 @@ def named_modules(p: Pipeline) -> tuple[str, ...]:
 
 
 # -- compiling ---------------------------------------------------------------------------------------------------
-def compile(p: Pipeline) -> Plan:
-    """Every section's config built and validated, in the order its steps run: the stage table walked, each stage
-    asked for its steps (its module's `plan`, else one step per table of its section; stages/interface.py)."""
-    file = SectionFile(p.sections, p.name)
+def compile(p: Pipeline, catalog: Catalog) -> Plan:
+    """Every section's config built and validated against `catalog`, in the order its steps run: the stage table
+    walked, each stage asked for its steps (its module's `plan`, else one step per table of its section;
+    stages/interface.py)."""
+    file = SectionFile(p.sections, p.name, catalog)
     steps: list[Step] = []
     for st in p.table.rows:
         if not st.section or st.module is None:
@@ -198,7 +200,7 @@ def in_file(message: str, step: Step, name: str) -> str:
 def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
         on_step: Callable[[StepResult], None] = lambda r: None, runtime: Runtime | None = None) -> list[StepResult]:
     """Compile the pipeline and execute its plan (`p.results`: what it made)."""
-    results = execute(compile(p), force_from, progress, on_step, runtime)
+    results = execute(compile(p, plugins.of(runtime)), force_from, progress, on_step, runtime)
     p.results.extend(results)
     return results
 

@@ -172,13 +172,13 @@ def section_html(s: Section, store: Store, catalog: Catalog) -> str:
            "hold none of the other's images. Click a box for its artifact.</p>"]
     pers = [a for a in arts if a.stage == "personalize"]
     if pers:
-        out.append(pools_html(pers))
+        out.append(pools_html(pers, catalog))
     for a in arts:
         if a.stage == "analyze" and "ari.json" in a.manifest["files"]:
             ari = json.loads(a.file("ari.json").read_text())
             out.append(H.table(["feature", "ARI"], [[k, f"{v:.3f}"] for k, v in ari["ari"].items()],
                                f"ARI of spectral clusterings vs the true domains ({ari['pool']} clients; β and η of "
-                               f"{methods.label(ari['method']) if ari.get('method') else '—'})"))
+                               f"{methods.label(ari['method'], catalog) if ari.get('method') else '—'})"))
         elif a.stage == "analyze" and "summary.md" in a.manifest["files"]:
             out.append(f"<h4>analyze {H.esc(a.config.get('analysis'))}</h4><pre>"
                        f"{H.esc(a.file('summary.md').read_text())}</pre>")
@@ -190,7 +190,7 @@ def section_html(s: Section, store: Store, catalog: Catalog) -> str:
     return "".join(out)
 
 
-def pools_html(pers: list[Artifact]) -> str:
+def pools_html(pers: list[Artifact], catalog: Catalog) -> str:
     """Every method's accuracy in each pool, side by side (mean ± SD over seeds; Δ vs best FT / FT tuned)."""
     sums = [json.loads(a.file("summary.json").read_text()) for a in pers]
     names = list(dict.fromkeys(m for s in sums for m in s["methods"]))
@@ -199,10 +199,10 @@ def pools_html(pers: list[Artifact]) -> str:
         cols += [f"{s['pool']} ({s['clients']} clients)", "Δ vs best FT", "Δ vs FT tuned"]
     rows = [["global model"] + sum([[f"{100 * s['global_acc']:.2f}", "", ""] for s in sums], [])]
     for m in names:
-        row = [methods.label(m)]
+        row = [methods.label(m, catalog)]
         for s in sums:
             v = s["methods"].get(m)
-            row += row_cells(m, v)[1:4] if v else ["—", "", ""]
+            row += row_cells(m, v, catalog)[1:4] if v else ["—", "", ""]
         rows.append(row)
     seeds = sorted({x for s in sums for x in s["seeds"]})
     return H.table(cols, rows, f"Personalised test accuracy (%), mean ± SD over seeds {seeds}; Δ in points, paired per "
@@ -218,39 +218,39 @@ def pool_detail_html(store: Store, a: Artifact, catalog: Catalog) -> str:
     rows = [["global model", *[""] * len(seeds), f"{100 * s['global_acc']:.2f}", "", "", "", ""]]
     for i, m in enumerate(r.methods):
         per = [np.nan if np.isnan(r.acc_after[i, k]).all() else float(np.nanmean(r.acc_after[i, k])) for k in range(len(r.seeds))]
-        cells = row_cells(m, s["methods"][m])
+        cells = row_cells(m, s["methods"][m], catalog)
         rows.append([cells[0], *[f"{100 * v:.2f}" if not np.isnan(v) else "N/A" for v in per], *cells[1:]])
     out = [f'<h3 id="pool-{H.esc(a.id)}">{H.esc(s["pool"])} clients ({s["clients"]})</h3>',
            H.table(["method", *seeds, "mean ± SD", "Δ vs best FT", "Δ vs FT tuned", "clients better", "sparsity"], rows,
                    f"Personalised test accuracy (%), {s['pool']} clients; best hand-made method: "
-                   f"{methods.label(s['best_baseline']) if s.get('best_baseline') else '—'}")]
+                   f"{methods.label(s['best_baseline'], catalog) if s.get('best_baseline') else '—'}")]
     doms = list(dict.fromkeys(d for v in s["methods"].values() for d in v["per_domain"]))
-    side = [H.table(["method", *doms], [[methods.label(m), *[f"{100 * v['per_domain'][d]:.2f}" if d in v["per_domain"]
+    side = [H.table(["method", *doms], [[methods.label(m, catalog), *[f"{100 * v['per_domain'][d]:.2f}" if d in v["per_domain"]
                                                               else "—" for d in doms]] for m, v in s["methods"].items()],
                     f"Accuracy (%) per domain, {s['pool']} clients")]
     names = Read(a, store, catalog, plugins=False).parent("stats").value.param_names  # its statistics' tensors, by the stats reader
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
-            title, cols, brows = beta_table(m, v["beta_per_domain"])
+            title, cols, brows = beta_table(m, v["beta_per_domain"], catalog)
             side.append(H.table(cols, brows, f"{title}, {s['pool']} clients"))
         eta = r.eta.get(m)
-        if eta is not None and isinstance(methods.find(m), methods.Learned) and not np.isnan(eta).all():
-            side.append(eta_table(m, eta, r.domain, doms, names))
+        if eta is not None and isinstance(methods.find(m, catalog), methods.Learned) and not np.isnan(eta).all():
+            side.append(eta_table(methods.label(m, catalog), eta, r.domain, doms, names))
     out.append(H.row(side))
-    spreads = spread_lines(s) if any("spread" in v for v in s["methods"].values()) else []  # recomputed for old ones
-    spreads = spreads or [line for m in r.methods if not fixed(m) and not np.isnan(r.eta[m]).all()
-                          for line in spread.lines(methods.label(m), spread.spread(r.beta[m], r.eta[m], r.domain))]
+    spreads = spread_lines(s, catalog) if any("spread" in v for v in s["methods"].values()) else []  # recomputed for old
+    spreads = spreads or [line for m in r.methods if not fixed(m, catalog) and not np.isnan(r.eta[m]).all()
+                          for line in spread.lines(methods.label(m, catalog), spread.spread(r.beta[m], r.eta[m], r.domain))]
     if spreads:
         out.append("<p>Are the strategies personal?</p><ul>" + "".join(f"<li>{H.esc(x)}</li>" for x in spreads) + "</ul>")
     return "".join(out)
 
 
-def eta_table(m: str, eta: np.ndarray, domain: np.ndarray, doms: list[str], names: list[str]) -> str:
-    """Learned LR per parameter tensor (rows) and domain (columns), mean over a domain's clients."""
+def eta_table(label: str, eta: np.ndarray, domain: np.ndarray, doms: list[str], names: list[str]) -> str:
+    """Learned LR per parameter tensor (rows) and domain (columns), mean over a domain's clients (`label`: the row's)."""
     ids = list(np.unique(domain))
     cols = doms if len(doms) == len(ids) else [str(d) for d in ids]
     rows = [[name, *[f"{float(np.nanmean(eta[domain == d, p])):.3g}" for d in ids]] for p, name in enumerate(names)]
-    return H.table(["tensor", *cols], rows, f"η per tensor and domain, {methods.label(m)}")
+    return H.table(["tensor", *cols], rows, f"η per tensor and domain, {label}")
 
 
 def training_html(arts: list[Artifact]) -> str:
