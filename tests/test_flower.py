@@ -36,9 +36,9 @@ def test_wire_round_trip_is_exact():
     replies = (MetaReply(res, {"clients": 0.25}), MetaReply(None, {}, "client 3: diverged"))
     for obj in (task, MetaTask(7, lam, 2), *replies):
         tensors, skeleton = wire.pack(obj)
-        back = wire.unpack({k: v.clone() for k, v in tensors.items()}, skeleton)
+        back = wire.unpack({k: v.clone() for k, v in tensors.items()}, skeleton, ())
         assert _same(obj, back)
-    assert type(wire.unpack(*wire.pack((1, 2)))) is tuple and type(wire.unpack(*wire.pack([1, 2]))) is list
+    assert type(wire.unpack(*wire.pack((1, 2)), ())) is tuple and type(wire.unpack(*wire.pack([1, 2]), ())) is list
 
 
 def _same(a, b) -> bool:
@@ -60,7 +60,7 @@ def _same(a, b) -> bool:
 def test_wire_refuses_code_outside_the_package_and_unknown_types():
     skeleton = '{"$dc": "subprocess:Popen", "f": {}}'
     with pytest.raises(ValueError, match="refusing"):
-        wire.unpack({}, skeleton)
+        wire.unpack({}, skeleton, ())
     with pytest.raises(TypeError, match="cannot send"):
         wire.pack({"x": object()})
 
@@ -73,13 +73,14 @@ def test_wire_rebuilds_a_loaded_plugins_dataclass_and_imports_nothing():
     from .toy_system import Ask
     tensors, skeleton = wire.pack(Ask(3, {"w": torch.arange(3.0)}, 1))
     with pytest.raises(ValueError, match="refusing"):
-        wire.unpack(tensors, skeleton)  # `tests` is no loaded plugin here
-    with plugins.using(plugins.build("tests.test_systems")):
-        got = wire.unpack(tensors, skeleton)
-        assert got == Ask(3, got.state, 1) and torch.equal(got.state["w"], torch.arange(3.0))
-        never = skeleton.replace("tests.toy_system:", "tests.not_imported:")  # the plugin's package: still refused,
-        with pytest.raises(ValueError, match="refusing"):  # not a ModuleNotFoundError (no import tried)
-            wire.unpack(tensors, never)
+        wire.unpack(tensors, skeleton, wire.plugin_roots(plugins.current()))  # `tests` is no loaded plugin here
+    roots = wire.plugin_roots(plugins.build("tests.test_systems"))  # the receiver's catalog, handed over
+    assert roots == {"tests"}
+    got = wire.unpack(tensors, skeleton, roots)
+    assert got == Ask(3, got.state, 1) and torch.equal(got.state["w"], torch.arange(3.0))
+    never = skeleton.replace("tests.toy_system:", "tests.not_imported:")  # the plugin's package: still refused,
+    with pytest.raises(ValueError, match="refusing"):  # not a ModuleNotFoundError (no import tried)
+        wire.unpack(tensors, never, roots)
 
 
 def test_missing_extra_is_one_clear_line(monkeypatch):
@@ -378,8 +379,8 @@ def test_a_site_that_errs_or_stays_silent_is_a_failed_client():
                   content=content)
 
     import unittest.mock as um
-    with um.patch.object(fl, "unrecord", lambda c: ("unpacked", c)):
-        out = fl.collect([reply(1, error="out of memory"), reply(0, content="C")], 3, timeout=7.5)
+    with um.patch.object(fl, "unrecord", lambda c, roots: ("unpacked", c)):
+        out = fl.collect([reply(1, error="out of memory"), reply(0, content="C")], 3, (), timeout=7.5)
     assert out[0] == ("unpacked", "C")
     assert out[1] == Failed("the site reported an error: out of memory")
     assert out[2] == Failed("no reply within 7.5 s")

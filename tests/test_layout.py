@@ -634,8 +634,6 @@ LOOKUPS = {
     "fedl2p_cli.flower.app": "the Flower app's entry points (ClientApp, ServerApp, `flower import`): their own catalog",
     "fedl2p_cli.api": "the plugin-facing edge: `build_model` given no catalog (a plugin written before a system had "
                       "`self.catalog`) builds from the running stage's",
-    # handed none yet, so each falls back on the stage's catalog (`run_stage` puts it in place); to shrink
-    "fedl2p_cli.flower.wire": "a message's dataclass check, below the transport's calls",
 }
 
 

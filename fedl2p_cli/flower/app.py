@@ -40,6 +40,7 @@ from ..runtime import Runtime
 from ..stages import meta_train as mt
 from ..stages.pretrain import write_history
 from .simulation import exchange, records, unrecord, wait_nodes
+from .wire import plugin_roots
 
 SITE_FILE = "site.safetensors"
 
@@ -177,7 +178,8 @@ def build_client_app(reply=None):
 
     @app.train()
     def train(msg, context):
-        spec, theta, lam, rnd, cfg_dict, sent = unrecord(msg.content)
+        # the site's own plugins (its entry point's catalog): whose dataclasses a task may hold
+        spec, theta, lam, rnd, cfg_dict, sent = unrecord(msg.content, plugin_roots(plugins.current()))
         done = site_update(str(context.node_config["site-dir"]), spec, theta, lam, rnd, cfg_dict,
                            site_runtime(sent, context.node_config), context.node_config)
         if reply is not None:
@@ -385,7 +387,8 @@ def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict
     out = Path(str(rc["out"]))
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
     # the server's context: no model or statistics (the sites have them), and the sites in place of a partition
-    entries = mt.Entries.of(cfg, plugins.current())  # the ServerApp's catalog (its entry point)
+    catalog = plugins.current()  # the ServerApp's (its entry point)
+    entries = mt.Entries.of(cfg, catalog)
     ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg,  # type: ignore[arg-type]
                      entries)
     lam0 = mt.initial_lambda(cfg, entries.head, spec["n_bn"], spec["n_x"], len(spec["params"]))
@@ -393,7 +396,7 @@ def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict
 
     def execute(tasks: list[Any]) -> list:  # the strategy's MetaTasks
         return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
-                        [node_of[t.client] for t in tasks], runtime.timeout())
+                        [node_of[t.client] for t in tasks], plugin_roots(catalog), runtime.timeout())
 
     strategy = mt.MetaStrategy(ctx, lam0)
     strategy.names = names

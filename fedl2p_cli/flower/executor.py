@@ -29,10 +29,12 @@ class Flower:
         no_client_batch(runtime, self.name)
 
     def open(self, job: Job) -> Pool:
+        from .. import plugins
         from ..engine.workers import on_runtime
         from .simulation import FlowerPool
+        from .wire import plugin_roots
         rt, sent = job.runtime, job.sent
         if rt.gpus_per_client > 0:  # Ray hands each ClientApp its GPU share as CUDA_VISIBLE_DEVICES
             sent = sent.replace(device="cuda")
         return FlowerPool(int(rt.workers), on_runtime, (sent.to_dict(), job.build, *job.args), job.update, job.nodes,
-                          rt.gpus_per_client, rt.timeout())
+                          plugin_roots(plugins.of(rt)), rt.gpus_per_client, rt.timeout())

@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..engine.rounds import Failed
@@ -41,16 +41,16 @@ def records(obj: Any):
                        "wire": ConfigRecord({"skeleton": skeleton})})
 
 
-def unrecord(content) -> Any:
+def unrecord(content, roots: Collection[str]) -> Any:
+    """A message's nest, rebuilt (`wire.unpack`: dataclasses of fedl2p or of the plugin packages `roots`)."""
     # fresh torch allocations, as weights.load_with_meta makes: the received buffers are numpy's, from np.load
     tensors = {k: v.clone() for k, v in content.array_records["tensors"].to_torch_state_dict().items()}
-    return wire.unpack(tensors,
-                       str(content.config_records["wire"]["skeleton"]))
+    return wire.unpack(tensors, str(content.config_records["wire"]["skeleton"]), roots)
 
 
-def client_app(build: Callable[..., Any], args: tuple, update: Callable):
+def client_app(build: Callable[..., Any], args: tuple, update: Callable, roots: Collection[str]):
     """A ClientApp that runs `update(context, task)` on its device; `build(*args)` (`workers.on_runtime`: the context
-    placed on the runtime's device) once per process."""
+    placed on the runtime's device) once per process. `roots`: the run's plugin packages (`wire.plugin_roots`)."""
     from flwr.app import Message
     from flwr.clientapp import ClientApp
     app = ClientApp()
@@ -62,7 +62,7 @@ def client_app(build: Callable[..., Any], args: tuple, update: Callable):
         key = (build.__module__, build.__qualname__, repr(args))
         if key not in _CONTEXTS:
             _CONTEXTS[key] = build(*args)
-        return Message(records(_CONTEXTS[key](update, unrecord(msg.content))), reply_to=msg)
+        return Message(records(_CONTEXTS[key](update, unrecord(msg.content, roots))), reply_to=msg)
 
     return app
 
@@ -77,16 +77,17 @@ def wait_nodes(grid, expected: int, timeout: float = 120.0) -> list[int]:
     return ids
 
 
-def exchange(grid, payloads: list, nodes: list[int], timeout: float | None = None) -> list[Any]:
-    """Send payload i as a `train` Message to nodes[i]; the unpacked replies in payload order. A node that sends an
-    error, or no reply within `timeout` seconds, gives `rounds.Failed` in its place (the round's policy decides)."""
+def exchange(grid, payloads: list, nodes: list[int], roots: Collection[str], timeout: float | None = None) -> list[Any]:
+    """Send payload i as a `train` Message to nodes[i]; the unpacked replies in payload order (`roots`: the plugin
+    packages whose dataclasses a reply may hold). A node that sends an error, or no reply within `timeout` seconds,
+    gives `rounds.Failed` in its place (the round's policy decides)."""
     from flwr.app import Message
     msgs = [Message(records(p), dst_node_id=n, message_type="train", group_id=str(i))
             for i, (p, n) in enumerate(zip(payloads, nodes))]
-    return collect(grid.send_and_receive(msgs, timeout=timeout), len(payloads), timeout)
+    return collect(grid.send_and_receive(msgs, timeout=timeout), len(payloads), roots, timeout)
 
 
-def collect(replies, n: int, timeout: float | None = None) -> list[Any]:
+def collect(replies, n: int, roots: Collection[str], timeout: float | None = None) -> list[Any]:
     """The unpacked contents of replies to messages 0..n-1 (by group id), `rounds.Failed` for an error or none."""
     by_id = {int(r.metadata.group_id): r for r in replies}
     out: list[Any] = []
@@ -97,7 +98,7 @@ def collect(replies, n: int, timeout: float | None = None) -> list[Any]:
         elif r.has_error():
             out.append(Failed(f"the site reported an error: {r.error.reason}"))
         else:
-            out.append(unrecord(r.content))
+            out.append(unrecord(r.content, roots))
     return out
 
 
@@ -106,8 +107,8 @@ class FlowerPool:
     `workers` ClientApps at a time, one CPU and one torch thread each)."""
 
     def __init__(self, workers: int, build: Callable[..., Any], args: tuple, update: Callable, nodes: int,
-                 gpus_per_client: float = 0.0, timeout: float | None = None):
-        self.timeout = timeout
+                 roots: Collection[str], gpus_per_client: float = 0.0, timeout: float | None = None):
+        self.timeout, self.roots = timeout, roots
         require_flower()
         from flwr.serverapp import ServerApp
         from flwr.simulation import run_simulation
@@ -134,7 +135,8 @@ class FlowerPool:
         backend = {"client_resources": {"num_cpus": 1, "num_gpus": float(gpus_per_client)}, "init_args": init}
         # in this context's copy: the simulation's in-process apps look pieces up in the run's catalog
         self._thread = threading.Thread(target=contextvars.copy_context().run, daemon=True,
-                                        args=(self._simulate, run_simulation, server, client_app(build, args, update),
+                                        args=(self._simulate, run_simulation, server,
+                                              client_app(build, args, update, roots),
                                               nodes, backend))
         self._thread.start()
 
@@ -146,7 +148,8 @@ class FlowerPool:
 
     def _round(self, grid, tasks: list[Any], expected: int) -> list[Any]:
         nodes = wait_nodes(grid, expected)
-        return exchange(grid, tasks, [nodes[i % len(nodes)] for i in range(len(tasks))], self.timeout)  # typed tasks
+        return exchange(grid, tasks, [nodes[i % len(nodes)] for i in range(len(tasks))], self.roots,  # typed tasks
+                        self.timeout)
 
     def map(self, tasks: list[Any]) -> list[Any]:
         self._tasks.put(tasks)
