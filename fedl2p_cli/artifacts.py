@@ -23,11 +23,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, stage_table  # stage_table: the store's folders (its names), in pipeline order
 from .errors import ArtifactError
 from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 SCHEMA_VERSION = 1
 
@@ -323,9 +326,9 @@ class Store:
             raise ArtifactError(f"artifact {stage}/{aid}: unreadable manifest ({e.__class__.__name__}); delete it and "
                                 f"re-run `fedl2p {stage}`") from None
 
-    def load(self, stage: str, ref: str | None = None, verify: bool = True, plugins: bool = True) -> Artifact:
-        """The artifact, its files verified (`verify`) and, with `plugins`, the plugins it was made with loaded here
-        (what reads only its files, such as a report, needs none)."""
+    def load(self, stage: str, ref: str | None = None, verify: bool = True, catalog: Catalog | None = None) -> Artifact:
+        """The artifact, its files verified (`verify`) and, given the reader's `catalog`, the plugins it was made with
+        loaded there (what reads only its files, such as a report, hands none)."""
         aid = self.resolve(stage, ref)
         manifest = self._manifest(stage, aid)
         art = Artifact(self.root / stage / aid, manifest)
@@ -334,9 +337,9 @@ class Store:
                                 f"{SCHEMA_VERSION}; re-run `fedl2p {stage}`")
         if verify:
             self.verify(art)
-            if plugins and manifest.get("plugins"):
+            if catalog is not None and manifest.get("plugins"):
                 from .plugins import check_available
-                check_available(manifest["plugins"], f"artifact {stage}/{aid}")
+                check_available(manifest["plugins"], f"artifact {stage}/{aid}", catalog)
         return art
 
     @staticmethod

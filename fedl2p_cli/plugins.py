@@ -422,9 +422,9 @@ def used(names: dict[Kind[object], list[str]], catalog: Catalog) -> list[dict]:
     return list(out.values())
 
 
-def check_available(records: list[dict], what: str) -> None:
-    """Refuse to load an artifact made with a plugin this process has not loaded: name the plugin to install."""
-    loaded = current().plugins
+def check_available(records: list[dict], what: str, catalog: Catalog) -> None:
+    """Refuse to load an artifact made with a plugin `catalog` has not loaded: name the plugin to install."""
+    loaded = catalog.plugins
     for r in records:
         module, dist = r.get("module"), r.get("dist")
         if module in loaded or (dist and any(p.dist == dist for p in loaded.values())):

@@ -79,8 +79,7 @@ def test_meta_net_inputs_are_one_registration(tiny_store, tmp_path):
     many, _ = run_stage(meta_train, cfg, Inputs.given(given),
                         StageContext(store, Runtime(engine="batched", client_batch=4, catalog=catalog), force=True))
     assert one.id == many.id and one.manifest.get("plugins")
-    with plugins.using(catalog):  # the store's check that the artifact's plugin is loaded asks the context's
-        _, lam, norm = meta_train.load_lambda(store, one.id, catalog)
+    _, lam, norm = meta_train.load_lambda(store, one.id, catalog)  # its plugin checked against the catalog handed
     n_x = reading(store, "stats", tiny_store["stats"].id, catalog).value.x.shape[1]
     assert set(norm) == {"x_mean", "x_sd", "lx_mean", "lx_sd"} and norm["x_mean"].shape == (n_x,)
     assert lam["lrnet.0.weight"].shape[1] == 2 * n_x  # LRNet was drawn for the entry's width

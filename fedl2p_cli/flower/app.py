@@ -217,10 +217,10 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
         cfg, spec = mt.config_from_dict(json.loads(rc["meta-train"])), json.loads(rc["model"])
     except (tomllib.TOMLDecodeError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise FedL2PError(f"{files['run.toml']} is not a run config `fedl2p flower run-config` wrote ({e})") from None
-    pre = store.load("pretrain", spec["pretrain"])
+    catalog = plugins.current()  # the import command's (its edge)
+    pre = store.load("pretrain", spec["pretrain"], catalog=catalog)
     lam = weights.load(files["lambda.safetensors"])
-    head = plugins.current().get(META_HEAD, cfg.meta.head)  # the import command's catalog (its edge)
-    want = mt.initial_lambda(cfg, head, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    want = mt.initial_lambda(cfg, catalog.get(META_HEAD, cfg.meta.head), spec["n_bn"], spec["n_x"], len(spec["params"]))
     if {k: tuple(v.shape) for k, v in lam.items()} != {k: tuple(v.shape) for k, v in want.items()}:
         raise FedL2PError(f"{files['lambda.safetensors']} does not hold the meta-nets of this run config")
     config = mt.identity(cfg) | {"deployment": {"sites": rc.get("sites"),

@@ -102,13 +102,14 @@ def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, st
     whether it may build at all (`reuse_only`)."""
     rt = runtime or Runtime()
     aid = artifact_id(stage, config, parents)
+    catalog = plugins.of(rt)  # a reused artifact's plugins: loaded in the run's catalog
     if store.exists(stage, aid) and not (force and not rt.reuse_only):
-        return store.load(stage, aid), True
+        return store.load(stage, aid, catalog=catalog), True
     if rt.reuse_only:
         raise Missing(stage, aid)
     with store.building(stage, aid, rt.lock_timeout):
         if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
-            return store.load(stage, aid), True
+            return store.load(stage, aid, catalog=catalog), True
         draft = store.draft(stage, config, parents)
         draft.plugins = plugin_records(store, config, parents, rt)
         draft.computed_on = rt.describe()

@@ -63,7 +63,7 @@ def reading(store: Store, name: str, ref: str | None, catalog: Catalog, verify: 
             plugins: bool = True) -> Read:
     """The `name` stage's artifact `ref` (an id or a prefix; None: its newest), to be read by its row's reader with
     `catalog` (a stage's own; code outside the stages, a test or a bench, hands its own)."""
-    return Read(store.load(name, ref, verify=verify, plugins=plugins), store, catalog, plugins)
+    return Read(store.load(name, ref, verify=verify, catalog=catalog if plugins else None), store, catalog, plugins)
 
 
 @dataclass(frozen=True)
@@ -158,9 +158,8 @@ class StageModule(Protocol):
 
 def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """A stage run: its module's `execute`, handed `ctx.catalog`, and its inputs bound to the store and that catalog.
-    The catalog is also put in place for the code that is handed none (a plugin's `api.build_model`, the methods
-    registry, the store's check that an artifact's plugins are loaded): the lookups that fall back on
-    `plugins.current()` (tests/test_layout.py lists where)."""
+    The catalog is also put in place for a plugin's code that is handed none (`api.build_model` without
+    `catalog=`): the one lookup below a stage that falls back on `plugins.current()` (tests/test_layout.py LOOKUPS)."""
     catalog = ctx.catalog
     with plugins.using(catalog):
         return module.execute(cfg, replace(inputs, store=ctx.store, catalog=catalog), ctx)

@@ -379,7 +379,7 @@ def identity(cfg: MetaTrainConfig) -> dict:
 def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:
     """The meta-nets learned federatedly (or per client: L2P) from the `pretrain`ed model and its `stats` among the
     inputs (default: the newest model, and its newest statistics)."""
-    store, runtime, progress, resume = ctx.store, ctx.runtime, ctx.progress, ctx.resume
+    store, runtime, progress, resume, catalog = ctx.store, ctx.runtime, ctx.progress, ctx.resume, ctx.catalog
     check(cfg, runtime)
     pre_art = inputs.get("pretrain").artifact
     stats_in = inputs.made_from("stats", "pretrain", pre_art.id, "pretrained model")
@@ -397,7 +397,7 @@ def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
         ckpt = Checkpoint(store.workdir("meta-train", draft.id))
         if not resume:
             ckpt.clear()
-        source = None if cfg.local else extend(store, ckpt, config, parents, cfg.rounds)
+        source = None if cfg.local else extend(store, ckpt, config, parents, cfg.rounds, catalog)
         if cfg.local:
             lam, history, extra = local(ctx, lam0, ckpt, progress or NoProgress(), runtime.torch_device)
         else:
@@ -446,7 +446,7 @@ STATE = "state.safetensors"  # a federated meta-train artifact's last loop state
 LOOP_FREE = ("rounds", "keep", "variant")
 
 
-def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: int) -> str | None:
+def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: int, catalog: Catalog) -> str | None:
     """Start a run of `rounds` rounds from the longest run of at most as many rounds whose loop is this run's (the same
     settings, parents and data; `--keep` may differ, since it only picks which lambda is stored at the end), if the
     store holds one (and this run has no checkpoint of its own): its last state becomes this run's checkpoint. Every
@@ -466,7 +466,7 @@ def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: 
             best = (r, art.id)
     if best is None:
         return None
-    art = store.load("meta-train", best[1])  # its hashes verified before its state is used
+    art = store.load("meta-train", best[1], catalog=catalog)  # its hashes verified before its state is used
     ckpt.folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(art.file(STATE), ckpt.folder / Checkpoint.NAME)
     return art.id
@@ -512,7 +512,7 @@ def read(art: Artifact, catalog: Catalog) -> MetaTrained:
 def load_lambda(store: Store, ref: str | None, catalog: Catalog) -> tuple[Artifact, Lambda, dict | None]:
     """lambda and its input standardisation (None: raw inputs): for code outside the stages (tests, benches), which
     hand their own catalog."""
-    art = store.load("meta-train", ref)
+    art = store.load("meta-train", ref, catalog=catalog)
     got = read(art, catalog)
     return art, got.lam, got.norm
 

@@ -123,7 +123,7 @@ def read(art: Artifact, catalog: Catalog) -> Trained:
 def load(store: Store, ref: str | None, catalog: Catalog) -> Trained:
     """A pfl artifact's trained system (its newest for None): for code outside the stages (tests, benches), which
     hand their own catalog."""
-    return read(store.load("pfl", ref), catalog)
+    return read(store.load("pfl", ref, catalog=catalog), catalog)
 
 
 def client_accuracy(t: Trained, c: int, data, seed: int, steps: int, catalog: Catalog) -> float:

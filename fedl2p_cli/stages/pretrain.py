@@ -252,7 +252,7 @@ def read(art: Artifact, catalog: Catalog) -> Pretrained:
 def load(store: Store, ref: str | None, catalog: Catalog) -> tuple[Artifact, torch.nn.Module, dict]:
     """The pretrained artifact (its newest for None), its model and state: for code outside the stages (Flower, tests,
     benches), which hand their own catalog."""
-    art = store.load("pretrain", ref)
+    art = store.load("pretrain", ref, catalog=catalog)
     return (art, *read(art, catalog))
 
 

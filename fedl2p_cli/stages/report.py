@@ -64,7 +64,7 @@ def from_pipeline(path: Path, store_override: Path | None, runtime: Runtime | No
     for stage, lab, aid in steps:
         if aid not in seen:
             seen.add(aid)
-            arts.append((lab, p.store.load(stage, aid, plugins=False)))
+            arts.append((lab, p.store.load(stage, aid)))
     return Section(p.name, arts), p.store
 
 
@@ -80,7 +80,7 @@ def find(store: Store, ref: str) -> Artifact:
         raise ArtifactError(f"no artifact with id '{ref}' in {store.root} (see `fedl2p artifacts list`)")
     if len(hits) > 1:
         raise ArtifactError(f"id prefix '{ref}' is ambiguous: {', '.join(f'{s}/{i}' for s, i in hits)}")
-    return store.load(*hits[0], plugins=False)  # a report reads files: the plugins that made them need not be here
+    return store.load(*hits[0])  # a report reads files: the plugins that made them need not be here
 
 
 def lineage(store: Store, art: Artifact) -> list[Artifact]:
@@ -92,9 +92,9 @@ def lineage(store: Store, art: Artifact) -> list[Artifact]:
         if a.id in out:
             continue
         out[a.id] = a
-        todo += [store.load(k.split(":")[0], v, plugins=False) for k, v in a.parents.items()]
+        todo += [store.load(k.split(":")[0], v) for k, v in a.parents.items()]
         if a.stage == "partition" and a.config.get("exclude"):  # the partition whose images it left out
-            todo.append(store.load(a.stage, a.config["exclude"], plugins=False))
+            todo.append(store.load(a.stage, a.config["exclude"]))
     return sorted(out.values(), key=lambda a: (TABLE.names.index(a.stage), a.age))
 
 
