@@ -112,9 +112,10 @@ class Harness:
     def finetune(self, client: Client, strategy: Strategy, seed: int) -> Trial:
         """`epochs` of fine-tuning of the pretrained parameters under `strategy` (placed on the device), batches from
         the client's stream for `seed`."""
-        key = (client.id, seed, strategy_key(strategy))  # from the strategy as recorded (on the host): no device read
+        # keyed only where `prefetch` left work; from the strategy as recorded (on the host): no device read
+        key = (client.id, seed, strategy_key(strategy)) if self.ready or self.scored else None
         s = self.place(strategy)
-        ft = self.ready.pop(key, None) if self.ready else None
+        ft = self.ready.pop(key, None) if key is not None else None
         return Trial(self, client, s, self._one(client, s, seed) if ft is None else ft, key=key)
 
     def _one(self, client: Client, s: Strategy, seed: int) -> FinetuneResult:
