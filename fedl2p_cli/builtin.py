@@ -31,7 +31,8 @@ def register(registry) -> None:
                                client_many=local.sgd_clients)
     registry.add_pretrain_algo("fedbabu", local.sgd_client, "FedBABU: the classifier frozen while training",
                                freeze_head=True, client_many=local.sgd_clients)
-    registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps")
+    registry.add_pretrain_algo("perfedavg-hf", local.perfedavg_client, "Per-FedAvg with Hessian-free MAML steps",
+                               client_many=local.perfedavg_clients)
     for executor in (Local(), Flower(), Batched()):
         registry.add_executor(executor)
     for meta_grad in META_GRADS:

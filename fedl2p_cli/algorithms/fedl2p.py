@@ -90,7 +90,7 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
             with timer.section("finetune"):
                 first_val, _ = personalized_accuracy(model, ft.params, xv, yv, Strategy(beta, eta), ft.bn, cfg.batch_size,
                                                      cfg.val_stats)
-            first = (beta, eta, ft.train_loss)
+            first = (beta, eta, float(ft.train_loss))
         with timer.section("hypergrad"):
             mg = meta_gradient(model, ft, lam, hyper, data, cfg, gen, entry)
         if (bad := _diverged(mg, ft, _finite([mg.grads])[0])) is not None:
@@ -104,15 +104,17 @@ def client_update(model: nn.Module, theta_g: Params, lam: Lambda, xi: Tensor, x:
 
 
 def _diverged(mg: MetaGrad, ft: FinetuneResult, finite_grads: bool) -> Diverged | None:
-    if math.isfinite(mg.val_loss) and math.isfinite(ft.train_loss) and finite_grads:
+    val, train = float(mg.val_loss), float(ft.train_loss)
+    if math.isfinite(val) and math.isfinite(train) and finite_grads:
         return None
-    return Diverged(f"non-finite loss or meta-gradient (val {mg.val_loss:.3g}, train {ft.train_loss:.3g})")
+    return Diverged(f"non-finite loss or meta-gradient (val {val:.3g}, train {train:.3g})")
 
 
 def _meta_step(lam: Lambda, mg: MetaGrad, cfg: MetaConfig, reports: list[dict]) -> Lambda:
     """Alg. 1 line 11: SGD on lambda; the step's gradient report (on the device) and the Neumann step the IFT took
     kept."""
-    reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if mg.psi else {}))
+    took_psi = isinstance(mg.psi, Tensor) or mg.psi != 0  # a tensor's value is not read here (a host sync)
+    reports.append(grad_report(mg.grads) | ({"psi": mg.psi} if took_psi else {}))
     return bound_eta(sgd_update(lam, mg.grads, cfg.meta_lrs), cfg)
 
 
@@ -142,52 +144,80 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
     """`client_update` for a group of clients in lock-step, each iteration's fine-tuning and meta-gradient (FOMAML+ or
     the IFT) one vmapped computation (`core.batched`).
     Per client the same as `client_update` to float tolerance: every client draws from its own generator in the same
-    order. A client that diverges gets its `Diverged` in place of a result and leaves the group. The host reads the
-    device once per iteration (the group's losses and whether its meta-gradients are finite, which decide who stays)
-    and once at the end (`bench/host_syncs.py` counts them)."""
+    order. Divergence is decided on the device: a client whose losses or meta-gradient are not finite keeps its
+    lambda from then on (it still computes with the group, its own generator only) and gets its `Diverged` in place of
+    a result. So the host reads the device once per group, at the end: losses, finiteness and reports together
+    (`bench/host_syncs.py` counts the reads)."""
     timer = timer or Timer()
-    n_p = len(theta_g)
+    n_p, n = len(theta_g), len(lams)
     hypers = [hyper_fn(xi, x, n_p, cfg, head) for xi, x in inputs]
-    out: list[ClientResult | Diverged | None] = [None] * len(lams)
     lams = list(lams)
-    first_sum: list[Tensor] = []  # each client's summed validation loss after iteration 1, read at the end
-    first: list[tuple[Tensor, Tensor, float] | None] = [None] * len(lams)  # (beta, eta, train loss) of iteration 1
+    alive = torch.ones(n, dtype=torch.bool, device=theta_g[next(iter(theta_g))].device)
+    checks: list[tuple[Tensor, Tensor, Tensor]] = []  # per iteration: finite [N], validation and training losses [N]
+    first_sum: list[Tensor] = []  # each client's summed validation loss after iteration 1
+    first: list[tuple[Tensor, Tensor, float | Tensor]] = []  # (beta, eta, train loss) of iteration 1
     reports: list[list[dict]] = [[] for _ in lams]
     for k in range(cfg.iterations):
-        live = [c for c in range(len(lams)) if out[c] is None]
-        if not live:
-            break
         with torch.no_grad():
-            strat = {c: Strategy(*hypers[c](lams[c])) for c in live}
+            strat = [Strategy(*hyper(lam)) for hyper, lam in zip(hypers, lams)]
         with timer.section("finetune"):
-            fts = dict(zip(live, finetune_many(model, [theta_g] * len(live), [datas[c].train[0] for c in live],
-                                               [datas[c].train[1] for c in live], [strat[c] for c in live],
-                                               [bn0s[c] for c in live], cfg.epochs, cfg.batch_size,
-                                               [gens[c] for c in live], cfg.client_bn)))
+            fts = finetune_many(model, [theta_g] * n, [d.train[0] for d in datas], [d.train[1] for d in datas], strat,
+                                bn0s, cfg.epochs, cfg.batch_size, gens, cfg.client_bn, read=False)
             if k == 0:
-                for c in live:
-                    xv, yv = datas[c].val
-                    first_sum.append(personalized_loss_sum(model, fts[c].params, xv, yv, strat[c], fts[c].bn,
-                                                           cfg.batch_size, cfg.val_stats))
-                    first[c] = (cast(Tensor, strat[c].beta), strat[c].lr, fts[c].train_loss)  # hyper_fn's beta: never None
+                first_sum = [personalized_loss_sum(model, ft.params, d.val[0], d.val[1], s, ft.bn, cfg.batch_size,
+                                                   cfg.val_stats) for ft, d, s in zip(fts, datas, strat)]
+                first = [(cast(Tensor, s.beta), s.lr, ft.train_loss) for s, ft in zip(strat, fts)]  # beta: never None
         with timer.section("hypergrad"):
-            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, live, n_p, entry, head)
-        for c, finite in zip(live, _finite([mgs[c].grads for c in live])):
-            out[c] = _diverged(mgs[c], fts[c], finite)
-            if out[c] is None:
-                lams[c] = _meta_step(lams[c], mgs[c], cfg, reports[c])
-    read, sums = _read_reports(reports, first_sum)
-    first_val = [s / max(len(d.val[1]), 1) for s, d in zip(sums, datas)]
-    return [o if o is not None else _finish(lams[c], len(datas[c].train[1]), first_val[c], first[c], read[c])  # type: ignore[arg-type]  # set in iteration 1
-            for c, o in enumerate(out)]
+            mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, entry, head)
+        check = _checks(mgs, fts)
+        checks.append(check)
+        alive = alive & check[0]
+        lams = [_kept(alive[c], _meta_step(lam, mg, cfg, reports[c]), lam) for c, (lam, mg) in enumerate(zip(lams, mgs))]
+    return _group_results(lams, datas, checks, first_sum, first, reports)
 
 
-def _meta_gradients(model: nn.Module, fts: dict, lams: list[Lambda], inputs: list, datas: list[ClientData],
-                    cfg: MetaConfig, gens: list[torch.Generator], live: list[int], n_p: int,
-                    entry: MetaGradient | None = None, head: MetaHead | None = None) -> dict[int, MetaGrad]:
-    """Each live client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
-    hyper = head_fn(n_p, cfg, head)
-    out = (entry or meta_grads.builtin(cfg.meta_grad, cfg.lr_grad)).many(model, [fts[c] for c in live], [lams[c] for c in live], hyper,
-                                             [inputs[c] for c in live], [datas[c] for c in live], cfg,
-                                             [gens[c] for c in live])
-    return dict(zip(live, out))
+def _checks(mgs: list[MetaGrad], fts: list[FinetuneResult]) -> tuple[Tensor, Tensor, Tensor]:
+    """Whether each client's losses and meta-gradient are finite, and the losses, as [N] tensors on the device."""
+    dev = next(iter(mgs[0].grads.values())).device
+    vals = [torch.as_tensor(m.val_loss, dtype=torch.float64, device=dev) for m in mgs]
+    trains = [torch.as_tensor(ft.train_loss, dtype=torch.float64, device=dev) for ft in fts]
+    val, train = torch.stack(vals), torch.stack(trains)
+    grads = torch.stack([torch.stack([torch.isfinite(v).all() for v in m.grads.values()]).all() for m in mgs])
+    return grads & torch.isfinite(val) & torch.isfinite(train), val, train
+
+
+def _kept(alive: Tensor, new: Lambda, old: Lambda) -> Lambda:
+    """`new` where the client is still alive, else `old` (decided on the device: no host read)."""
+    return {k: torch.where(alive, new[k], old[k]) for k in old}
+
+
+def _group_results(lams: list[Lambda], datas: list[ClientData], checks: list[tuple[Tensor, Tensor, Tensor]],
+                   first_sum: list[Tensor], first: list[tuple[Tensor, Tensor, float | Tensor]],
+                   reports: list[list[dict]]) -> list[ClientResult | Diverged]:
+    """The group's results from one host read: each client's first non-finite iteration (its `Diverged`, as
+    `client_update` raises it), else its `ClientResult`."""
+    n = len(lams)
+    table = torch.stack([torch.stack([ok.double(), val, train]) for ok, val, train in checks])  # [K, 3, N]
+    read, vals = _read_reports(reports, list(table.view(-1)) + first_sum)
+    rows = [vals[i * n:(i + 1) * n] for i in range(table.shape[0] * 3)]  # iteration k: rows 3k (finite), 3k+1, 3k+2
+    sums = vals[len(rows) * n:]
+    out: list[ClientResult | Diverged] = []
+    for c in range(n):
+        bad = next((k for k in range(len(checks)) if not rows[3 * k][c]), None)
+        if bad is not None:
+            out.append(Diverged(f"non-finite loss or meta-gradient (val {rows[3 * bad + 1][c]:.3g}, "
+                                f"train {rows[3 * bad + 2][c]:.3g})"))
+            continue
+        beta, eta, _ = first[c]
+        first_val = sums[c] / max(len(datas[c].val[1]), 1)
+        out.append(_finish(lams[c], len(datas[c].train[1]), first_val, (beta, eta, rows[2][c]), read[c]))
+    return out
+
+
+def _meta_gradients(model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], inputs: list,
+                    datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator],
+                    entry: MetaGradient | None = None, head: MetaHead | None = None) -> list[MetaGrad]:
+    """Each client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
+    hyper = head_fn(len(fts[0].params), cfg, head)
+    return (entry or meta_grads.builtin(cfg.meta_grad, cfg.lr_grad)).many(model, fts, lams, hyper, inputs, datas, cfg,
+                                                                          gens)

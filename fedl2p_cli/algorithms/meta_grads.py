@@ -33,8 +33,9 @@ def _val(datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator]) 
 
 
 def _results(out: Any) -> list[MetaGrad]:
+    """A group's meta-gradients, their values left on the device (the client update reads them at its end)."""
     from ..core.hypergrad import MetaGrad
-    psis = out.psi or [0.0] * len(out.grads)
+    psis = list(out.psi) if out.psi is not None else [0.0] * len(out.grads)
     return [MetaGrad(g, lv, lt, p) for g, lv, lt, p in zip(out.grads, out.val_loss, out.train_loss, psis)]
 
 

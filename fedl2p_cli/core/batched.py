@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import grad, vmap
+from torch.func import grad, vjp, vmap
 
 from . import kernels
 from .bn import BNPolicy, MixBN, _dims, _expand, normalize_with
@@ -137,9 +138,10 @@ def _step_fn(model: nn.Module) -> Callable:
 
 def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: list[Tensor], strategies: list[Strategy],
                   bns: list[ClientBN], epochs: int, batch_size: int, gens: list[torch.Generator],
-                  client_bn: str = "precise") -> list[FinetuneResult]:
+                  client_bn: str = "precise", read: bool = True) -> list[FinetuneResult]:
     """`finetune` for N clients as one vmapped computation per step; per client the same as `finetune` (to float
-    tolerance). Strategies with beta None (BN I) and with a beta cannot share a group."""
+    tolerance). Strategies with beta None (BN I) and with a beta cannot share a group. `read`: the training losses as
+    floats (one host read for the group); else as 0-dim tensors left on the device."""
     n = len(params)
     dev = ys[0].device
     none = [s.beta is None for s in strategies]
@@ -165,7 +167,8 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
         p = new
         losses.append(torch.where(act, loss, 0.0).double())
     steps = sched.active.sum(1).clamp_min(1)
-    train_loss = (torch.stack(losses, 1).sum(1) / steps).tolist() if losses else [0.0] * n
+    avg = torch.stack(losses, 1).sum(1) / steps if losses else torch.zeros(n, dtype=torch.float64, device=dev)
+    train_loss: list[float | Tensor] = avg.tolist() if read else list(avg)
     out_bn = [ClientBN([m[c] for m in mean], [v[c] for v in var]) for c in range(n)]
     if client_bn == "precise" and not any(none):
         out_bn = precise_bn_many(model, unstack(p, n), xs, list(beta))
@@ -204,11 +207,12 @@ def precise_bn_many(model: nn.Module, params: list[Params], xs: list[Tensor], be
 
 @dataclass
 class FomamlOut:
-    """N clients' meta-gradients (w.r.t. lambda), validation and training losses, and the IFT's Neumann step."""
+    """N clients' meta-gradients (w.r.t. lambda), validation and training losses and the IFT's Neumann step ([N]
+    tensors on the device: the caller decides when to read them)."""
     grads: list[dict[str, Tensor]]
-    val_loss: list[float]
-    train_loss: list[float]
-    psi: list[float] | None = None
+    val_loss: Tensor
+    train_loss: Tensor
+    psi: Tensor | None = None
 
 
 def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Tensor, Tensor]],
@@ -257,7 +261,7 @@ def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[
     sls = torch.stack(eta_slopes) if eta_slopes is not None else torch.zeros(n, device=xi.device)
     g, (lv, lt) = _plain(vmap(grad(meta_loss, has_aux=True)))(stack(lams), xi, xin, stack(prev), lx, ly, lmask, vx, vy, vmask,
                                                       mean, var, eds, sls)
-    return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist())
+    return FomamlOut(unstack(g, n), lv, lt)
 
 
 def _padded_batches(batches: list[tuple[Tensor, Tensor]]) -> tuple[tuple[Tensor, Tensor], Tensor]:
@@ -301,7 +305,6 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     `s.last_step` theta_train and inner_grads are the weights before the last step and that step's gradient (else
     theta_train is theta_star); `s.eta_step` reads `eta_dirs` (--lr-grad trajectory: the summed gradients), else
     `inner_grads` (the last step's gradient), unless `eta_slopes` gives that path's per-tensor slopes."""
-    from torch.func import vjp
 
     from .hypergrad import PSI_MARGIN, krylov, neumann_coefficients, spectral_radius_estimate
     n = len(lams)
@@ -364,4 +367,64 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     sls = torch.stack(eta_slopes) if eta_slopes is not None else torch.zeros(n, device=xi.device)
     g, lv, lt, psi = _plain(vmap(one))(stack(lams), xi, xin, stack(theta_star), stack(theta_train), igs, eds, sls, tx, ty,
                                        tmask, vx, vy, vmask, mean, var)
-    return FomamlOut(unstack(g, n), lv.tolist(), lt.tolist(), psi.tolist())
+    return FomamlOut(unstack(g, n), lv, lt, psi)
+
+
+def _perfedavg_step_fn(model: nn.Module, alpha: float) -> Callable:
+    """One client's Per-FedAvg (HF) step on its three batches (`algorithms.local.perfedavg_hf_step`): the new weights,
+    the running statistics moved by the step's three training-mode forwards (D, D', D'' in that order, as the
+    module's own BN moves them) and the first batch's loss; vmapped over clients by `perfedavg_many`."""
+    def loss_fn(p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, tuple]:
+        pol = MaskedPolicy(None, train=True, mask=mask)  # every BN layer on its batch's statistics
+        loss = masked_ce(model, p, x, y, mask, pol)
+        return loss, (loss.detach(), [pol.moments[i] for i in sorted(pol.moments)])
+
+    def step(p: Params, mean: list[Tensor], var: list[Tensor], x: Tensor, y: Tensor, mask: Tensor, lr: Tensor,
+             active: Tensor) -> tuple[Params, list[Tensor], list[Tensor], Tensor]:
+        g1, (loss, m1) = grad(loss_fn, has_aux=True)(p, x[0], y[0], mask[0])
+        tmp = {k: v - alpha * g1[k] for k, v in p.items()}
+        g2, (_, m2) = grad(loss_fn, has_aux=True)(tmp, x[1], y[1], mask[1])
+        g3 = lambda w: grad(loss_fn, has_aux=True)(w, x[2], y[2], mask[2])  # noqa: E731
+        _, hvp, (_, m3) = cast(tuple[Any, Callable, tuple], vjp(g3, p, has_aux=True))  # torch types 2 of its 3
+        hv = hvp(g2)[0]  # H(w; D'') g2, one vector-Jacobian product of the gradient (H is symmetric)
+        new = {k: torch.where(active, v - lr * (g2[k] - alpha * hv[k]), v) for k, v in p.items()}
+        for moments in (m1, m2, m3):
+            mean, var = _moved(mean, var, moments, active)
+        return new, mean, var, loss
+    return step
+
+
+def _moved(mean: list[Tensor], var: list[Tensor], moments: list[tuple[Tensor, Tensor, Tensor]], active: Tensor,
+           momentum: float = 0.1) -> tuple[list[Tensor], list[Tensor]]:
+    """Running statistics after one training-mode forward's batch moments (the unbiased variance, as BN's own)."""
+    return ([torch.where(active, (1 - momentum) * m + momentum * mb, m) for m, (mb, _, _) in zip(mean, moments)],
+            [torch.where(active, (1 - momentum) * v + momentum * vb * (n / (n - 1).clamp_min(1)), v)
+             for v, (_, vb, n) in zip(var, moments)])
+
+
+def perfedavg_many(model: nn.Module, params: list[Params], bns: list[ClientBN], xs: list[Tensor], ys: list[Tensor],
+                   batches: list[list[Tensor]], alpha: float, lrs: list[float]
+                   ) -> list[tuple[Params, ClientBN, Tensor]]:
+    """Per-FedAvg (HF) local updates for N clients as one vmapped computation per step: `batches[c]` is client c's
+    batch indices, three per step (D, D', D'') in the order it drew them. Clients with fewer steps keep their weights
+    and statistics at the extra steps. Per client: the new weights, running statistics and mean first-batch loss (a
+    0-dim float64 tensor on the device), as `perfedavg_client` computes them to float rounding."""
+    n, dev = len(params), ys[0].device
+    sched = Schedule.of(batches, dev)
+    steps = sched.idx.shape[1] // 3
+    idx = sched.idx.view(n, steps, 3, -1)
+    mask = sched.mask.view(n, steps, 3, -1)
+    active = sched.active.view(n, steps, 3)[:, :, 0]
+    px, py = pad_data(xs, ys)
+    p = stack(params)
+    mean, var = stack_bn(bns)
+    lr = torch.tensor(lrs, device=dev)
+    step = _plain(vmap(_perfedavg_step_fn(model, alpha)))
+    total = torch.zeros(n, dtype=torch.float64, device=dev)
+    for t in range(steps):
+        x = torch.stack([_gather(px, idx[:, t, j]) for j in range(3)], 1)
+        y = torch.stack([_gather(py, idx[:, t, j]) for j in range(3)], 1)
+        p, mean, var, loss = step(p, mean, var, x, y, mask[:, t], lr, active[:, t])
+        total = total + torch.where(active[:, t], loss.double(), 0.0)
+    avg = total / active.sum(1).clamp_min(1)
+    return [(pc, ClientBN([m[c] for m in mean], [v[c] for v in var]), avg[c]) for c, pc in enumerate(unstack(p, n))]

@@ -37,7 +37,7 @@ class FinetuneResult:
     bn: ClientBN
     prev_params: Params  # parameters before the last step (for FOMAML+ and the IFT's last-step reading)
     last_batch: Tensor
-    train_loss: float    # mean over the steps, read from the device once
+    train_loss: float | Tensor  # mean over the steps: read once, or (a batched group's) a 0-dim tensor read at its end
     last_grad: list[Tensor]  # that step's gradient: params = prev_params - lr * last_grad
     grad_sum: list[Tensor] | None = None  # every step's gradient summed: params = start - lr * grad_sum (constant lr)
 

@@ -35,10 +35,12 @@ HyperFn = Callable[[Lambda], tuple[Tensor, Tensor]]  # lambda -> (beta [B], eta 
 
 @dataclass
 class MetaGrad:
+    """A client's meta-gradient, its losses and the Neumann step the IFT used (0: FOMAML+, no series). The values are
+    floats, or 0-dim tensors on the device where a batched group reads them all when its update ends."""
     grads: Lambda
-    val_loss: float
-    train_loss: float
-    psi: float = 0.0  # the Neumann step size the IFT used (0: FOMAML+, no series)
+    val_loss: float | Tensor
+    train_loss: float | Tensor
+    psi: float | Tensor = 0.0
 
 
 def _leaves(d: dict[str, Tensor]) -> dict[str, Tensor]:
