@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-    from .algorithms.local import sgd_client
+    from .algorithms.local import sgd_client, sgd_clients
     from .algorithms.meta_grads import Fomaml, Ift
     from .algorithms.systems.base import Trained as TrainedSystem
     from .artifacts import Artifact, Draft
@@ -88,6 +88,7 @@ T = TypeVar("T")
 # the torch-side names, imported when first asked for (module, name there)
 _LAZY = {
     "LocalConfig": ("core.client", "LocalConfig"), "sgd_client": ("algorithms.local", "sgd_client"),
+    "sgd_clients": ("algorithms.local", "sgd_clients"),
     "Artifact": ("artifacts", "Artifact"), "Draft": ("artifacts", "Draft"),
     "PartitionConfig": ("configs", "PartitionConfig"), "PFLConfig": ("configs", "PFLConfig"),
     "weighted_average": ("core.aggregate", "weighted_average"),
@@ -210,5 +211,5 @@ __all__ = [
     "OnDevice",
     "sample_clients", "generator", "batch_stream", "nest", "group_of",
     "build_model", "head_prefix", "is_batchnorm", "get_state", "set_state", "evaluate", "epochs_of_batches", "mean_loss",
-    "weighted_average", "LocalConfig", "sgd_client", "to_device", "to_host", "save_weights", "load_weights",
+    "weighted_average", "LocalConfig", "sgd_client", "sgd_clients", "to_device", "to_host", "save_weights", "load_weights",
 ]

@@ -357,3 +357,22 @@ def test_the_batched_client_update_reads_the_device_a_fixed_number_of_times(meta
     import host_syncs
     small, large = (sum(host_syncs.client_round(meta_grad, n).values()) for n in (2, 6))
     assert small == large == 1, (small, large)  # K = 2 iterations: none in them, one at the end for everything
+
+
+@pytest.mark.parametrize("algo", ["pfedla", "heurpfedla"])
+def test_batched_pfedla_writes_the_same_server(tiny_store, tmp_path, algo):
+    """pfl-train --engine batched --client-batch 2: pFedLA's and HeurpFedLA's clients' local SGD as one vmapped group
+    (each client's hypernetwork step after it); the same id and, to float rounding, the same stored models and
+    hypernetworks as one at a time."""
+    from fedl2p_cli.io import weights
+    from fedl2p_cli.stages import pfl
+    out = []
+    for name, rt in (("one", Runtime()), ("many", Runtime(engine="batched", client_batch=2))):
+        store = Store(tmp_path / name)
+        shutil.copytree(tiny_store["store"].root / "partition", store.root / "partition")
+        cfg = pfl.PFLConfig(algo=algo, rounds=2, fraction=0.5, local_epochs=1, batch_size=16, lr=0.02, eval_every=1)
+        art, _ = execute(pfl, cfg, store, {"partition": tiny_store["partition"].id}, runtime=rt)
+        out.append((art.id, weights.load(art.file("server.safetensors"))))
+    (id1, one), (id2, many) = out
+    assert id1 == id2 and one.keys() == many.keys()
+    assert all(close(one[k].float(), many[k].float(), 1e-4) for k in one)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..core import layer_mix as lm
 from ..core.client import ClientData
-from .local import LocalConfig, sgd_client
+from .local import LocalConfig, sgd_client, sgd_clients
 
 
 @dataclass
@@ -56,9 +56,27 @@ def client_round(model: nn.Module, server: Server, i: int, data: ClientData, loc
     mean local training loss. Pure: the server is read, not changed."""
     bar, retained = personalized(server, i, k)
     new, loss = sgd_client(model, bar, *data.train, lr, local, gen)
+    return _hypernet_step(server, i, bar, retained, new, hn_lr), new, loss
+
+
+def _hypernet_step(server: Server, i: int, bar: dict[str, Tensor], retained: list[str], new: dict[str, Tensor],
+                   hn_lr: float) -> lm.Hyper:
+    """Alg. 1 line 7: client slot i's hypernetwork moved by its local update new - bar."""
     delta = {n: new[n] - bar[n] for n in server.param_names}
-    hn = lm.hypernet_step(server.hypernets[i], server.stacked, i, server.param_names, server.layers, delta, hn_lr, retained)
-    return hn, new, loss
+    return lm.hypernet_step(server.hypernets[i], server.stacked, i, server.param_names, server.layers, delta, hn_lr,
+                            retained)
+
+
+def client_rounds(model: nn.Module, server: Server, slots: list[int], datas: list[ClientData], local: LocalConfig,
+                  lr: float, hn_lr: float, k: int, gens: list[torch.Generator]
+                  ) -> list[tuple[lm.Hyper, dict[str, Tensor], float]]:
+    """`client_round` for several client slots: their local SGD as one vmapped computation (`sgd_clients`), then each
+    one's hypernetwork step. Per client the same to float rounding."""
+    bars = [personalized(server, i, k) for i in slots]
+    news = sgd_clients(model, [bar for bar, _ in bars], [d.train[0] for d in datas], [d.train[1] for d in datas],
+                       [lr] * len(slots), local, gens)
+    return [(_hypernet_step(server, i, bar, retained, new, hn_lr), new, loss)
+            for i, (bar, retained), (new, loss) in zip(slots, bars, news)]
 
 
 def apply_round(server: Server, results: dict[int, tuple[lm.Hyper, dict[str, Tensor], float]]) -> None:

@@ -99,7 +99,8 @@ def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, pr
     or Flower ClientApp build its own context from the store."""
     local = OnDevice(sys_.context(cfg, part), runtime.torch_device)
     strategy = sys_.strategy(cfg, part, local)
-    with open_pool(runtime, worker_context, (*where, cfg), type(sys_).client, local, len(part.pool(False))) as pool:
+    with open_pool(runtime, worker_context, (*where, cfg), type(sys_).client, local, len(part.pool(False)),
+                   type(sys_).client_many) as pool:
         st = run_rounds(strategy, cfg.rounds, ckpt, progress, pool.map, runtime.policy())
     return st.history, sys_.save(strategy, st, draft)
 

@@ -34,7 +34,8 @@ class PFLSystem:
        reads. The executor places it on the runtime's device.
     2. `strategy(cfg, part, local)`: the server side, a `RoundStrategy` (initial_state, configure -> one task per
        client, aggregate). `local(fn, arg)` runs `fn(context, arg)` on the device in this process (a validation).
-    3. Each round, `client(context, task)` per task, wherever the executor runs it; `aggregate` gets the results.
+    3. Each round, `client(context, task)` per task, wherever the executor runs it (`client_many(context, tasks)` for
+       a group, where the system has one and the executor batches); `aggregate` gets the results.
        Tasks and results cross processes and Flower messages: tensors, dicts with string keys, lists, tuples,
        numbers, strings, None and dataclasses of this plugin's package.
     4. `save(strategy, state, draft)` writes the trained weights into the artifact and returns its metrics.
@@ -69,6 +70,10 @@ class PFLSystem:
     def client(ctx: Any, task: Any) -> Any:
         """One client's update, its tensors on ctx's device. A static method: worker processes import it by name."""
         raise NotImplementedError
+
+    # `client_many(ctx, tasks) -> results`: several clients' updates as one computation (`--engine batched`), per
+    # client what `client` computes to float rounding; None: the batched executor runs `client` one at a time
+    client_many: ClassVar[Any] = None  # a staticmethod, or None (a ClassVar Callable would read as a bound method)
 
     def save(self, strategy: Any, state: LoopState, draft: Draft) -> dict:
         """The trained state into `draft` (`draft.path(FILE)`, `api.save_weights`); returns the artifact's metrics."""

@@ -75,6 +75,29 @@ def client_task(ctx: PFedLAClient, task: PFedLATask):
                                ctx.lr, ctx.hn_lr, ctx.k, generator(ctx.seed, task.round, task.client))
 
 
+def client_tasks(ctx: PFedLAClient, tasks: list[PFedLATask]) -> list:
+    """Several clients' rounds as one computation (`--engine batched`): their local SGD vmapped, per client what
+    `client_task` computes to float rounding. The round's tasks share one server state (one dict, sent once)."""
+    out: list = []
+    for shared in _by_server(tasks):
+        server = server_of(ctx, shared[0].server)
+        out += pfedla.client_rounds(ctx.model, server, [t.slot for t in shared], [ctx.part.client(t.client) for t in shared],
+                                    ctx.local, ctx.lr, ctx.hn_lr, ctx.k,
+                                    [generator(ctx.seed, t.round, t.client) for t in shared])
+    return out
+
+
+def _by_server(tasks: list[PFedLATask]) -> list[list[PFedLATask]]:
+    """Consecutive tasks that carry the same server dict, in order."""
+    runs: list[list[PFedLATask]] = []
+    for t in tasks:
+        if runs and runs[-1][0].server is t.server:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
 def server_round(ctx: PFedLAClient, task: tuple[dict, dict]) -> dict:
     """The server's update of the clients' hypernetworks and stored models from the round's results (slot -> result)."""
     tensors, results = task
@@ -160,6 +183,7 @@ class PFedLA(PFLSystem):
         return PFedLAStrategy(cfg, part, local, self.catalog)
 
     client = staticmethod(client_task)
+    client_many = staticmethod(client_tasks)
 
     def save(self, strategy: PFedLAStrategy, state: LoopState, draft) -> dict:
         restore_server(strategy.server, state.tensors)  # the state is the server, flat
