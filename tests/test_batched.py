@@ -305,6 +305,19 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
     assert np.allclose(one.candidates, many.candidates, rtol=1e-4, equal_nan=True)
 
 
+def test_batched_scores_equal_one_client_at_a_time(setup):
+    """A group's validation scores under the paper's inference (beta mixing each client's running statistics), in
+    chunks of 8 samples across the ragged clients: the summed loss and the correct answers of each."""
+    from fedl2p_cli.core.batched import scores_many
+    from fedl2p_cli.core.finetune import personalized_sums
+    model, theta, xs, ys, bns, strategies = setup
+    params = [{k: v + 0.05 * torch.randn_like(v) for k, v in theta.items()} for _ in SIZES]
+    got = scores_many(model, params, list(zip(xs, ys)), [s.beta for s in strategies], bns, samples=8)
+    for c in range(len(SIZES)):
+        want = personalized_sums(model, params[c], xs[c], ys[c], strategies[c], bns[c], 16)
+        assert close(got[c], want, 1e-6) and got[c, 1] == want[1]
+
+
 def test_batched_per_fedavg_equals_one_client_at_a_time(setup):
     """Per-FedAvg (HF)'s local update for a ragged group (1, 2 and 1 steps of three batches; a client smaller than a
     batch): the weights, the running statistics the three forwards per step move, and the mean loss."""

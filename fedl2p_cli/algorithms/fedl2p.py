@@ -14,7 +14,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from ..core.batched import finetune_many
+from ..core.batched import finetune_many, scores_many
 from ..core.client import ClientData, Timer
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, personalized_accuracy, personalized_loss_sum
 from ..core.functional import Params
@@ -164,8 +164,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
             fts = finetune_many(model, [theta_g] * n, [d.train[0] for d in datas], [d.train[1] for d in datas], strat,
                                 bn0s, cfg.epochs, cfg.batch_size, gens, cfg.client_bn, read=False)
             if k == 0:
-                first_sum = [personalized_loss_sum(model, ft.params, d.val[0], d.val[1], s, ft.bn, cfg.batch_size,
-                                                   cfg.val_stats) for ft, d, s in zip(fts, datas, strat)]
+                first_sum = _first_val_sums(model, fts, datas, strat, cfg)
                 first = [(cast(Tensor, s.beta), s.lr, ft.train_loss) for s, ft in zip(strat, fts)]  # beta: never None
         with timer.section("hypergrad"):
             mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, entry, head)
@@ -174,6 +173,18 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
         alive = alive & check[0]
         lams = [_kept(alive[c], _meta_step(lam, mg, cfg, reports[c]), lam) for c, (lam, mg) in enumerate(zip(lams, mgs))]
     return _group_results(lams, datas, checks, first_sum, first, reports)
+
+
+def _first_val_sums(model: nn.Module, fts: list[FinetuneResult], datas: list[ClientData], strat: list[Strategy],
+                    cfg: MetaConfig) -> list[Tensor]:
+    """Each client's summed validation loss after the first fine-tuning, on the device: one vmapped computation under
+    the paper's inference (--val-stats running), else one client at a time (batch statistics)."""
+    if cfg.val_stats == "running" and len(fts) > 1:
+        sums = scores_many(model, [ft.params for ft in fts], [d.val for d in datas],
+                           [cast(Tensor, s.beta) for s in strat], [ft.bn for ft in fts])
+        return list(sums[:, 0])
+    return [personalized_loss_sum(model, ft.params, d.val[0], d.val[1], s, ft.bn, cfg.batch_size, cfg.val_stats)
+            for ft, d, s in zip(fts, datas, strat)]
 
 
 def _checks(mgs: list[MetaGrad], fts: list[FinetuneResult]) -> tuple[Tensor, Tensor, Tensor]:

@@ -428,3 +428,28 @@ def perfedavg_many(model: nn.Module, params: list[Params], bns: list[ClientBN], 
         total = total + torch.where(active[:, t], loss.double(), 0.0)
     avg = total / active.sum(1).clamp_min(1)
     return [(pc, ClientBN([m[c] for m in mean], [v[c] for v in var]), avg[c]) for c, pc in enumerate(unstack(p, n))]
+
+
+@torch.no_grad()
+def scores_many(model: nn.Module, params: list[Params], data: list[tuple[Tensor, Tensor]], betas: list[Tensor],
+                bns: list[ClientBN], samples: int = 2048) -> Tensor:
+    """`finetune.personalized_sums` under the paper's inference (beta mixing each client's running statistics, no batch
+    statistics, so each sample's output is its own) for N fine-tunings as one vmapped forward per chunk of samples:
+    [N, 2] float64 (summed loss, correct answers) on the device. Clients are padded to the largest and masked; a
+    chunk holds about `samples` samples of all clients together, so memory stays that of one large batch."""
+    n = len(params)
+    x, y = pad_data([d[0] for d in data], [d[1] for d in data])
+    mask = torch.stack([torch.arange(x.shape[1], device=x.device) < len(d[1]) for d in data])
+    mean, var = stack_bn(bns)
+
+    def one(p: Params, xb: Tensor, yb: Tensor, mb: Tensor, beta: Tensor, cm: list[Tensor], cv: list[Tensor]) -> Tensor:
+        logits = forward(model, p, xb, BNPolicy(beta, cm, cv, train=False))
+        loss = torch.where(mb, F.cross_entropy(logits, yb, reduction="none").double(), 0.0)
+        return torch.stack([loss.sum(), ((logits.argmax(1) == yb) & mb).double().sum()])
+
+    run, p, beta = _plain(vmap(one)), stack(params), torch.stack(betas)
+    step = max(1, samples // n)
+    total = torch.zeros(n, 2, dtype=torch.float64, device=x.device)
+    for i in range(0, x.shape[1], step):
+        total = total + run(p, x[:, i:i + step], y[:, i:i + step], mask[:, i:i + step], beta, mean, var)
+    return total

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import Tensor
 
-from ..core.batched import finetune_many
+from ..core.batched import finetune_many, scores_many
 from ..core.client import ClientData
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, per_sample, personalized_accuracy, personalized_sums
 from ..core.functional import evaluate, evaluate_sums
@@ -146,11 +147,7 @@ class Harness:
         at = [(k, split, stats) for k in fts for split, stats in dict.fromkeys(scores)]
         plain = [(c, split) for c in clients for split in dict.fromkeys(split for split, _ in scores)
                  if (c.id, split) not in self.plain]
-        sums = []
-        for k, split, stats in at:
-            client, s, ft = fts[k]
-            x, y = getattr(client.data, split)
-            sums.append(personalized_sums(self.model, ft.params, x, y, s, ft.bn, self.batch_size, stats))
+        sums = self._sums(fts, at)
         sums += [torch.stack([v.double() for v in evaluate_sums(self.model, self.theta, *getattr(c.data, split))])
                  for c, split in plain]
         if not sums:
@@ -160,6 +157,26 @@ class Harness:
             self.scored[k, split, stats] = per_sample(v, len(getattr(fts[k][0].data, split)[1]))
         for (c, split), v in zip(plain, values[len(at):]):
             self.plain[c.id, split] = per_sample(v, len(getattr(c.data, split)[1]))
+
+    def _sums(self, fts: dict[tuple, tuple[Client, Strategy, FinetuneResult]], at: list[tuple[tuple, str, str]]
+              ) -> list[Tensor]:
+        """`personalized_sums` of each (fine-tuning, split, statistics) in `at`, on the device: those under the
+        paper's inference (a beta mixing the client's running statistics) as one vmapped computation, the rest (batch
+        statistics: BN I, --eval-stats test-batch) one at a time."""
+        vmapped = [i for i, (k, _, stats) in enumerate(at) if stats == "running" and fts[k][1].beta is not None]
+        out: dict[int, Tensor] = {}
+        if len(vmapped) > 1:
+            rows = [(fts[at[i][0]], at[i][1]) for i in vmapped]
+            out = dict(zip(vmapped, scores_many(self.model, [ft.params for (_, _, ft), _ in rows],
+                                                [getattr(c.data, split) for (c, _, _), split in rows],
+                                                [cast(Tensor, s.beta) for (_, s, _), _ in rows],
+                                                [ft.bn for (_, _, ft), _ in rows])))
+        for i, (k, split, stats) in enumerate(at):
+            if i not in out:
+                client, s, ft = fts[k]
+                x, y = getattr(client.data, split)
+                out[i] = personalized_sums(self.model, ft.params, x, y, s, ft.bn, self.batch_size, stats)
+        return [out[i] for i in range(len(at))]
 
     def unadapted(self, client: Client, split: str) -> tuple[float, float]:
         """(loss, accuracy) of the pretrained parameters on the client's `split`: the same for every seed and row,
