@@ -13,7 +13,9 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
 - the batched executor (`--engine batched`, bench/batching.py): per-client step and round at N = 1, 8, 32, 128 with
   peak memory, the projection from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a
   time and batched (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns` for the rounds'
-  own; `--quickstart`: the quickstart's wall time alone).
+  own; `--quickstart`: the quickstart's wall time alone);
+- the batched step's variants at N = 32 (bench/variants.py: strict float32, TF32, bf16 autocast, a replayed CUDA
+  graph), each one's time and distance from the float32 step.
 Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
 """
 
@@ -270,6 +272,9 @@ def main() -> None:
     batched(out, dev)
     (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
     print(json.dumps(out["projection_batched_h"], indent=1))
+    import variants  # bench/variants.py: the batched step in float32, strict float32, TF32, bf16 and as a CUDA graph
+    out["variants"] = variants.main(["--device", "cuda", "--n", "32"])
+    (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
     quickstart(out)
 
 

@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import accuracy  # noqa: E402
 import beta_grid  # noqa: E402
 import decompose  # noqa: E402
+import variants  # noqa: E402
 
 
 def analyses(store) -> list:
@@ -42,3 +43,14 @@ def test_what_is_not_the_bench_own_first_argument_is_one_line_and_exit_2(capsys)
     assert beta_grid.main(["no-such-cell"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "personalize artifact id" in err[0] and "cell" in err[1]
+
+
+def test_the_step_variants_run_on_the_cpu_and_measure_their_distance_from_float32():
+    """bench/variants.py (prepared for a GPU): on the CPU, float32 twice is the same update, bf16 autocast a
+    different one (not far), and the CUDA-only variants are left out."""
+    out = variants.main(["--device", "cpu", "--models", "small-cnn", "--n", "2", "--reps", "1"])
+    got = out["models"]["small-cnn"]
+    assert set(got) == {"eager", "fp32-strict", "bf16"}
+    assert got["eager"]["update_vs_eager"] == 0.0 and got["fp32-strict"]["update_vs_eager"] == 0.0
+    assert 0.0 < got["bf16"]["update_vs_eager"] < 0.1
+    assert all(v["per_client_s"] > 0 for v in got.values())
