@@ -14,6 +14,8 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
   peak memory, the projection from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a
   time and batched (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns` for the rounds'
   own; `--quickstart`: the quickstart's wall time alone);
+- the host syncs CUDA reports in one client round, one client at a time and a batched group of 8 (`--syncs`: this
+  part alone);
 - the batched step's variants at N = 32 (bench/variants.py: strict float32, TF32, bf16 autocast, a replayed CUDA
   graph), each one's time and distance from the float32 step.
 Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
@@ -180,6 +182,47 @@ def profile_round(model_name: str, meta_grad: str, dev: torch.device, top: int =
         print(prof.key_averages().table(sort_by=key, row_limit=top), flush=True)
 
 
+def sync_counts(out: dict, dev: torch.device, n: int = 8) -> None:
+    """`--syncs`: the host syncs CUDA reports (`torch.cuda.set_sync_debug_mode("warn")`) in one small-CNN FedL2P client
+    round of the CIFAR-10 pipeline's shape, one client at a time and a batched group of `n` (per group and per
+    client), for FOMAML+ and the IFT; by source line in the output."""
+    import collections
+    import warnings
+
+    import batching  # bench/batching.py
+
+    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    m, theta, lam, cl = batching.clients("small-cnn", n, dev)
+    rec = out.setdefault("host_syncs_per_round", {"n": n, "model": "small-cnn"})
+    for mg in ("fomaml", "ift"):
+        cfg = MetaConfig(iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=mg)
+        runs = _round_fns(m, theta, lam, cl, cfg)
+        for name, fn in runs.items():
+            fn()  # warm
+            torch.cuda.synchronize(dev)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    fn()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in seen)
+            rec[f"{mg}_{name}"] = {"total": sum(where.values()), "sites": dict(where.most_common(10))}
+            print("syncs", mg, name, rec[f"{mg}_{name}"], flush=True)
+    (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+
+
+def _round_fns(m, theta, lam, cl, cfg) -> dict:
+    """One client's round (the first of `cl`) and the group's, as functions of nothing."""
+    from fedl2p_cli.algorithms.fedl2p import client_update, client_update_many
+    d, st, bn = cl[0]
+    return {"one_client": lambda: client_update(m, theta, lam, st.xi, st.x, bn, d, cfg, torch.Generator().manual_seed(0)),
+            "group": lambda: client_update_many(m, theta, [lam] * len(cl), [(c[1].xi, c[1].x) for c in cl],
+                                                [c[2] for c in cl], [c[0] for c in cl], cfg,
+                                                [torch.Generator().manual_seed(c) for c in range(len(cl))])}
+
+
 def _ns(flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
     """Group sizes from `flag 1,8,32` on the command line, else `default`."""
     if flag in sys.argv:
@@ -242,7 +285,9 @@ def main() -> None:
         profile_round("resnet18-cifar", "ift", dev)
         return
     out: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
-    if "--batched" in sys.argv or "--quickstart" in sys.argv:  # these parts alone
+    if {"--batched", "--quickstart", "--syncs"} & set(sys.argv):  # these parts alone
+        if "--syncs" in sys.argv:
+            sync_counts(out, dev)
         if "--batched" in sys.argv:
             batched(out, dev)
         if "--quickstart" in sys.argv:

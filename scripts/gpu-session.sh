@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One short, prepared pass over everything only a GPU can check (issue 71), for a lent machine's few minutes:
 #   the CUDA tests, then `bench/variants.py` (the batched step in float32, strict float32, TF32, bf16 autocast and as a
-#   replayed CUDA graph, at N = 32), then `bench/gpu.py --batched` (the batched FOMAML+ and IFT per client at N = 1,
-#   8, 32, 128 with peak memory, and the CIFAR-10 projection), then the quickstart's wall time.
+#   replayed CUDA graph, at N = 32), then `bench/gpu.py --syncs --batched` (the host syncs CUDA reports in a client
+#   round, one at a time and batched; the batched FOMAML+ and IFT per client at N = 1, 8, 32, 128 with peak memory,
+#   and the CIFAR-10 projection), then the quickstart's wall time.
 # Each part has its own time cap, so a slow part cannot eat the others; what finished is kept. Results go to
 # $OUT (the device tool's folder) or ./gpu-out: gpu.json, variants.json, cuda-tests.log, variants.log, bench.log.
 # Run it from the repository root with the machine's own python3 (it holds PyTorch and the packages fedl2p needs):
@@ -20,5 +21,5 @@ timeout 150 "$py" -m pytest -q -x -p no:cacheprovider tests/test_cuda.py 2>&1 | 
 echo "cuda tests: rc ${PIPESTATUS[0]}" | tee -a "$out/cuda-tests.log"
 timeout 90 "$py" bench/variants.py --device cuda --n 32 --json "$out/variants.json" > "$out/variants.log" 2>&1
 echo "variants: rc $?" | tee -a "$out/variants.log"
-timeout 360 "$py" bench/gpu.py --batched --quickstart 2>&1 | tee "$out/bench.log" | tail -8
+timeout 360 "$py" bench/gpu.py --syncs --batched --quickstart 2>&1 | tee "$out/bench.log" | tail -8
 cp bench/gpu.json "$out/gpu.json" 2>/dev/null || echo "bench/gpu.json not written" | tee -a "$out/bench.log"
