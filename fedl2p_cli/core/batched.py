@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import grad, vjp, vmap
+from torch.func import grad, grad_and_value, vjp, vmap
 
 from . import kernels
 from .bn import BNPolicy, MixBN, _dims, _expand, normalize_with
@@ -239,7 +239,7 @@ def fomaml_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[
         beta, eta = hyper(lam, xi, xin)
         inner_fn: Callable[[Params], Tensor] = lambda th: masked_ce(  # noqa: E731
             model, th, x, y, m, MaskedPolicy(beta, train=True, mask=m))
-        inner, g = inner_fn(theta), grad(inner_fn)(theta)
+        g, inner = grad_and_value(inner_fn)(theta)  # one forward for the loss and its gradient
         if sloped:  # the LRs' path comes in as slopes, a linear term of value 0 (hypergrad.fomaml_gradient's eta_slope)
             stepped = {k: v - e.detach() * g[k] for (k, v), e in zip(theta.items(), eta)}
             lv = masked_ce(model, stepped, xv, yv, mv, _val_policy(beta, mv, cm, cv, val_stats))
@@ -320,7 +320,7 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
             beta, _ = hyper(lm, xi, xin)
             return masked_ce(model, th, xv, yv, mv, _val_policy(beta, mv, cm, cv, s.val_stats))
 
-        (v, direct), lv = grad(lv_fn, argnums=(0, 1))(th_v, lam), lv_fn(th_v, lam)
+        (v, direct), lv = grad_and_value(lv_fn, argnums=(0, 1))(th_v, lam)
 
         def lt_fn(th: Params, lm: dict) -> Tensor:
             beta, eta = hyper(lm, xi, xin)
@@ -336,8 +336,9 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
             stepped = {k: t - e * g[k] for (k, t), e in zip(th.items(), eta)}
             return masked_ce(model, stepped, x, y, mk, MaskedPolicy(beta, train=True, mask=mk))
 
-        lt = lt_fn(th_t, lam)
-        products = vjp(lambda th, lm: grad(lt_fn)(th, lm), th_t, lam)[1]
+        # L_T's value comes with the gradient whose vector-Jacobian products are the Hessian's (no forward twice)
+        _, products, lt = cast(tuple[Any, Callable, Tensor],
+                               vjp(lambda th, lm: grad_and_value(lt_fn)(th, lm), th_t, lam, has_aux=True))
         keys = list(th_t)
         v0 = [v[k].detach() for k in keys]
 
