@@ -4,7 +4,7 @@ Every read of a tensor's value into Python (`item`, `float`, `int`, `bool`, `tol
 device on a GPU: a host sync. On the CPU the same reads happen at the same places, so the count (unlike its cost) is
 measured here as on a GPU. The script runs one batched client update (`client_update_many`, K iterations) for FOMAML+
 and the IFT on small-cnn clients and counts the reads per call site; `--json FILE` keeps the counts.
-`tests/test_batched.py` holds the count per round under a bound.
+`tests/test_batched.py` holds the count at one per client update (K = 2).
 """
 
 from __future__ import annotations
