@@ -306,16 +306,19 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
 
 
 def test_batched_scores_equal_one_client_at_a_time(setup):
-    """A group's validation scores under the paper's inference (beta mixing each client's running statistics), in
-    chunks of 8 samples across the ragged clients: the summed loss and the correct answers of each."""
+    """A group's validation scores under the paper's inference (beta mixing each client's running statistics), two
+    fine-tunings at a time in chunks of 8 samples across the ragged clients, two of them sharing a client's data: the
+    summed loss and the correct answers of each."""
     from fedl2p_cli.core.batched import scores_many
     from fedl2p_cli.core.finetune import personalized_sums
     model, theta, xs, ys, bns, strategies = setup
-    params = [{k: v + 0.05 * torch.randn_like(v) for k, v in theta.items()} for _ in SIZES]
-    got = scores_many(model, params, list(zip(xs, ys)), [s.beta for s in strategies], bns, samples=8)
-    for c in range(len(SIZES)):
-        want = personalized_sums(model, params[c], xs[c], ys[c], strategies[c], bns[c], 16)
-        assert close(got[c], want, 1e-6) and got[c, 1] == want[1]
+    which = [0, 1, 2, 0, 2]  # two fine-tunings of clients 0 and 2 (one padded copy of their data each)
+    params = [{k: v + 0.05 * torch.randn_like(v) for k, v in theta.items()} for _ in which]
+    got = scores_many(model, params, [(xs[c], ys[c]) for c in which], [strategies[c].beta for c in which],
+                      [bns[c] for c in which], samples=8, items=2)
+    for i, c in enumerate(which):
+        want = personalized_sums(model, params[i], xs[c], ys[c], strategies[c], bns[c], 16)
+        assert close(got[i], want, 1e-6) and got[i, 1] == want[1]
 
 
 def test_batched_per_fedavg_equals_one_client_at_a_time(setup):

@@ -433,24 +433,45 @@ def perfedavg_many(model: nn.Module, params: list[Params], bns: list[ClientBN], 
 
 @torch.no_grad()
 def scores_many(model: nn.Module, params: list[Params], data: list[tuple[Tensor, Tensor]], betas: list[Tensor],
-                bns: list[ClientBN], samples: int = 2048) -> Tensor:
+                bns: list[ClientBN], samples: int = 2048, items: int = 32) -> Tensor:
     """`finetune.personalized_sums` under the paper's inference (beta mixing each client's running statistics, no batch
-    statistics, so each sample's output is its own) for N fine-tunings as one vmapped forward per chunk of samples:
-    [N, 2] float64 (summed loss, correct answers) on the device. Clients are padded to the largest and masked; a
-    chunk holds about `samples` samples of all clients together, so memory stays that of one large batch."""
-    n = len(params)
-    x, y = pad_data([d[0] for d in data], [d[1] for d in data])
-    mask = torch.stack([torch.arange(x.shape[1], device=x.device) < len(d[1]) for d in data])
-    mean, var = stack_bn(bns)
+    statistics, so each sample's output is its own) for N fine-tunings, `items` at a time as one vmapped forward per
+    chunk of samples: [N, 2] float64 (summed loss, correct answers) on the device. Fine-tunings that share a data set
+    (one client's, several strategies or seeds) share one padded copy of it; a chunk holds about `samples` samples of
+    all its fine-tunings together, so memory stays that of `items` weights and one large batch."""
+    which, unique = _unique([d[0] for d in data])
+    x, y = pad_data([data[i][0] for i in unique], [data[i][1] for i in unique])
+    lengths = torch.tensor([len(data[i][1]) for i in unique], device=x.device)
+    mask = torch.arange(x.shape[1], device=x.device) < lengths[:, None]
+    run = _plain(vmap(_scores_fn(model)))
+    out = []
+    for lo in range(0, len(params), items):
+        idx = torch.tensor(which[lo:lo + items], device=x.device)
+        p, beta = stack(params[lo:lo + items]), torch.stack(betas[lo:lo + items])
+        mean, var = stack_bn(bns[lo:lo + items])
+        step = max(1, samples // len(idx))
+        total = torch.zeros(len(idx), 2, dtype=torch.float64, device=x.device)
+        for i in range(0, x.shape[1], step):
+            total = total + run(p, x[idx, i:i + step], y[idx, i:i + step], mask[idx, i:i + step], beta, mean, var)
+        out.append(total)
+    return torch.cat(out)
 
+
+def _scores_fn(model: nn.Module) -> Callable:
+    """One fine-tuning's summed loss and correct answers on its (masked) samples under the running-statistics policy."""
     def one(p: Params, xb: Tensor, yb: Tensor, mb: Tensor, beta: Tensor, cm: list[Tensor], cv: list[Tensor]) -> Tensor:
         logits = forward(model, p, xb, BNPolicy(beta, cm, cv, train=False))
         loss = torch.where(mb, F.cross_entropy(logits, yb, reduction="none").double(), 0.0)
         return torch.stack([loss.sum(), ((logits.argmax(1) == yb) & mb).double().sum()])
+    return one
 
-    run, p, beta = _plain(vmap(one)), stack(params), torch.stack(betas)
-    step = max(1, samples // n)
-    total = torch.zeros(n, 2, dtype=torch.float64, device=x.device)
-    for i in range(0, x.shape[1], step):
-        total = total + run(p, x[:, i:i + step], y[:, i:i + step], mask[:, i:i + step], beta, mean, var)
-    return total
+
+def _unique(tensors: list[Tensor]) -> tuple[list[int], list[int]]:
+    """Each tensor's index among the distinct ones (by identity), and the first position of each distinct one."""
+    seen: dict[int, int] = {}
+    first: list[int] = []
+    for i, t in enumerate(tensors):
+        if id(t) not in seen:
+            seen[id(t)] = len(first)
+            first.append(i)
+    return [seen[id(t)] for t in tensors], first
