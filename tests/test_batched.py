@@ -271,7 +271,8 @@ def test_client_batch_is_refused_by_the_engines_that_do_not_batch():
 def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, monkeypatch):
     """personalize --client-batch 3 (every row's fine-tunings of 3 clients computed ahead in vmapped groups:
     hand-made, ft-tuned's candidates, FedL2P and its checked neighbours) gives the same accuracies, strategies and
-    candidate scores as one client at a time, and the same artifact id; its scores are read once per group."""
+    candidate scores as one client at a time, and the same artifact id; its scores are read once per group, and a
+    prefetch takes only as many clients as fill a group."""
     import numpy as np
 
     from fedl2p_cli.stages import personalize
@@ -286,6 +287,12 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
         return lambda *a, **k: scored_alone.append(1) or fn(*a, **k)
     for name in ("personalized_accuracy", "evaluate"):
         monkeypatch.setattr(harness, name, counted(getattr(harness, name)))
+    prefetched, prefetch = [], harness.Harness.prefetch  # (clients, fine-tunings) of each prefetch
+
+    def recorded(self, wanted, groups, *a):
+        prefetched.append((len({c.id for c, _, _ in wanted}), len(wanted)))
+        return prefetch(self, wanted, groups, *a)
+    monkeypatch.setattr(harness.Harness, "prefetch", recorded)
     out, counts, alone_scores = [], [], []
     for name, rt in (("one", Runtime()), ("many", Runtime(client_batch=3))):
         root = tmp_path / name
@@ -299,6 +306,8 @@ def test_batched_personalisation_gives_the_same_results(tiny_store, tmp_path, mo
     (a1, one), (a2, many) = out
     assert counts[1] - counts[0] < counts[0] / 4  # batched: few fine-tunings ran alone (a group's leftover client)
     assert alone_scores[0] > 0 and alone_scores[1] == alone_scores[0]  # batched: every score read with its group's
+    # a client's seeds and rows fill a group of 3 already: one client per prefetch, so what is held stays near a group
+    assert prefetched and all(n == 1 and k >= 3 for n, k in prefetched), prefetched
     assert a1.id == a2.id and one.methods == many.methods
     assert np.allclose(one.acc_after, many.acc_after, atol=1e-6, equal_nan=True)
     assert all(np.allclose(one.beta[m], many.beta[m], equal_nan=True) for m in one.methods)

@@ -277,8 +277,8 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
                   groups: Any = None) -> results_h5.Results:
     """Every row personalises every client with every seed on the harness; each row's kind says how and what it
     records (its strategy's beta and per-tensor LR, a tuned method's candidates). `groups` (an engine.batched.Groups,
-    --client-batch > 1): the fine-tunings of `groups.size` clients at a time, every seed and row, computed ahead as
-    vmapped groups; the same results to float rounding."""
+    --client-batch > 1): the fine-tunings of as many clients as fill a group of `groups.size` (every seed and row of
+    each), computed ahead as vmapped groups; the same results to float rounding."""
     cfg, names = setup.cfg, [r.name for r in rows]
     acc = np.full((len(rows), len(cfg.seeds), len(clients)), np.nan)
     beta = {m: np.full((len(clients), setup.n_bn), np.nan, dtype=np.float32) for m in names}
@@ -291,10 +291,14 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
     progress.start(f"personalize ({setup.pool} clients)", len(clients) * len(cfg.seeds))
     pairs, first = list(enumerate(clients)), 0
     while first < len(clients):
-        group = pairs[first:first + (1 if groups is None else groups.size or 1)]
-        first += len(group)
         runs: dict[tuple[int, int], ClientRun] = {}
-        for j, c in group:
+        wanted: list[tuple[Any, Strategy, int]] = []
+        # clients join the prefetch until its fine-tunings fill a group: every seed and row of a client is many
+        # fine-tunings, and all of them are held until scored, so `groups.size` clients would hold far more than the
+        # group size `auto` planned for
+        while first < len(clients) and (not runs or (groups is not None and len(wanted) < (groups.size or 1))):
+            j, c = pairs[first]
+            first += 1
             client = h.client(c)
             before[j] = h.global_accuracy(client)
             strategies = {r.name: r.method.strategy(r, setup, c) for r in rows}  # on the CPU, where they are recorded
@@ -303,10 +307,13 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
                     beta[m][j] = np.nan if s.beta is None else s.beta.numpy()
                     eta[m][j] = s.lr.numpy()
                     sparsity[m][j] = float((sizes * (s.lr == 0)).sum() / sizes.sum())
-            runs |= {(j, k): ClientRun(setup, h, client, seed, strategies) for k, seed in enumerate(cfg.seeds)}
-        if groups is not None:  # the group's fine-tunings, every row's, computed ahead in vmapped groups
-            h.prefetch([(run.client, s, run.seed) for run in runs.values() for r in rows
-                        for s in r.method.wants(r, _context(run))], groups, scored_on(cfg))
+            mine = {(j, k): ClientRun(setup, h, client, seed, strategies) for k, seed in enumerate(cfg.seeds)}
+            runs |= mine
+            if groups is not None:
+                wanted += [(run.client, s, run.seed) for run in mine.values() for r in rows
+                           for s in r.method.wants(r, _context(run))]
+        if groups is not None:  # the clients' fine-tunings, every row's, computed ahead in vmapped groups
+            h.prefetch(wanted, groups, scored_on(cfg))
         for (j, k), run in runs.items():
             for i, r in enumerate(rows):
                 out = r.method.personalize(r, _context(run))
