@@ -155,7 +155,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
     alive = torch.ones(n, dtype=torch.bool, device=theta_g[next(iter(theta_g))].device)
     checks: list[tuple[Tensor, Tensor, Tensor]] = []  # per iteration: finite [N], validation and training losses [N]
     first_sum: list[Tensor] = []  # each client's summed validation loss after iteration 1
-    first: list[tuple[Tensor, Tensor, float | Tensor]] = []  # (beta, eta, train loss) of iteration 1
+    first: list[tuple[Tensor, Tensor]] = []  # (beta, eta) of iteration 1 (its training loss is in `checks`)
     reports: list[list[dict]] = [[] for _ in lams]
     for k in range(cfg.iterations):
         with torch.no_grad():
@@ -165,7 +165,7 @@ def client_update_many(model: nn.Module, theta_g: Params, lams: list[Lambda], in
                                 bn0s, cfg.epochs, cfg.batch_size, gens, cfg.client_bn, read=False)
             if k == 0:
                 first_sum = _first_val_sums(model, fts, datas, strat, cfg)
-                first = [(cast(Tensor, s.beta), s.lr, ft.train_loss) for s, ft in zip(strat, fts)]  # beta: never None
+                first = [(cast(Tensor, s.beta), s.lr) for s in strat]  # hyper_fn's beta: never None
         with timer.section("hypergrad"):
             mgs = _meta_gradients(model, fts, lams, inputs, datas, cfg, gens, entry, head)
         check = _checks(mgs, fts)
@@ -203,25 +203,25 @@ def _kept(alive: Tensor, new: Lambda, old: Lambda) -> Lambda:
 
 
 def _group_results(lams: list[Lambda], datas: list[ClientData], checks: list[tuple[Tensor, Tensor, Tensor]],
-                   first_sum: list[Tensor], first: list[tuple[Tensor, Tensor, float | Tensor]],
+                   first_sum: list[Tensor], first: list[tuple[Tensor, Tensor]],
                    reports: list[list[dict]]) -> list[ClientResult | Diverged]:
     """The group's results from one host read: each client's first non-finite iteration (its `Diverged`, as
     `client_update` raises it), else its `ClientResult`."""
-    n = len(lams)
+    n, iters = len(lams), len(checks)
     table = torch.stack([torch.stack([ok.double(), val, train]) for ok, val, train in checks])  # [K, 3, N]
     read, vals = _read_reports(reports, list(table.view(-1)) + first_sum)
-    rows = [vals[i * n:(i + 1) * n] for i in range(table.shape[0] * 3)]  # iteration k: rows 3k (finite), 3k+1, 3k+2
-    sums = vals[len(rows) * n:]
+    grid = [[vals[(3 * k + j) * n:(3 * k + j + 1) * n] for j in range(3)] for k in range(iters)]  # [K][ok, val, train]
+    sums = vals[3 * iters * n:]
     out: list[ClientResult | Diverged] = []
     for c in range(n):
-        bad = next((k for k in range(len(checks)) if not rows[3 * k][c]), None)
+        bad = next((k for k in range(iters) if not grid[k][0][c]), None)
         if bad is not None:
-            out.append(Diverged(f"non-finite loss or meta-gradient (val {rows[3 * bad + 1][c]:.3g}, "
-                                f"train {rows[3 * bad + 2][c]:.3g})"))
+            _, val, train = grid[bad]
+            out.append(Diverged(f"non-finite loss or meta-gradient (val {val[c]:.3g}, train {train[c]:.3g})"))
             continue
-        beta, eta, _ = first[c]
+        beta, eta = first[c]
         first_val = sums[c] / max(len(datas[c].val[1]), 1)
-        out.append(_finish(lams[c], len(datas[c].train[1]), first_val, (beta, eta, rows[2][c]), read[c]))
+        out.append(_finish(lams[c], len(datas[c].train[1]), first_val, (beta, eta, grid[0][2][c]), read[c]))
     return out
 
 

@@ -111,8 +111,9 @@ class Schedule:
 
 
 def _gather(data: Tensor, idx: Tensor) -> Tensor:
-    """data [N, n, ...], idx [N, B] -> [N, B, ...]."""
-    return data[torch.arange(len(idx), device=idx.device)[:, None], idx]
+    """data [N, n, ...], idx [N, *shape] -> [N, *shape, ...]."""
+    rows = torch.arange(len(idx), device=idx.device).view(-1, *([1] * (idx.dim() - 1)))
+    return data[rows, idx]
 
 
 def _step_fn(model: nn.Module) -> Callable:
@@ -129,9 +130,7 @@ def _step_fn(model: nn.Module) -> Callable:
              momentum: float = 0.1) -> tuple[Params, list[Tensor], list[Tensor], Tensor, list[Tensor]]:
         g, (loss, moments) = grad(loss_fn, has_aux=True)(p, x, y, mask, beta)
         new = {k: torch.where(active, v - e * g[k], v) for (k, v), e in zip(p.items(), lr)}
-        new_mean = [torch.where(active, (1 - momentum) * m + momentum * mb, m) for m, (mb, _, _) in zip(mean, moments)]
-        new_var = [torch.where(active, (1 - momentum) * v + momentum * vb * (n / (n - 1).clamp_min(1)), v)
-                   for v, (_, vb, n) in zip(var, moments)]  # the unbiased variance, as `update_running`
+        new_mean, new_var = _moved(mean, var, moments, active, momentum)
         return new, new_mean, new_var, loss, [g[k] for k in p]
     return step
 
@@ -305,7 +304,6 @@ def ift_many(model: nn.Module, hyper: Callable[[dict, Tensor, Tensor], tuple[Ten
     `s.last_step` theta_train and inner_grads are the weights before the last step and that step's gradient (else
     theta_train is theta_star); `s.eta_step` reads `eta_dirs` (--lr-grad trajectory: the summed gradients), else
     `inner_grads` (the last step's gradient), unless `eta_slopes` gives that path's per-tensor slopes."""
-
     from .hypergrad import PSI_MARGIN, krylov, neumann_coefficients, spectral_radius_estimate
     n = len(lams)
     (tx, ty), tmask = _padded_batches(train)
@@ -422,10 +420,9 @@ def perfedavg_many(model: nn.Module, params: list[Params], bns: list[ClientBN], 
     lr = torch.tensor(lrs, device=dev)
     step = _plain(vmap(_perfedavg_step_fn(model, alpha)))
     total = torch.zeros(n, dtype=torch.float64, device=dev)
-    for t in range(steps):
-        x = torch.stack([_gather(px, idx[:, t, j]) for j in range(3)], 1)
-        y = torch.stack([_gather(py, idx[:, t, j]) for j in range(3)], 1)
-        p, mean, var, loss = step(p, mean, var, x, y, mask[:, t], lr, active[:, t])
+    for t in range(steps):  # the step's three batches in one gather: [N, 3, B, ...]
+        p, mean, var, loss = step(p, mean, var, _gather(px, idx[:, t]), _gather(py, idx[:, t]), mask[:, t], lr,
+                                  active[:, t])
         total = total + torch.where(active[:, t], loss.double(), 0.0)
     avg = total / active.sum(1).clamp_min(1)
     return [(pc, ClientBN([m[c] for m in mean], [v[c] for v in var]), avg[c]) for c, pc in enumerate(unstack(p, n))]
