@@ -384,6 +384,20 @@ def test_the_batched_client_update_reads_the_device_a_fixed_number_of_times(meta
     assert small == large == 1, (small, large)  # K = 2 iterations: none in them, one at the end for everything
 
 
+def test_a_batched_personalisation_reads_the_device_once_per_set_of_clients():
+    """personalize --client-batch 4 (bench/host_syncs.py --personalize): every fine-tuning's scores, each client's
+    unadapted and global accuracies, read once per prefetched set of clients, and nothing else but the meta-nets'
+    spread (two reads); a learned row and its x1 check share one prefetched fine-tuning, not computing it again."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import host_syncs
+    counts, pairs = host_syncs.personalization(4)
+    device = {site: k for site, k in counts.items() if not host_syncs._host_side(site)}
+    # 7 clients x 2 seeds: a client's fine-tunings fill a group of 4, so each set is one client
+    assert pairs == 14 and sum(device.values()) == 7 + 2, device
+
+
 @pytest.mark.parametrize("algo", ["pfedla", "heurpfedla"])
 def test_batched_pfedla_writes_the_same_server(tiny_store, tmp_path, algo):
     """pfl-train --engine batched --client-batch 2: pFedLA's and HeurpFedLA's clients' local SGD as one vmapped group

@@ -129,11 +129,15 @@ def test_a_learned_methods_name_means_its_newest_run_of_any_variant(tiny_store, 
     assert personalize.load(store, art2.id)[1].methods[-1] == tiny_store["meta"].metrics["variant"]
 
 
-def test_a_checked_learned_strategy_picks_by_validation(tiny_store, tmp_path):
+def test_a_checked_learned_strategy_picks_by_validation(tiny_store, tmp_path, monkeypatch):
     """fedl2p-checked: beside the learned row, each client fine-tunes under the learned strategy at its LRs x0.1, x1
-    and x10 and keeps the one (or no fine-tuning) with the best validation accuracy; its test accuracy is that one's."""
+    and x10 and keeps the one (or no fine-tuning) with the best validation accuracy; its test accuracy is that one's.
+    Its x1 is the learned row's own fine-tuning, computed once."""
     from fedl2p_cli.core.finetune import evaluate
     from fedl2p_cli.core.selection import select_by_validation
+    from fedl2p_cli.stages import harness
+    runs, one = [], harness.finetune
+    monkeypatch.setattr(harness, "finetune", lambda *a, **k: runs.append(1) or one(*a, **k))
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st, meta = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["meta"]
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p-checked"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])
@@ -141,6 +145,7 @@ def test_a_checked_learned_strategy_picks_by_validation(tiny_store, tmp_path):
     _, r = personalize.load(store, art.id)
     v = meta.metrics["variant"]
     assert r.methods == ["ft-bnc", v, f"{v}-checked"]
+    assert len(runs) == 4 * len(r.client)  # ft-bnc, the learned row (the check's x1), the check's x0.1 and x10
     np.testing.assert_array_equal(r.beta[v], r.beta[f"{v}-checked"])
     _, part = partition.load(store, tiny_store["partition"].id)
     _, model, state = pretrain.load(store, pre, plugins.current())

@@ -151,8 +151,8 @@ class Learned(Method):
 class Checked(Learned):
     """A learned method's strategy with its own check: each client fine-tunes under the meta-nets' strategy at its
     LRs x each of `lr_factors`, and compares those and no fine-tuning on its validation split, as ft-tuned compares
-    its grid. Costs len(lr_factors) fine-tunings per client (ft-tuned: 9). Its rows read the artifacts of the learned
-    method of its `family`, one row beside each (named VARIANT-checked)."""
+    its grid. Costs len(lr_factors) fine-tunings per client (ft-tuned: 9), x1 being the learned row's own. Its rows
+    read the artifacts of the learned method of its `family`, one row beside each (named VARIANT-checked)."""
     lr_factors: tuple[float, ...] = (0.1, 1.0, 10.0)
 
     def resolve(self, setup: Setup, name: str) -> Any:

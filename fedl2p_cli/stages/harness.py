@@ -22,7 +22,7 @@ from ..engine.loop import batch_stream as batches
 from ..engine.placement import OnDevice
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
-from .pretrain import global_accuracy
+from .pretrain import global_accuracy, global_correct
 
 
 @dataclass
@@ -105,10 +105,12 @@ class Harness:
         return Client(c, self.part.client(c), self.table.client_bn(c))
 
     def global_accuracy(self, client: Client) -> float:
-        """The pretrained model's test accuracy on the client (no fine-tuning)."""
-        acc = global_accuracy(self.model, self.state, *client.data.test)
-        self.model.eval()
-        return acc
+        """The pretrained model's test accuracy on the client (no fine-tuning): computed now, or read with its
+        group's (`prefetch`)."""
+        if (client.id, "global") not in self.plain:
+            self.plain[client.id, "global"] = global_accuracy(self.model, self.state, *client.data.test)
+            self.model.eval()
+        return self.plain[client.id, "global"]
 
     def finetune(self, client: Client, strategy: Strategy, seed: int) -> Trial:
         """`epochs` of fine-tuning of the pretrained parameters under `strategy` (placed on the device), batches from
@@ -142,14 +144,18 @@ class Harness:
 
     def _score(self, fts: dict[tuple, tuple[Client, Strategy, FinetuneResult]], scores: tuple[tuple[str, str], ...],
                clients: list[Client]) -> None:
-        """Every fine-tuning's (loss, accuracy) on each (split, statistics), and each client's without fine-tuning on
-        each split (`unadapted`), in one host read for all of them."""
+        """Every fine-tuning's (loss, accuracy) on each (split, statistics), each client's without fine-tuning on
+        each split (`unadapted`) and the pretrained model's own test accuracy (`global_accuracy`), in one host read
+        for all of them."""
         at = [(k, split, stats) for k in fts for split, stats in dict.fromkeys(scores)]
         plain = [(c, split) for c in clients for split in dict.fromkeys(split for split, _ in scores)
                  if (c.id, split) not in self.plain]
+        glob = [c for c in clients if (c.id, "global") not in self.plain and len(c.data.test[1])]
         sums = self._sums(fts, at)
         sums += [torch.stack([v.double() for v in evaluate_sums(self.model, self.theta, *getattr(c.data, split))])
                  for c, split in plain]
+        sums += [global_correct(self.model, self.state, *c.data.test).double().expand(2) for c in glob]
+        self.model.eval()
         if not sums:
             return
         values = torch.stack(sums).tolist()
@@ -157,6 +163,8 @@ class Harness:
             self.scored[k, split, stats] = per_sample(v, len(getattr(fts[k][0].data, split)[1]))
         for (c, split), v in zip(plain, values[len(at):]):
             self.plain[c.id, split] = per_sample(v, len(getattr(c.data, split)[1]))
+        for c, v in zip(glob, values[len(at) + len(plain):]):
+            self.plain[c.id, "global"] = int(v[1]) / len(c.data.test[1])  # global_accuracy's arithmetic
 
     def _sums(self, fts: dict[tuple, tuple[Client, Strategy, FinetuneResult]], at: list[tuple[tuple, str, str]]
               ) -> list[Tensor]:
@@ -193,9 +201,11 @@ class Harness:
     def _group(self, items: list[tuple[Client, Strategy, int]]) -> list[FinetuneResult]:
         if len(items) == 1:
             return [self._one(*items[0])]
+        # read=False: nothing here reads the training losses, and the scores are read once for the set (`_score`)
         return finetune_many(self.model, [self.theta] * len(items), [c.data.train[0] for c, _, _ in items],
                              [c.data.train[1] for c, _, _ in items], [s for _, s, _ in items], [c.bn0 for c, _, _ in items],
-                             self.epochs, self.batch_size, [batches(seed, c.id) for c, _, seed in items], self.client_bn)
+                             self.epochs, self.batch_size, [batches(seed, c.id) for c, _, seed in items], self.client_bn,
+                             read=False)
 
 
 def strategy_key(s: Strategy) -> tuple:
@@ -234,11 +244,15 @@ class ClientRun:
     def learned(self, row: Any) -> Trial | None:
         """Fine-tuning under the strategy a learned row recorded for this client (None: it has none)."""
         s = self.strategies.get(row.name)
-        return None if s is None else self.harness.finetune(self.client, s, self.seed)
+        return None if s is None else self.finetune(s)
 
     def finetune(self, strategy: Strategy) -> Trial:
-        """Fine-tuning under any strategy, on the client's batches for the seed."""
-        return self.harness.finetune(self.client, strategy, self.seed)
+        """Fine-tuning under any strategy, on the client's batches for the seed; computed once per strategy (a
+        learned row and its check at x1 ask for the same one)."""
+        key = strategy_key(strategy)  # the strategy as a method recorded it, on the host
+        if key not in self.trials:
+            self.trials[key] = self.harness.finetune(self.client, strategy, self.seed)
+        return self.trials[key]
 
     def system(self, row: Any) -> float:
         """Another system's test accuracy on this client (its own models; NaN where it has none for the client)."""

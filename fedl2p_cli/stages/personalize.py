@@ -300,7 +300,6 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
             j, c = pairs[first]
             first += 1
             client = h.client(c)
-            before[j] = h.global_accuracy(client)
             strategies = {r.name: r.method.strategy(r, setup, c) for r in rows}  # on the CPU, where they are recorded
             for m, s in strategies.items():
                 if s is not None:
@@ -315,6 +314,7 @@ def evaluate_pool(setup: Setup, h: Harness, rows: list[Row], clients: list[int],
         if groups is not None:  # the clients' fine-tunings, every row's, computed ahead in vmapped groups
             h.prefetch(wanted, groups, scored_on(cfg))
         for (j, k), run in runs.items():
+            before[j] = h.global_accuracy(run.client)  # read with the prefetch's scores where there was one
             for i, r in enumerate(rows):
                 out = r.method.personalize(r, _context(run))
                 acc[i, k, j] = out.acc

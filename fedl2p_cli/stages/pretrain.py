@@ -51,13 +51,18 @@ def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch
     return torch.cat([d[0] for d in datas]), torch.cat([d[1] for d in datas])
 
 
-@torch.no_grad()
 def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> float:
     if len(y) == 0:
         return float("nan")
+    return int(global_correct(model, state, x, y)) / len(y)  # one host read
+
+
+@torch.no_grad()
+def global_correct(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """How many of (x, y) the model under `state` (its own BN statistics, eval mode) gets right, on the device."""
     set_state(model, state).eval()
-    correct = sum((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum() for i in range(0, len(y), 1024))
-    return int(correct) / len(y)  # one host read
+    return sum(((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum() for i in range(0, len(y), 1024)),
+               torch.zeros((), dtype=torch.int64, device=y.device))
 
 
 def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
