@@ -144,7 +144,8 @@ def test_batched_meta_train_on_cuda_matches_one_client_at_a_time(tiny_store, on_
         shutil.copytree(tiny_store["store"].root, tmp_path / name)
         store = Store(tmp_path / name)
         art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, runtime=rt)
-        pcfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0], methods=["ft-bnc", "ft-tuned"])
+        pcfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
+                                             methods=["ft-bnc", "ft-tuned", "fedl2p", "fedl2p-checked"])
         pers, _ = execute(personalize, pcfg, store,
                           {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id, "meta": [art.id]}, runtime=rt)
         arts.append((art, personalize.load(store, pers.id)[1]))
