@@ -98,10 +98,18 @@ def round_per_client(model_name: str, dev: torch.device, meta_grad: str, ns: tup
 
 
 def _measured(fn, dev: torch.device, reps: int, n: int) -> dict:
+    """Seconds per client; on a GPU the peak memory and, for one client (N = 1), the group size `--client-batch auto`
+    plans from that footprint on this card (engine.batched.Groups measures the same: peak minus what was allocated)."""
+    from fedl2p_cli.engine.batched import MAX_GROUP, auto_size
     if dev.type == "cuda":
+        sync(dev)
         torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
     t = median_time(fn, dev, reps)
-    rec = {"per_client_s": t / n}
+    rec: dict = {"per_client_s": t / n}
     if dev.type == "cuda":
-        rec["peak_gpu_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
+        peak = torch.cuda.max_memory_allocated(dev)
+        rec["peak_gpu_mb"] = peak / 2**20
+        if n == 1:
+            rec["auto_n"] = auto_size(dev, peak - base, MAX_GROUP)
     return rec

@@ -11,9 +11,10 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
 - the projected wall time of the shipped pipeline `cifar10-a0.1-fedavg` (500 pretraining rounds of 100 FedAvg clients,
   500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency;
 - the batched executor (`--engine batched`, bench/batching.py): per-client step and round at N = 1, 8, 32, 128 with
-  peak memory, the projection from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a
-  time and batched (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns` for the rounds'
-  own; `--quickstart`: the quickstart's wall time alone);
+  peak memory, the group size `--client-batch auto` plans on this card from one client's (`auto_n`), the projection
+  from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a time and batched
+  (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns` for the rounds' own;
+  `--quickstart`: the quickstart's wall time alone);
 - the host syncs CUDA reports in one client round, one client at a time and a batched group of 8 (`--syncs`: this
   part alone);
 - the batched step's variants at N = 32 (bench/variants.py: strict float32, TF32, bf16 autocast, a replayed CUDA
@@ -269,8 +270,15 @@ def quickstart(out: dict) -> None:
             r = subprocess.run([*cli, "--device", "cuda", "run", str(Path(d) / "quickstart.toml"), "--store",
                                 str(Path(d) / "store")], capture_output=True, text=True)
             out.setdefault("quickstart_s", {})[label] = time.perf_counter() - t0 if r.returncode == 0 else r.stderr[-300:]
+            out.setdefault("quickstart_meta_train_ids", {})[label] = _ids(Path(d) / "store", "meta-train")
         (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
         print("quickstart", label, out["quickstart_s"][label], flush=True)
+
+
+def _ids(root: Path, stage: str) -> list[str]:
+    """The ids of a store's artifacts of `stage`, sorted (a GPU run's quickstart ids, to compare with the CPU's)."""
+    from fedl2p_cli.artifacts import Store
+    return sorted(Store(root).ids(stage)) if root.exists() else []
 
 
 def main() -> None:
