@@ -235,22 +235,30 @@ def batched(out: dict, dev: torch.device) -> None:
     """The batched executor against one client at a time, in this run on this card: per-client step and round
     (FOMAML+ and IFT, the CIFAR-10 pipeline's client) at N = 1, 8, 32, 128, with peak memory per N; then the
     CIFAR-10 projection from the best per-client round."""
-    import batching  # bench/batching.py
     ns = _ns("--ns", (1, 8, 32, 128))
     round_ns = _ns("--round-ns", ns)
     for name in ("resnet18-cifar", "small-cnn"):
         r = out.setdefault("batched", {}).setdefault(name, {})
-        r["step"] = batching.step_per_client(name, dev, ns)
-        (HERE / "gpu.json").write_text(json.dumps(out, indent=2))  # each part survives a time limit
-        for mg in ("fomaml", "ift"):
-            r[f"{mg}_round"] = batching.round_per_client(name, dev, mg, round_ns, CIFAR["epochs"], CIFAR["iterations"])
-            (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+        batched_model(r, name, dev, ns, round_ns, lambda: (HERE / "gpu.json").write_text(json.dumps(out, indent=2)))
         print("batched", name, json.dumps(r, indent=1), flush=True)
     r18 = out["batched"]["resnet18-cifar"]
     for mg in ("fomaml", "ift"):
         best = min(v["per_client_s"] for v in r18[f"{mg}_round"].values())
         out.setdefault("projection_batched_h", {})[f"meta_train_500_rounds_x_100_clients_{mg}"] = 500 * 100 * best / 3600
     (HERE / "gpu.json").write_text(json.dumps(out, indent=2))
+
+
+def batched_model(r: dict, name: str, dev: torch.device, ns: tuple[int, ...], round_ns: tuple[int, ...],
+                  save=lambda: None) -> dict:
+    """One model's part of `batched` into `r`: the step at each of `ns`, FOMAML+'s and the IFT's rounds at each of
+    `round_ns` (the CIFAR-10 pipeline's client); `save()` after each part, so that it survives a time limit."""
+    import batching  # bench/batching.py
+    r["step"] = batching.step_per_client(name, dev, ns)
+    save()
+    for mg in ("fomaml", "ift"):
+        r[f"{mg}_round"] = batching.round_per_client(name, dev, mg, round_ns, CIFAR["epochs"], CIFAR["iterations"])
+        save()
+    return r
 
 
 def quickstart(out: dict) -> None:

@@ -54,3 +54,42 @@ def test_the_step_variants_run_on_the_cpu_and_measure_their_distance_from_float3
     assert got["eager"]["update_vs_eager"] == 0.0 and got["fp32-strict"]["update_vs_eager"] == 0.0
     assert 0.0 < got["bf16"]["update_vs_eager"] < 0.1
     assert all(v["per_client_s"] > 0 for v in got.values())
+
+
+def test_the_gpu_report_reads_a_run_as_the_gpu_bench_writes_it(monkeypatch):
+    """bench/gpu_report.py (issue 71's must-show tables) on a run shaped by bench/gpu.py's own writer (its batched
+    part, run on the CPU with one epoch and one iteration) and the GPU-only parts given: each goal is judged against
+    its threshold, a part the run did not reach is left out."""
+    import json
+
+    import gpu
+    import gpu_report
+    import torch
+    monkeypatch.setitem(gpu.CIFAR, "epochs", 1)
+    monkeypatch.setitem(gpu.CIFAR, "iterations", 1)
+    small = gpu.batched_model({}, "small-cnn", torch.device("cpu"), (1, 2), (1, 2))
+    # the ResNet-18 part and what only a GPU records, made up: the IFT 1.2x FOMAML+ at N = 32, 2.0x at N = 8
+    r18 = {"step": {1: {"per_client_s": 0.03, "peak_gpu_mb": 2800.0, "auto_n": 22}, 32: {"per_client_s": 0.004}},
+           "fomaml_round": {1: {"per_client_s": 3.3}, 8: {"per_client_s": 0.5}, 32: {"per_client_s": 0.25}},
+           "ift_round": {1: {"per_client_s": 3.7, "auto_n": 40}, 8: {"per_client_s": 1.0}, 32: {"per_client_s": 0.3}}}
+    run = json.loads(json.dumps({"device": "NVIDIA H100", "torch": "2.11", "cuda": "13.0",
+                                 "batched": {"resnet18-cifar": r18, "small-cnn": small},
+                                 "projection_batched_h": {"meta_train_500_rounds_x_100_clients_ift": 500 * 100 * 0.3 / 3600},
+                                 "quickstart_s": {"batched": 41.0, "local": "Traceback: boom"},
+                                 "quickstart_meta_train_ids": {"batched": ["8ce6b3c73718"], "local": []}}))
+    text = gpu_report.report(run, None, ["8ce6b3c73718"])
+    lines = text.splitlines()
+    assert lines[0] == "# One GPU run: NVIDIA H100, torch 2.11, CUDA 13.0"
+    rows = [ln for ln in lines if ln.startswith("| small-cnn |")]
+    assert [ln.split(" | ")[1] for ln in rows] == ["1", "2"]  # the writer's N, both rounds measured at each
+    assert all(ln.split(" | ")[5] != "–" for ln in rows)  # the IFT's ratio to FOMAML+ from the writer's own keys
+    assert "- resnet18-cifar: step N = 22, ift_round N = 40" in lines
+
+    def verdict(goal: str) -> str:
+        return next(ln for ln in lines if ln.startswith(f"| {goal}")).rsplit(" | ", 1)[1]
+    assert verdict("IFT round per client ≤ 1.5×") == "**no** |"  # 2.0x at N = 8
+    assert verdict("ResNet-18 IFT round per client ≥ 8×") == "yes |"  # 4.2 s / 0.3 s = 14x
+    assert verdict("CIFAR-10 meta-training (IFT") == "**no** |"  # 500 x 100 x 0.3 s = 4.2 h
+    assert verdict("`fedl2p run quickstart` (batched)") == "yes |" and verdict("`fedl2p run quickstart` (local)") == "**no** |"
+    assert verdict("quickstart (batched): the CPU's") == "yes |" and verdict("quickstart (local): the CPU's") == "**no** |"
+    assert "Host syncs" not in text and "variants" not in text  # parts the run did not reach
