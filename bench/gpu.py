@@ -4,22 +4,23 @@ On CIFAR-shaped synthetic data (3x32x32, 10 classes, batch 32), for ResNet-18-ci
 - one plain PyTorch SGD step (nn.Module, torch.optim.SGD) and one of our beta-mixed steps (beta 0.5), their ratio;
 - the `fo` IFT hypergradient and FOMAML+, each / our step;
 - one whole client round of the CIFAR-10 pipeline's meta-training (36 train and 12 validation images, e = 15, K = 3,
-  FOMAML+ and IFT): seconds, GPU utilisation proxy (busy share = kernel time / wall time is not available without a
-  profiler, so the round's samples per second are reported instead), peak GPU memory;
-- client updates per second one at a time and with N worker processes sharing the GPU (`--workers N --device cuda`,
-  the executor meta-training uses: same artifact id, each process one CUDA context);
+  FOMAML+ and IFT): seconds and peak GPU memory;
+- client updates per second with 1 to 8 processes sharing the GPU, each running `client_update` one client at a
+  time (what `--engine local --workers N --device cuda` does: each process one CUDA context);
 - the projected wall time of the shipped pipeline `cifar10-a0.1-fedavg` (500 pretraining rounds of 100 FedAvg clients,
-  500 meta-train rounds of 100 clients) on this GPU, from the measured per-client times at the best concurrency;
+  one at a time; 500 meta-train rounds of 100 clients at the best number of processes);
 - the batched executor (`--engine batched`, bench/batching.py): per-client step and round at N = 1, 8, 32, 128 with
   peak memory, the group size `--client-batch auto` plans on this card from one client's (`auto_n`), the projection
-  from its best per-client round, and `fedl2p run quickstart`'s wall time one client at a time and batched
-  (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns` for the rounds' own;
-  `--quickstart`: the quickstart's wall time alone);
-- the host syncs CUDA reports in one client round, one client at a time and a batched group of 8 (`--syncs`: this
-  part alone);
+  from its best per-client round (`--batched`: this part alone; `--ns 1,8,32` for other group sizes, `--round-ns`
+  for the rounds' own);
 - the batched step's variants at N = 32 (bench/variants.py: strict float32, TF32, bf16 autocast, a replayed CUDA
-  graph), each one's time and distance from the float32 step.
-Timings synchronise the device before reading the clock; every figure is a median of interleaved repetitions.
+  graph), each one's time and distance from the float32 step;
+- `fedl2p run quickstart`'s wall time and meta-train ids on the GPU, as shipped (batched by default) and with every
+  stage's clients one at a time (`--quickstart`: this part alone).
+Not in the plain run: `--syncs`, the host syncs CUDA reports in one client round, one client at a time and a batched
+group of 8; `--profile`, one round's syncs and heaviest operators, printed. `--merge` adds the parts run to those an
+earlier call wrote to bench/gpu.json on the same card (scripts/gpu-session.sh: each part under its own time cap).
+Timings synchronise the device before reading the clock; steps and rounds are medians of repetitions.
 """
 
 from __future__ import annotations
@@ -262,16 +263,13 @@ def batched_model(r: dict, name: str, dev: torch.device, ns: tuple[int, ...], ro
 
 
 def quickstart(out: dict) -> None:
-    """`fedl2p run quickstart` on this GPU in a fresh store, one client at a time and --engine batched."""
+    """`fedl2p --device cuda run quickstart` in a fresh store: as shipped (the GPU's default: every stage's clients in
+    vmapped groups) and with every stage's clients one at a time; the wall time and the meta-train ids of each."""
     import subprocess
     import tempfile
     cli = [sys.executable, "-m", "fedl2p_cli"]
     shown = subprocess.run([*cli, "run", "quickstart", "--show"], capture_output=True, text=True, check=True).stdout
-    head, _, rest = shown.partition("[[meta-train]]\n")
-    section, sep, tail = rest.partition("\n[")  # the meta-train section: batched, in this process
-    section = "\n".join(ln for ln in section.splitlines() if not ln.startswith(("workers", "engine")))
-    batched_text = f'{head}[[meta-train]]\nengine = "batched"\nworkers = 1\n{section}{sep}{tail}'
-    for label, text in (("local", shown), ("batched", batched_text)):
+    for label, text in (("default", shown), ("one_at_a_time", one_at_a_time(shown))):
         with tempfile.TemporaryDirectory() as d:
             (Path(d) / "quickstart.toml").write_text(text)
             t0 = time.perf_counter()
@@ -283,10 +281,36 @@ def quickstart(out: dict) -> None:
         print("quickstart", label, out["quickstart_s"][label], flush=True)
 
 
+def one_at_a_time(text: str) -> str:
+    """A pipeline file (`run --show`'s) with every stage's clients one at a time: `engine = "local"` in [pretrain] and
+    [[meta-train]] (their workers stay), `client_batch = 1` in [personalize]."""
+    out = []
+    for line in text.splitlines():
+        if line.split("=")[0].strip() in ("engine", "client_batch"):
+            continue
+        out.append(line)
+        head = line.split("#")[0].strip()
+        if head in ("[pretrain]", "[[meta-train]]"):
+            out.append('engine = "local"')
+        elif head == "[personalize]":
+            out.append("client_batch = 1")
+    return "\n".join(out) + "\n"
+
+
 def _ids(root: Path, stage: str) -> list[str]:
     """The ids of a store's artifacts of `stage`, sorted (a GPU run's quickstart ids, to compare with the CPU's)."""
     from fedl2p_cli.artifacts import Store
     return sorted(Store(root).ids(stage)) if root.exists() else []
+
+
+def _earlier(out: dict) -> dict:
+    """bench/gpu.json as an earlier call wrote it, if the same card, torch and CUDA wrote it; else `out` alone."""
+    try:
+        old = json.loads((HERE / "gpu.json").read_text())
+    except (OSError, ValueError):
+        return out
+    same = all(old.get(k) == v for k, v in out.items())
+    return old | out if same else out
 
 
 def main() -> None:
@@ -301,6 +325,8 @@ def main() -> None:
         profile_round("resnet18-cifar", "ift", dev)
         return
     out: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
+    if "--merge" in sys.argv:  # add to the parts an earlier call of this session wrote (each part under its own cap)
+        out = _earlier(out)
     if {"--batched", "--quickstart", "--syncs"} & set(sys.argv):  # these parts alone
         if "--syncs" in sys.argv:
             sync_counts(out, dev)

@@ -87,10 +87,11 @@ def goals(run: dict, expect_ids: list[str]) -> list[str]:
         mg = "IFT" if key.endswith("_ift") else "FOMAML+"
         rows.append(_row(f"CIFAR-10 meta-training ({mg}, 500 rounds × 100 clients) ≤ {PROJECTION_H} h", f"{h:.2f} h",
                          h <= PROJECTION_H))
-    for label, s in run.get("quickstart_s", {}).items():
-        ok = isinstance(s, (int, float))
-        rows.append(_row(f"`fedl2p run quickstart` ({label}) ≤ {QUICKSTART_S:g} s", f"{s:.1f} s" if ok else f"failed: {s}",
-                         ok and s <= QUICKSTART_S))
+    qs = run.get("quickstart_s", {})
+    if "default" in qs:
+        rows.append(_row(f"`fedl2p run quickstart` as shipped ≤ {QUICKSTART_S:g} s",
+                         "; ".join(f"{label.replace('_', ' ')}: {_wall(s)}" for label, s in qs.items()),
+                         _ok(qs["default"]) and qs["default"] <= QUICKSTART_S))
     for label, ids in run.get("quickstart_meta_train_ids", {}).items():
         if expect_ids:
             rows.append(_row(f"quickstart ({label}): the CPU's meta-train ids", ", ".join(ids) or "none",
@@ -110,6 +111,15 @@ def ift_ratios(b: dict) -> list[float]:
             if f and i is not None:
                 out.append(i / f)
     return out
+
+
+def _ok(s: object) -> bool:
+    return isinstance(s, (int, float))
+
+
+def _wall(s: object) -> str:
+    """A quickstart's wall time, or what its failure printed last."""
+    return f"{s:.1f} s" if _ok(s) else f"failed ({s})"
 
 
 def _row(goal: str, value: str, met: bool) -> str:

@@ -1,10 +1,12 @@
-"""How often does a batched FedL2P client round read the device from the host? `python bench/host_syncs.py [--clients N]`.
+"""How often does batched FedL2P work read the device from the host? `python bench/host_syncs.py [--clients N]
+[--personalize] [--json FILE]`.
 
 Every read of a tensor's value into Python (`item`, `float`, `int`, `bool`, `tolist`, `numpy`) waits for the
 device on a GPU: a host sync. On the CPU the same reads happen at the same places, so the count (unlike its cost) is
-measured here as on a GPU. The script runs one batched client update (`client_update_many`, K iterations) for FOMAML+
-and the IFT on small-cnn clients and counts the reads per call site; `--json FILE` keeps the counts.
-`tests/test_batched.py` holds the count at one per client update (K = 2).
+measured here as on a GPU. The script runs one batched client update (`client_update_many`, K = 2 iterations) for
+FOMAML+ and the IFT on small-cnn clients and counts the reads per call site; `--personalize` counts a small
+personalisation's instead, one client at a time and in groups of 4; `--json FILE` keeps the counts.
+`tests/test_batched.py` holds both: one read per client update, one per prefetched set of clients.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _site() -> str:
 
 
 def client_round(meta_grad: str, n: int, **settings) -> collections.Counter:
-    """One batched client update of `n` small-cnn clients (K = TINY_META's iterations), its host reads counted."""
+    """One batched client update of `n` small-cnn clients (K = 2 iterations), its host reads counted."""
     from fedl2p_cli.algorithms.fedl2p import client_update_many
     from fedl2p_cli.core.bn import bn_layers, index_bn_layers
     from fedl2p_cli.core.client import ClientData

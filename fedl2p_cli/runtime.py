@@ -37,9 +37,9 @@ class Runtime:
     deterministic: bool = opt(False, "cuDNN's deterministic kernels and torch.use_deterministic_algorithms.", cli=False)
     threads: int = opt(1, "Torch CPU threads of this process (worker processes and ClientApps: one each).", AT_LEAST_1,
                        cli=False)
-    workers: int | Literal["auto"] = opt(1, "Processes running a round's clients at once, one torch thread each; "
-                                            "auto: one per free core (usable cores less the load average). The same "
-                                            "artifact as with 1.", AT_LEAST_1, scope=ROUNDS)
+    workers: int | Literal["auto"] = opt(1, "Processes running a round's clients at once (--engine local), one torch "
+                                            "thread each; auto: one per free core (cores less the load average). "
+                                            "Same artifact.", AT_LEAST_1, scope=ROUNDS)
     engine: str = opt("auto", "Where client updates run: auto (batched on a GPU, else local) | local (--workers "
                                  "processes) | flower (pip install 'fedl2p[flower]') | batched | a plugin's."
                                  "<plugin-executors>",
@@ -153,7 +153,8 @@ class Runtime:
         d = {"device": self.device, "torch": torch.__version__, "deterministic": self.deterministic,
              # the CPU's kernels differ by instruction set: the same id computed on another CPU can differ in its bits
              "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-             "threads": torch.get_num_threads(), "workers": self.workers, "engine": self.executor}
+             "threads": torch.get_num_threads(), "engine": self.executor,
+             "workers": 1 if self.executor == "batched" else self.workers}  # batched: this process, whatever a file set
         if self.on_gpu:
             dev = self.torch_device
             d |= {"name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,

@@ -75,8 +75,8 @@ def test_the_gpu_report_reads_a_run_as_the_gpu_bench_writes_it(monkeypatch):
     run = json.loads(json.dumps({"device": "NVIDIA H100", "torch": "2.11", "cuda": "13.0",
                                  "batched": {"resnet18-cifar": r18, "small-cnn": small},
                                  "projection_batched_h": {"meta_train_500_rounds_x_100_clients_ift": 500 * 100 * 0.3 / 3600},
-                                 "quickstart_s": {"batched": 41.0, "local": "Traceback: boom"},
-                                 "quickstart_meta_train_ids": {"batched": ["8ce6b3c73718"], "local": []}}))
+                                 "quickstart_s": {"default": 41.0, "one_at_a_time": "Traceback: boom"},
+                                 "quickstart_meta_train_ids": {"default": ["8ce6b3c73718"], "one_at_a_time": []}}))
     text = gpu_report.report(run, None, ["8ce6b3c73718"])
     lines = text.splitlines()
     assert lines[0] == "# One GPU run: NVIDIA H100, torch 2.11, CUDA 13.0"
@@ -90,6 +90,37 @@ def test_the_gpu_report_reads_a_run_as_the_gpu_bench_writes_it(monkeypatch):
     assert verdict("IFT round per client ≤ 1.5×") == "**no** |"  # 2.0x at N = 8
     assert verdict("ResNet-18 IFT round per client ≥ 8×") == "yes |"  # 4.2 s / 0.3 s = 14x
     assert verdict("CIFAR-10 meta-training (IFT") == "**no** |"  # 500 x 100 x 0.3 s = 4.2 h
-    assert verdict("`fedl2p run quickstart` (batched)") == "yes |" and verdict("`fedl2p run quickstart` (local)") == "**no** |"
-    assert verdict("quickstart (batched): the CPU's") == "yes |" and verdict("quickstart (local): the CPU's") == "**no** |"
+    quick = next(ln for ln in lines if ln.startswith("| `fedl2p run quickstart` as shipped"))
+    assert "default: 41.0 s; one at a time: failed (Traceback: boom)" in quick and quick.endswith("| yes |")
+    assert verdict("quickstart (default): the CPU's") == "yes |" and verdict("quickstart (one_at_a_time): the CPU's") == "**no** |"
     assert "Host syncs" not in text and "variants" not in text  # parts the run did not reach
+
+
+def test_the_gpu_bench_quickstart_baseline_runs_every_stage_one_client_at_a_time(tmp_path):
+    """bench/gpu.py's quickstart baseline: the shipped file with every stage's clients one at a time (engine local in
+    the stages with rounds, client_batch 1 in personalize) is still a pipeline `fedl2p run` accepts."""
+    import subprocess
+
+    import gpu
+    cli = [sys.executable, "-m", "fedl2p_cli", "run"]
+    shown = subprocess.run([*cli, "quickstart", "--show"], capture_output=True, text=True, check=True).stdout
+    (tmp_path / "q.toml").write_text(gpu.one_at_a_time(shown))
+    r = subprocess.run([*cli, str(tmp_path / "q.toml"), "--show"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("[", "engine", "client_batch"))]
+    at = {head: lines[lines.index(head) + 1] for head in ("[pretrain]", "[[meta-train]]", "[personalize]")}
+    assert at == {"[pretrain]": 'engine = "local"', "[[meta-train]]": 'engine = "local"', "[personalize]": "client_batch = 1"}
+
+
+def test_the_gpu_bench_merges_only_a_run_of_the_same_card(monkeypatch, tmp_path):
+    """bench/gpu.py --merge (gpu-session.sh: each part under its own cap) adds to what an earlier call wrote on the same
+    card, torch and CUDA; a file another card or version wrote is not mixed in."""
+    import json
+
+    import gpu
+    monkeypatch.setattr(gpu, "HERE", tmp_path)
+    card = {"device": "NVIDIA H100", "torch": "2.11", "cuda": "13.0"}
+    assert gpu._earlier(dict(card)) == card  # nothing written yet
+    (tmp_path / "gpu.json").write_text(json.dumps(card | {"batched": {"small-cnn": {}}}))
+    assert gpu._earlier(dict(card)) == card | {"batched": {"small-cnn": {}}}
+    assert gpu._earlier(card | {"torch": "2.14"}) == card | {"torch": "2.14"}

@@ -154,3 +154,15 @@ def test_batched_meta_train_on_cuda_matches_one_client_at_a_time(tiny_store, on_
     a, b = weights.load(one.file("lambda.safetensors")), weights.load(many.file("lambda.safetensors"))
     assert all(torch.allclose(a[k], b[k], **CPU_GPU) for k in a)
     assert np.allclose(r1.acc_after, r2.acc_after, atol=0.02, equal_nan=True)
+
+
+def test_a_pipeline_files_workers_leave_the_gpu_batched(tiny_store, on_cuda, tmp_path):
+    """The quickstart's `workers = 2` (for the CPU) under --engine auto on a GPU: meta-training runs batched in this
+    process, as the manifest says, with the id one client at a time gives."""
+    import shutil
+    shutil.copytree(tiny_store["store"].root, tmp_path / "s")
+    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, meta=TINY_META)
+    art, _ = execute(meta_train, cfg, Store(tmp_path / "s"),
+                     {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, runtime=on_cuda.replace(workers=2))
+    on = art.manifest["computed_on"]
+    assert (on["engine"], on["workers"]) == ("batched", 1)

@@ -328,3 +328,9 @@ def test_the_engine_is_batched_by_default_on_a_gpu_and_says_so_in_one_line():
     assert line is not None and "\n" not in line and "--engine batched --client-batch auto" in line
     assert "--engine batched" not in (auto_engine_line(Runtime(device="cuda:0"), False) or "")
     meta_train.check(meta_train.MetaTrainConfig(local=True), Runtime(device="cuda:0"))  # --local runs no rounds
+    # a pipeline file's workers (the quickstart's 2, for the CPU) leave the GPU's default batched; named, they conflict
+    from fedl2p_cli.errors import FedL2PError
+    meta_train.check(meta_train.MetaTrainConfig(), Runtime(device="cuda:0", workers=2))
+    with pytest.raises(FedL2PError, match="leave --workers at 1"):
+        meta_train.check(meta_train.MetaTrainConfig(), Runtime(device="cuda:0", engine="batched", workers=2))
+    assert meta_train.check(meta_train.MetaTrainConfig(), Runtime(device="cuda:0", engine="local", workers=2)) is None

@@ -92,7 +92,8 @@ def auto_engine_line(rt: Runtime, has_engine: bool) -> str | None:
     if not (rt.on_gpu and rt.engine == "auto"):
         return None
     how = "--engine batched --client-batch auto" if has_engine else "--client-batch auto"
-    return f"{rt.device}: clients run as vmapped groups ({how}); --engine local or --client-batch 1 for one at a time"
+    return (f"{rt.device}: clients run as vmapped groups ({how}); --client-batch 1 for one at a time, --engine local "
+            "for --workers processes")
 
 
 # the `rt` of a command that computes on no device (config_command hands it `store_runtime`)

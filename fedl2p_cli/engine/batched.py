@@ -137,7 +137,9 @@ class Batched:
 
     def check(self, runtime: Runtime) -> None:
         no_gpu_share(runtime)
-        if runtime.workers != 1:
+        # asked for by name, --workers N contradicts it; chosen by --engine auto on a GPU, the workers a pipeline file
+        # set for the CPU (the quickstart's 2) are the local engine's and go unused (cli/options.auto_engine_line)
+        if runtime.engine == self.name and runtime.workers != 1:
             raise FedL2PError("--engine batched runs in this process: leave --workers at 1")
 
     def open(self, job: Job) -> Pool:
