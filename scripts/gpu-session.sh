@@ -11,9 +11,13 @@
 # (bench/gpu_report.py: the tables issue 71 asks for, from gpu.json and variants.json).
 # Run it from the repository root with the machine's own python3 (it holds PyTorch and the packages fedl2p needs):
 #   bash scripts/gpu-session.sh
+# The quickstart needs Fashion-MNIST, which a machine without a network cannot install: copy it beside the checkout
+# first (`mkdir -p gpu-data && cp -r /usr/share/datasets/fashion-mnist gpu-data/`, 30 MB, git-ignored) and bring
+# gpu-data along (the device tool's carry); the script reads it from there unless FEDL2P_DATA names another folder.
 set -u
 out="${OUT:-gpu-out}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 FEDL2P_STORE="$(mktemp -d)"
+if [ -z "${FEDL2P_DATA:-}" ] && [ -d gpu-data/fashion-mnist ]; then export FEDL2P_DATA="$PWD/gpu-data/fashion-mnist"; fi
 py="${PYTHON:-python3}"
 if ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "gpu-session: no CUDA device here; nothing measured"; exit 1
