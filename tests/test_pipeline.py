@@ -60,8 +60,21 @@ def test_unknown_key_is_one_clear_error(tmp_path):
     from fedl2p_cli.errors import FedL2PError
     f = tmp_path / "p.toml"
     f.write_text(TOML.replace("rounds = 2\nfraction = 0.5\nbatch_size = 16", "rounds = 2\nfraktion = 0.5", 1))
-    with pytest.raises(FedL2PError, match="unknown key 'fraktion' in \\[pretrain\\]"):
+    with pytest.raises(FedL2PError, match="unknown key 'fraktion' in \\[pretrain\\]") as e:
         pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    assert ", engine, " in str(e.value) and ", workers)" in str(e.value)  # its runtime keys are known keys too
+
+
+def test_an_unknown_key_lists_every_key_the_section_takes(tmp_path):
+    """[personalize]'s known keys include its pools and runtime key, which are not fields of its config."""
+    import pytest
+
+    from fedl2p_cli.errors import FedL2PError
+    f = tmp_path / "p.toml"
+    f.write_text(TOML.replace("[personalize]\n", "[personalize]\nengine = \"local\"\n", 1))
+    with pytest.raises(FedL2PError, match="unknown key 'engine' in \\[personalize\\]") as e:
+        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    assert ", client_batch, " in str(e.value) and ", pools, " in str(e.value)
 
 
 

@@ -97,7 +97,7 @@ def plan(file: SectionFile) -> list[Planned]:
         return []
     values = file.table("analyze")
     pool = values.pop("pool", None)
-    cfg = file.config(ClustersConfig, "analyze", values)
+    cfg = file.config(ClustersConfig, "analyze", values, also=("pool",))
     if "personalize" not in file.sections:
         return []
     pools = file.table("personalize").get("pools", ["seen"])  # checked by personalize's plan, which ran before

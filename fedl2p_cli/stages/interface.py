@@ -197,13 +197,15 @@ class SectionFile:
         values = [value] if isinstance(value, dict) else value if isinstance(value, list) else [value]
         return [self.table(section, v) for v in values]
 
-    def config(self, cls: type, section: str, values: dict) -> Any:
-        """A section's config: its keys are the config's fields, nested configs' fields among them (flat_fields)."""
+    def config(self, cls: type, section: str, values: dict, also: tuple[str, ...] = ()) -> Any:
+        """A section's config: its keys are the config's fields, nested configs' fields among them (flat_fields).
+        `also`: the section's other keys (runtime keys, a stage's own), taken out of `values` by the caller and
+        named among the known ones when a key is unknown."""
         names = {f.name for f in flat_fields(cls)}
         unknown = [k for k in values if k not in names]
         if unknown:
             raise FedL2PError(f"pipeline {self.name}: unknown key '{unknown[0]}' in [{section}] (known: "
-                              f"{', '.join(sorted(names))})")
+                              f"{', '.join(sorted(names | set(also)))})")
         try:
             cfg = from_flat(cls, values)
             validate(cfg, key_name)
@@ -241,8 +243,9 @@ def default_plan(stage: Stage, module: Any, file: SectionFile) -> list[Planned]:
     cls = stage.configs[""]
     out = []
     for i, t in enumerate(tables):
-        values, own = file.runtime(t, stage.name, runtime_keys(stage, module))
-        cfg = file.config(cls, stage.name, values)
+        keys = runtime_keys(stage, module)
+        values, own = file.runtime(t, stage.name, keys)
+        cfg = file.config(cls, stage.name, values, also=keys)
         if hasattr(module, "check_planned"):
             module.check_planned(cfg)
         label = module.label(cfg) if hasattr(module, "label") else stage.name

@@ -524,7 +524,8 @@ def plan(file: SectionFile) -> list[Planned]:
     parents = parents_of(table.stage("personalize"))
     return [Planned(f"personalize:{pool}", pool, "personalize",
                     file.config(PersonalizeConfig, "personalize",
-                                values | {"unseen": pool == "unseen", "methods": list(handmade)}), parents, own)
+                                values | {"unseen": pool == "unseen", "methods": list(handmade)},
+                                also=(*RUNTIME_KEYS, "pools")), parents, own)
             for pool in pools(file)]
 
 

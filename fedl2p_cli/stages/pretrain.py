@@ -265,7 +265,8 @@ def plan(file: SectionFile) -> list[Planned]:
     """[pretrain]; its [pretrain.partition] (the partition stage's step) is the clients it pretrains on."""
     table = file.table("pretrain")
     own = table.pop("partition", None) is not None
-    values, rt = file.runtime(table, "pretrain", runtime_keys(stage("pretrain"), None))
-    cfg = file.config(PretrainConfig, "pretrain", values)
+    keys = runtime_keys(stage("pretrain"), None)
+    values, rt = file.runtime(table, "pretrain", keys)
+    cfg = file.config(PretrainConfig, "pretrain", values, also=(*keys, "partition"))
     return [Planned("pretrain", "pretrain", "pretrain", cfg,
                     {"partition": ("pretrain.partition",) if own else ("partition",)}, rt)]
