@@ -75,6 +75,9 @@ def test_an_unknown_key_lists_every_key_the_section_takes(tmp_path):
     with pytest.raises(FedL2PError, match="unknown key 'engine' in \\[personalize\\]") as e:
         pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
     assert ", client_batch, " in str(e.value) and ", pools, " in str(e.value)
+    f.write_text(TOML.replace("[personalize]\n", "[personalize]\nunseen = true\n", 1))  # pools says which
+    with pytest.raises(FedL2PError, match="takes pools = .* not unseen"):
+        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
 
 
 

@@ -515,6 +515,8 @@ def plan(file: SectionFile) -> list[Planned]:
         return []
     values, own = file.runtime(file.table("personalize"), "personalize", RUNTIME_KEYS)
     values.pop("pools", None)
+    if "unseen" in values:  # each pool's step sets it: a value here would be replaced without a word
+        raise FedL2PError(f"pipeline {file.name}: [personalize] takes pools = [\"seen\", \"unseen\"], not unseen")
     handmade = values.pop("methods", list(methods.baselines(file.catalog)))
     allowed = methods.handmade(file.catalog) + methods.names(file.catalog, methods.Checked)  # checked: [[meta-train]]
     bad = [m for m in handmade if m not in allowed] if isinstance(handmade, list) else [handmade]
