@@ -242,8 +242,8 @@ def default_plan(stage: Stage, module: Any, file: SectionFile) -> list[Planned]:
     tables = file.tables(stage.name) if stage.repeated else [file.table(stage.name)]
     cls = stage.configs[""]
     out = []
+    keys = runtime_keys(stage, module)
     for i, t in enumerate(tables):
-        keys = runtime_keys(stage, module)
         values, own = file.runtime(t, stage.name, keys)
         cfg = file.config(cls, stage.name, values, also=keys)
         if hasattr(module, "check_planned"):
