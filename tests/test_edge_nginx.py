@@ -5,7 +5,10 @@ tests that start nginx skip when it is not installed (.ci/run installs it)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import random
+import re
 import shutil
 import signal
 import socket
@@ -180,3 +183,83 @@ def test_a_head_over_the_gateways_bound_is_refused_and_one_within_it_passes(ngin
     assert status(nginx.send(head_of(8, 5000))) == 400  # 40 KB of headers, each under 16 KB
     assert len(upstream.seen) == before
     assert status(nginx.send(head_of(3, 4000))) == 200  # 12 KB
+
+
+def map_key(text: str, addr: str) -> str:
+    """What `map $remote_addr $fleet_prefix` in `text` gives `addr`: its regexes in order, as nginx tries them (PCRE's
+    `(?<p>` is Python's `(?P<p>`), else the default (the whole address)."""
+    for pattern, value in re.findall(r'"~(\S+)" (\S+);', text):
+        m = re.search(pattern.replace("(?<", "(?P<"), addr)
+        if m:
+            return re.sub(r"\$(\w+)", lambda v, m=m: m.group(v.group(1)), value)
+    return f"whole {addr}"
+
+
+def test_the_64_key_is_the_addresses_numeric_value_not_its_text():
+    """nginx writes an address in RFC 5952 text (zeros compressed, as Python's ipaddress does): every address of a /64
+    gets that /64's key, however its zeros were compressed, and addresses of two /64s never share one."""
+    text = edge_nginx.prefix_map(24, 64)
+    assert map_key(text, "2001:db8:1::1") == map_key(text, "2001:db8:1:0:1::") == "2001:db8:1:0"
+    assert map_key(text, "10.1.2.3") == map_key(text, "::ffff:10.1.2.7") == "10.1.2"
+    rng = random.Random(0)
+    for _ in range(2000):
+        groups = [rng.choice([0, 0, 0, 1, rng.randrange(1 << 16)]) for _ in range(8)]
+        addr = ipaddress.IPv6Address(b"".join(g.to_bytes(2, "big") for g in groups))
+        want = ":".join(f"{g:x}" for g in groups[:4])
+        assert map_key(text, str(addr)) == want, (str(addr), want)
+    whole = edge_nginx.prefix_map(32, 128)
+    assert map_key(whole, "2001:db8:1::1") == "whole 2001:db8:1::1" and map_key(whole, "::ffff:10.1.2.7") == "10.1.2.7"
+
+
+def test_the_configuration_bounds_every_prefix_together():
+    cfg = NginxEdgeConfig(nginx="n.conf", state="s")
+    text = edge_nginx.render(cfg, fr.allowlist(False), Path("/tmp/s"))
+    assert f"worker_connections {edge_nginx.WORKER_CONNECTIONS};" in text
+    assert "limit_conn_zone $fleet_all zone=fleet_all" in text and "limit_conn fleet_all 1024;" in text
+    assert "client_body_timeout 5000ms;" in text and "send_timeout 10000ms;" in text
+
+
+@needs_nginx
+def test_requests_from_many_prefixes_are_capped_together(upstream, tmp_path):
+    """Each prefix stays under --max-per-peer, yet every request in progress counts against one cap for all of them
+    (8 x --max-connections): the next prefix's is answered 503 with Retry-After, whatever the number of prefixes."""
+    n = Nginx(tmp_path, upstream.server_address[1], max_connections=1, max_per_peer=4, header_timeout=10)
+    held = []
+    try:
+        for i in range(8):  # 8 prefixes, each one body begun and never finished (what limit_conn counts)
+            s = socket.create_connection(("127.0.0.1", n.port), timeout=5, source_address=(f"127.0.{60 + i}.1", 0))
+            s.sendall(request(b"/v1/fleet/push-object", body=b"x", headers={b"content-length": b"100"}))
+            held.append(s)
+        time.sleep(0.3)
+        reply = n.send(request(b"/v1/fleet/get-run", headers={b"connection": b"close"}), "127.0.70.1")
+        assert status(reply) == 503 and b"retry-after: 1" in reply.lower()
+        for s in held:
+            s.close()
+        time.sleep(0.3)
+        assert status(n.send(request(b"/v1/fleet/get-run", headers={b"connection": b"close"}), "127.0.70.1")) == 200
+    finally:
+        n.stop()
+
+
+@needs_nginx
+def test_a_body_trickled_slower_than_a_byte_per_gap_is_cut(upstream, tmp_path):
+    """nginx's body timeout is the gap between two reads: at half the header timeout, a trickle of a byte every 1.5 s
+    (header timeout 2 s) is cut within two gaps, instead of holding its connection for --idle-timeout per byte."""
+    n = Nginx(tmp_path, upstream.server_address[1], header_timeout=2, new_per_second=1000, max_per_peer=1000)
+    try:
+        with socket.create_connection(("127.0.0.1", n.port), timeout=5) as s:
+            s.sendall(request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"100"}))
+            t0, cut = time.monotonic(), False
+            while time.monotonic() - t0 < 8 and not cut:
+                time.sleep(1.5)
+                try:
+                    s.sendall(b"x")
+                    s.settimeout(0.01)
+                    cut = s.recv(65536) == b""
+                except TimeoutError:
+                    pass
+                except OSError:
+                    cut = True
+            assert cut and time.monotonic() - t0 < 5, time.monotonic() - t0
+    finally:
+        n.stop()

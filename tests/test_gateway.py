@@ -187,8 +187,9 @@ def test_slow_headers_are_cut_off_and_idle_connections_closed(gateway):
 def test_connections_over_the_cap_are_answered_503_when_every_slot_is_a_sites(upstream):
     g = Running(upstream, limits(max_connections=2, header_timeout=2.0, idle_timeout=2.0))
     try:
-        held = [socket.create_connection(("127.0.0.1", g.port), timeout=5) for _ in range(2)]
-        for s in held:  # each makes a call the SuperLink accepts, and keeps its connection
+        held = []
+        for _ in range(2):  # each makes a call the SuperLink accepts, and keeps its connection (strangers hold half)
+            held.append(s := socket.create_connection(("127.0.0.1", g.port), timeout=5))
             s.sendall(request(b"/v1/fleet/get-run"))
             reply = s.recv(65536)
             while reply.count(b"\x10\x02\x18") == 0:  # the head and the body may come in two reads

@@ -25,14 +25,14 @@ upstream = __import__("tests.test_gateway", fromlist=["upstream"]).upstream
 
 
 def test_victims_are_strangers_past_their_grace_from_the_prefix_holding_the_most():
-    s = Slots(capacity=6, per_prefix=16, grace=1.0)
+    s = Slots(capacity=6, per_prefix=16, grace=1.0, stranger_max=6)
     site, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)
     s.accepted(site)  # a site's connection: not counted, never a victim
     site2, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)  # its second connection, fresh
     crowd = [s.admit("10.0.0.1", "10.0.0.0/24", now=0.1 * i)[0] for i in range(FEW + 2)]
     new, victim, _ = s.admit("10.5.0.1", "10.5.0.0/24", now=0.5)
     assert victim is crowd[0] and new is not None  # the crowd's oldest, though in its grace: it holds more than FEW
-    assert s.strangers == {"10.9.0.0/24": 1, "10.0.0.0/24": FEW + 1, "10.5.0.0/24": 1}
+    assert s.strangers == {"10.0.0.0/24": FEW + 1, "10.5.0.0/24": 1} and s.newcomers == {"10.9.0.0/24": 1}
     assert site2 is not None and not site2.evicted and not site.evicted
 
 
@@ -40,7 +40,7 @@ def test_a_sites_prefix_gets_a_slot_in_a_storm_that_keeps_every_slot_fresh():
     """A storm from many prefixes (200 at 1000/s) keeps every slot younger than min_age, so no victim is old enough
     and a freed slot goes to whoever comes first: the storm. A newcomer from a prefix that holds, or lately held, a
     connection with an accepted call (a site reconnecting) takes the oldest stranger's place however young."""
-    s = Slots(capacity=4, per_prefix=16, grace=2.0, min_age=0.5)
+    s = Slots(capacity=4, per_prefix=16, grace=2.0, min_age=0.5, stranger_max=4)
     site, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)
     s.accepted(site)
     storm = [s.admit(f"10.{i}.0.1", f"10.{i}.0.0/24", now=1.0)[0] for i in range(3)]
@@ -68,7 +68,7 @@ def test_a_sites_accepted_connection_does_not_make_its_prefix_the_victim():
 
 
 def test_a_fresh_connection_keeps_its_grace_and_busy_or_accepted_ones_are_kept():
-    s = Slots(capacity=2, per_prefix=16, grace=1.0, min_age=0.3)
+    s = Slots(capacity=2, per_prefix=16, grace=1.0, min_age=0.3, stranger_max=2)
     a, _, _ = s.admit("10.0.0.1", "10.0.0.0/24", now=0.0)
     b, _, _ = s.admit("10.0.1.1", "10.0.1.0/24", now=0.0)
     assert s.admit("10.0.2.1", "10.0.2.0/24", now=0.2)[0] is None  # both in their grace, and younger than min_age
@@ -85,7 +85,7 @@ def test_a_fresh_connection_keeps_its_grace_and_busy_or_accepted_ones_are_kept()
 def test_when_every_slot_is_fresh_the_oldest_past_min_age_goes():
     """A storm from many prefixes keeps every slot in its grace period: the oldest connection of all makes way, once
     it is min_age old (a site's new connection has that long for its first call)."""
-    s = Slots(capacity=3, per_prefix=16, grace=2.0, min_age=0.5)
+    s = Slots(capacity=3, per_prefix=16, grace=2.0, min_age=0.5, stranger_max=3)
     conns = [s.admit(f"10.0.{i}.1", f"10.0.{i}.0/24", now=0.1 * i)[0] for i in range(3)]
     assert s.admit("10.1.0.1", "10.1.0.0/24", now=0.4)[0] is None
     new, victim, _ = s.admit("10.1.0.1", "10.1.0.0/24", now=0.55)

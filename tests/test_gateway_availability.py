@@ -170,11 +170,13 @@ def connect_and_send(port: int, raw: bytes, source: str) -> bytes:
 def test_sites_that_made_accepted_calls_are_never_evicted(upstream):
     g = Running(upstream, limits(max_connections=2, max_per_peer=2, header_timeout=30, idle_timeout=30))
     try:
-        sites = hold(g.port, 2)
-        for s in sites:
-            s.sendall(site_call(close=False))
-            assert status(one_response(s)) == 200
-        assert status(connect_and_send(g.port, site_call(), "127.0.0.9")) == 503
+        sites = []
+        for _ in range(2):  # one at a time: strangers hold at most half the slots, a site's prefix the rest
+            sites += hold(g.port, 1)
+            sites[-1].sendall(site_call(close=False))
+            assert status(one_response(sites[-1])) == 200
+        for source in ("127.0.0.9", "127.0.1.9"):  # the sites' prefix and another: every slot is a site's
+            assert status(connect_and_send(g.port, site_call(), source)) == 503
         for s in sites:  # still open: each answers another call
             s.sendall(site_call(close=False))
             assert status(one_response(s)) == 200
@@ -328,8 +330,8 @@ def test_every_request_is_one_log_line_even_when_the_client_resets():
     up = Refusing(delay=0.3, ok_key="site")
     g = Running(up, limits(header_timeout=5, idle_timeout=5, body_timeout=5))
     try:
-        for _ in range(4):  # reset while the SuperLink works on the call
-            s = connect(g.port)
+        for i in range(4):  # reset while the SuperLink works on the call (4 prefixes: 2 calls each at most)
+            s = connect(g.port, f"127.0.{40 + i}.1")
             s.sendall(site_call())
             time.sleep(0.05)
             rst(s)

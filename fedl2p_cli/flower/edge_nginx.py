@@ -10,15 +10,18 @@ The rules are the gateway's, expressed in nginx's terms:
   the method POST (405), the body `application/protobuf` (415) with a Content-Length and no Transfer-Encoding (400 /
   411); and what is proxied is the allowlist's constant path, never the client's string;
 - only the headers a SuperNode sends are passed on (`proxy_pass_request_headers off`, then each by name);
-- per prefix (IPv4 /24 and IPv6 /64 by default, from a `map` on the address's text): at most `max_per_peer`
-  connections (`limit_conn`) and `new_per_second` requests per second with a burst of twice that (`limit_req`);
-- header, body and idle timeouts, a head of at most 1 + 16 KB, `client_max_body_size`, a timed-out client reset,
-  and an access log line per request.
+- per prefix (IPv4 /24 and IPv6 /64 by default, from a `map` on the address's text, written back as its numeric
+  value): at most `max_per_peer` requests in progress (`limit_conn`) and `new_per_second` requests per second with a
+  burst of twice that (`limit_req`); all prefixes together, at most 8 x `max_connections` requests in progress (a
+  `limit_conn` zone keyed on a constant), well below `worker_connections`;
+- header, body and send timeouts short enough to cut a trickle, a head of at most 1 + 16 KB, `client_max_body_size`,
+  a timed-out client reset, and an access log line per request.
 
 What nginx 1.22 cannot bound as the gateway does: a whole body's time (`client_body_timeout` is the gap between two
-reads, so a body trickled a byte per gap lasts up to `max_body` gaps) and a minimum body rate; and connections that
-hold no request (`limit_conn` counts requests in progress: idle and handshaking connections are bounded only by
-`worker_connections`, beyond which nginx closes its idle ones first).
+reads, so a body trickled a byte per gap lasts up to `max_body` gaps) and a minimum body rate; connections that hold
+no request (`limit_conn` counts requests in progress: idle and handshaking connections are bounded only by
+`worker_connections`, beyond which nginx closes its idle ones first, a site's too); and sites apart from strangers
+(the global cap counts a site's requests with everyone's). docs/deployment.md states the consequences.
 """
 
 from __future__ import annotations
@@ -30,25 +33,65 @@ from . import fleet_routes as fr
 from .config import NginxEdgeConfig
 from .gateway import address, is_loopback
 
+WORKER_CONNECTIONS = 4096  # per worker: requests in progress (at most `all_requests`) plus silent and idle connections
+ALL_REQUESTS_PER_CONNECTION = 8  # requests in progress at once, all prefixes together: 8 x --max-connections
+
+
+def all_requests(max_connections: int) -> int:
+    """Requests in progress at once, all prefixes together (a `limit_conn` zone keyed on a constant): however many
+    prefixes a flood comes from, what it holds in nginx is bounded, well below `WORKER_CONNECTIONS`."""
+    return min(ALL_REQUESTS_PER_CONNECTION * max_connections, WORKER_CONNECTIONS // 2)
+
+
+def timeouts(cfg: NginxEdgeConfig) -> dict[str, float]:
+    """nginx's timeouts are gaps between two reads (or writes), not a whole body's time: a gap as short as a healthy
+    client never leaves (half the header timeout for a body, the header timeout for an answer) cuts a trickle that
+    sends less than a byte per gap."""
+    return {"client_header_timeout": cfg.header_timeout,
+            "client_body_timeout": min(cfg.idle_timeout, max(1.0, cfg.header_timeout / 2)),
+            "send_timeout": min(cfg.idle_timeout, cfg.header_timeout),
+            "keepalive_timeout": cfg.idle_timeout}
+
+
 LOG_FORMAT = ("'$time_iso8601 $remote_addr:$remote_port $request_method $request_uri $status "
               "in=$request_length out=$bytes_sent upstream_ms=$upstream_response_time'")
 
 
 def prefix_map(v4: int, v6: int) -> str:
-    """A `map` from the client's address to its prefix: whole octets of IPv4, 64 or 128 bits of IPv6 (nginx has no
-    arithmetic on addresses, so the prefix is cut from the address's text)."""
+    """A `map` from the client's address to its prefix: whole octets of IPv4, 64 or 128 bits of IPv6. nginx has no
+    arithmetic on addresses, so the prefix is cut from the address's text, written back as its numeric value would
+    be: the /64's four groups with the zeros a "::" stands for spelled out (`2001:db8:1::1` and `2001:db8:1:0:1::`
+    are both `2001:db8:1:0`), and an IPv4-mapped address as its IPv4 prefix."""
     if v4 % 8:
         raise FedL2PError(f"--prefix-v4 {v4}: the nginx edge counts whole octets (8, 16, 24 or 32)")
     if v6 not in (64, 128):
         raise FedL2PError(f"--prefix-v6 {v6}: the nginx edge counts a /64 or a whole address (128)")
-    octet = r"\d+"
-    v4_re = r"\.".join([octet] * (v4 // 8))
-    lines = [f'    "~^(?<p>{v4_re})(\\.|$)" $p;' if v4 < 32 else ""]
-    if v6 == 64:  # four groups written out, or fewer before a "::" (RFC 5952 text: the rest of the /64 is zeros)
-        lines += [r'    "~^(?<p>[0-9a-f]+:[0-9a-f]+:[0-9a-f]+:[0-9a-f]+):" $p;',
-                  r'    "~^(?<p>[0-9a-f]*(:[0-9a-f]+){0,2})::" $p::;']
-    body = "\n".join(x for x in lines if x)
+    v4_re = r"\.".join([r"\d+"] * (v4 // 8))
+    lines = [f'    "~^(::ffff:)?(?<p>{v4_re})(\\.|$)" $p;']
+    if v6 == 64:
+        lines += [f"    {row}" for row in v6_rows()]
+    body = "\n".join(lines)
     return f"map $remote_addr $fleet_prefix {{\n    default $binary_remote_addr;\n{body}\n}}\n"
+
+
+def v6_rows() -> list[str]:
+    """The map's rows for an IPv6 /64: its first four groups, with the zeros a "::" stands for written out. Four groups
+    before any "::" are the key as written. With k < 4 groups before the "::" and m after it, the "::" stands for
+    8 - k - m zeros: when that reaches past the fourth group the key is the k groups and zeros (one row per k, after the
+    exact ones); else the key ends with the first groups after the "::" (one anchored row per k and m)."""
+    g = "[0-9a-f]+"
+    rows = [f'"~^(?<p>{":".join([g] * 4)}):" $p;']
+    for k in range(4):
+        for m in range(1, 8 - k):
+            zeros, head = 8 - k - m, [f"(?<a>{':'.join([g] * k)})"] if k else []
+            if zeros >= 4 - k:
+                continue
+            need = 4 - k - zeros  # groups after the "::" that are within the /64
+            after = [f"(?<b{i}>{g})" for i in range(need)] + [g] * (m - need)
+            key = (["$a"] if k else []) + ["0"] * zeros + [f"$b{i}" for i in range(need)]
+            rows.append(f'"~^{"".join(head)}::{":".join(after)}$" {":".join(key)};')
+    rows += [f'"~^(?<p>{":".join([g] * k)})::" $p{":0" * (4 - k)};' for k in (3, 2, 1)]
+    return rows + ['"~^::" 0:0:0:0;']
 
 
 def routes_map(routes: dict[bytes, str]) -> str:
@@ -90,15 +133,17 @@ def render(cfg: NginxEdgeConfig, routes: dict[bytes, str], state: Path) -> str:
             proxy_ssl_session_reuse on;""" if secure else "")
     host_check = (f"""
         if ($host != "{cfg.host_name.lower()}") {{ return 400; }}""" if cfg.host_name else "")
+    times = "\n".join(f"        {k} {_s(v)};" for k, v in timeouts(cfg).items())
     passed = "".join(f"\n            proxy_set_header {h.decode()} $http_{h.decode().replace('-', '_')};"
                      for h in sorted(fr.PASSED))
     return f"""# The public edge of a fedl2p Flower deployment: written by `fedl2p flower edge --nginx` from the Fleet
 # allowlist of flwr {fr.check_flwr()} ({len(routes)} routes); regenerate it rather than edit it.
 worker_processes auto;
+worker_rlimit_nofile {2 * WORKER_CONNECTIONS + 64};   # a client connection and its upstream one: two descriptors
 pid {_q(state / "nginx.pid")};
 error_log {_q(state / "error.log")} warn;
 events {{
-    worker_connections {max(cfg.max_connections * 2 + 16, 64)};  # each client connection may hold one upstream
+    worker_connections {WORKER_CONNECTIONS};   # past this nginx closes idle kept-alive connections, a site's too
 }}
 http {{
     access_log off;
@@ -117,6 +162,8 @@ http {{
         keepalive 32;   # connections to the SuperLink reused: no new TLS handshake per call
     }}
 
+    map $remote_addr $fleet_all {{ default all; }}   # one key for every client: the global cap below
+    limit_conn_zone $fleet_all zone=fleet_all:1m;
     limit_conn_zone $fleet_prefix zone=fleet_conn:10m;
     limit_req_zone $fleet_prefix zone=fleet_req:10m rate={rate_text};
     limit_conn_status 503;
@@ -127,10 +174,7 @@ http {{
     server {{
         listen {listen}{" ssl" if secure else ""} backlog=1024;{server_tls}
         access_log {_q(access)} fleet;
-        client_header_timeout {_s(cfg.header_timeout)};
-        client_body_timeout {_s(cfg.idle_timeout)};
-        keepalive_timeout {_s(cfg.idle_timeout)};
-        send_timeout {_s(cfg.idle_timeout)};
+{times}
         client_max_body_size {cfg.max_body}m;
         client_body_buffer_size 64k;
         client_header_buffer_size 1k;
@@ -138,6 +182,7 @@ http {{
         reset_timedout_connection on;        # a timed-out client is reset: its buffers are freed at once
         lingering_time {_s(cfg.header_timeout)};   # the unread body of a refused call is discarded this long at most
         limit_conn fleet_conn {cfg.max_per_peer};
+        limit_conn fleet_all {all_requests(cfg.max_connections)};   # all prefixes together (sites too: see the guide)
         limit_req zone=fleet_req burst={burst} nodelay;
         error_page 503 @busy;{host_check}
 

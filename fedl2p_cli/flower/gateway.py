@@ -14,8 +14,11 @@ the client sent it and can bound every phase of a request:
   kept-alive connection is closed after `idle_timeout`, and at most `max_connections` are served at once;
 - strangers cannot keep a site out (admission.py): a connection on which the SuperLink accepted a call is never
   evicted, rate-limited or refused budget; the other connections are counted per network prefix (connections, new
-  connections per second, refused calls per minute, bytes of bodies held); load is answered 503 with Retry-After
-  (flwr retries it, and gives up on a 429), or, on the TLS port before any TLS byte, a reset;
+  connections per second, refused calls per minute, bytes of bodies held) and, whatever the number of prefixes,
+  together in one bounded pool (half the connections, an eighth of them as calls in flight, five prefixes' worth of
+  new connections a second, half the body budget, a bounded number of log lines); sites' calls go to the SuperLink on
+  a connection pool of their own; load is answered 503 with Retry-After (flwr retries it, and gives up on a 429), or,
+  on the TLS port before any TLS byte, a reset;
 - a body is held once (one buffer, forwarded 64 KiB at a time) and the SuperLink's answer relayed a chunk at a time
   (relay.py); memory stays within the idle size + the body budget + a stated overhead per connection (memory.py);
 - every site's request is one access-log line (time, peer, method, target, status, bytes in and out, upstream time);
@@ -44,13 +47,14 @@ from typing import TYPE_CHECKING, TextIO
 from ..errors import FedL2PError
 from . import fleet_routes as fr
 from . import memory
-from .admission import Budget, Conn, Rate, Slots, Window, prefix
+from .admission import Budget, Calls, Conn, Rate, Slots, Window, prefix
 
 if TYPE_CHECKING:
     from .relay import Body
 
 MiB = 1 << 20
 SEND_TIMEOUT = 10.0  # seconds a client has to take one of the gateway's own (short) answers
+TURNED, TURNED_FOR = 4, 10.0  # a prefix the gateway refused this often for load in this many seconds: a flood's
 # response headers the gateway recomputes or that belong to one connection
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"content-encoding", b"upgrade",
        b"te", b"trailer", b"proxy-authenticate"}
@@ -77,6 +81,16 @@ class Limits:
     min_age: float = 0.5            # ... unless every slot is that fresh: then the oldest, past this
     log_interval: float = 10.0      # lines about strangers are summed up per prefix over this
 
+    @property
+    def stranger_calls(self) -> int:
+        """Calls of connections without an accepted call with the SuperLink at once, all prefixes together."""
+        return max(4, self.max_connections // 8)
+
+    @property
+    def strangers_new_per_second(self) -> float:
+        """New connections a second from prefixes that are not sites', all together (each a TLS handshake)."""
+        return 5 * self.new_per_second
+
 
 class Reject(Exception):
     """A request answered by the gateway itself; the connection is closed after the answer. `retry`: seconds for a
@@ -90,13 +104,15 @@ class Reject(Exception):
 class AccessLog:
     """One line per request and per gateway failure, flushed at once (an operator tails it). Lines about connections
     without an accepted call (refusals, rejected requests, failed handshakes, evictions) are written for the first
-    `per_prefix` of each prefix in each `interval`, then counted and summed up in one line per prefix: a flood costs
-    the log a bounded number of bytes per second and prefix, while every site's call still gets its own line."""
+    `per_prefix` of each prefix in each `interval`, and at most `strangers` of them in all; the rest are counted and
+    summed up in one line per interval (the prefixes with the most named): a flood from any number of prefixes costs
+    the log a bounded number of lines per interval, while every site's call still gets its own line."""
 
-    def __init__(self, out: TextIO, interval: float = 10.0, per_prefix: int = 5):
-        self.out, self.interval, self.per_prefix = out, interval, per_prefix
+    def __init__(self, out: TextIO, interval: float = 10.0, per_prefix: int = 5, strangers: int = 100):
+        self.out, self.interval, self.per_prefix, self.strangers = out, interval, per_prefix, strangers
         self.said: dict[str, int] = {}
         self.held: dict[str, int] = {}
+        self.n_said = 0
         self.since = time.monotonic()
 
     def line(self, text: str) -> None:
@@ -106,22 +122,26 @@ class AccessLog:
     def stranger(self, pfx: str, text: str) -> None:
         self.roll()
         n = self.said.get(pfx, 0)
-        if n < self.per_prefix:
+        if n < self.per_prefix and self.n_said < self.strangers:
             self.said[pfx] = n + 1
+            self.n_said += 1
             self.line(text)
         else:
             self.held[pfx] = self.held.get(pfx, 0) + 1
 
     def roll(self, force: bool = False) -> None:
-        """At the end of an interval: one line per prefix whose lines were held back."""
+        """At the end of an interval: one line for the lines held back, naming the three prefixes with the most."""
         now = time.monotonic()
         if not force and now - self.since < self.interval:
             return
-        for pfx, n in self.held.items():
-            self.line(f"{pfx} {n} more lines about connections without an accepted call in {now - self.since:.0f} s "
-                      "(refused, rejected, evicted or failed handshakes) not written one by one")
+        if self.held:
+            top = sorted(self.held.items(), key=lambda kv: -kv[1])[:3]
+            self.line(f"{sum(self.held.values())} more lines about connections without an accepted call from "
+                      f"{len(self.held)} prefixes in {now - self.since:.0f} s (refused, rejected, evicted or failed "
+                      "handshakes) not written one by one; most from " + ", ".join(f"{p} ({n})" for p, n in top))
         self.said.clear()
         self.held.clear()
+        self.n_said = 0
         self.since = now
 
     def request(self, peer: str, method: bytes, target: bytes, status: int | str, n_in: int, n_out: int,
@@ -166,10 +186,19 @@ class Gateway:
                  log: AccessLog, host_name: str | None = None):
         import httpx
         self.routes, self.limits, self.log, self.host_name = routes, limits, log, host_name
-        self.client = httpx.AsyncClient(base_url=upstream, verify=verify, timeout=limits.upstream_timeout)
-        self.slots = Slots(limits.max_connections, limits.max_per_peer, limits.grace, limits.min_age)
-        self.new = Rate(limits.new_per_second)
+        pool = limits.max_connections  # a site's call never waits for a strangers' call to free a pooled connection:
+        self.client = httpx.AsyncClient(base_url=upstream, verify=verify, timeout=limits.upstream_timeout,
+                                        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool))
+        self.strangers_client = httpx.AsyncClient(  # ... strangers' calls have a pool of their own, as many as they
+            base_url=upstream, verify=verify, timeout=limits.upstream_timeout,  # may have with the SuperLink (`calls`)
+            limits=httpx.Limits(max_connections=limits.stranger_calls, max_keepalive_connections=limits.stranger_calls))
         self.refused = Window(limits.unauth_per_minute)  # answers >= 400 to connections without an accepted call
+        self.turned = Window(TURNED, seconds=TURNED_FOR)  # the gateway's own refusals for load, per prefix
+        self.slots = Slots(limits.max_connections, limits.max_per_peer, limits.grace, limits.min_age,
+                           suspect=self.suspect)
+        self.calls = Calls(limits.stranger_calls)
+        self.new = Rate(limits.new_per_second)
+        self.strangers_new = Rate(limits.strangers_new_per_second)  # two buckets: prefixes seen lately, and the others
         self.budget = Budget(limits.body_budget)
         self.tls: ssl.SSLContext | None = None  # set by `run`: the handshake happens here, so it is bounded and logged
         self.tls_closed = 0  # TLS connections closed since the last collection of their buffers
@@ -185,13 +214,24 @@ class Gateway:
     def prefix(self, ip: str) -> str:
         return prefix(ip, self.limits.prefix_v4, self.limits.prefix_v6)
 
+    def suspect(self, pfx: str) -> bool:
+        """Whether `pfx` was refused lately by the SuperLink, or `TURNED` times by the gateway for load: a flood's
+        prefixes, which try again at once, soon are; a new site's first few tries are not, so they have room of their
+        own (admission.Calls, Slots._for_clean)."""
+        return self.refused.seen(pfx) or self.turned.over(pfx) > 0
+
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
         ip = peer.rpartition(":")[0] or peer
         pfx = self.prefix(ip)
+        fresh = self.new.fresh(pfx)
         if not self.new.take(pfx):
             return await self._refuse(writer, peer, pfx, f"over --new-per-second ({self.limits.new_per_second:g}) "
                                                          f"new connections from {pfx}")
+        if not self.slots.is_site(pfx) and not self.strangers_new.take("first" if fresh else "again"):
+            return await self._refuse(writer, peer, pfx, f"over {self.limits.strangers_new_per_second:g} new "
+                                      "connections a second from prefixes without an accepted call (5 x "
+                                      "--new-per-second)" + ("" if fresh else " seen in the last seconds"))
         c, victim, why = self.slots.admit(ip, pfx)
         if victim is not None:
             self._evict(victim)
@@ -237,6 +277,7 @@ class Gateway:
         """A connection not admitted: a 503 with Retry-After (plain HTTP), or a reset before any TLS byte (flwr gives up
         on an error that names TLS, and retries a reset)."""
         self.log.stranger(pfx, f"{peer} refused: {why}")
+        self.turned.add(pfx)
         if self.tls is not None:
             return _reset(writer)
         writer.write(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\n"
@@ -274,6 +315,7 @@ class Gateway:
                 first = False
                 path, n = self._decide(req, c)
                 body, pending = await self._body(reader, conn.trailing_data[0], n, hold)
+                lane = self._call_slot(c)
             except h11.RemoteProtocolError as e:
                 hold.release()
                 return await self._reject(conn, writer, peer, req or first_line(raw), c,
@@ -295,6 +337,8 @@ class Gateway:
                 del body  # freed with its budget, not held while the connection waits for its next request
                 hold.release()
                 self.slots.busy(c, False)
+                if lane is not None:
+                    self.calls.give(*lane)
             if conn.our_state is h11.MUST_CLOSE:
                 return
 
@@ -314,6 +358,18 @@ class Gateway:
         if n > self.limits.max_body:
             raise Reject(413, f"body of {n} bytes is over --max-body ({self.limits.max_body})")
         return verdict.path, n
+
+    def _call_slot(self, c: Conn) -> tuple[str, bool] | None:
+        """A stranger's call takes a slot of the strangers' calls with the SuperLink (what to give back), or is
+        answered 503 with Retry-After; a site's call (its connection's, or its prefix's) takes none."""
+        if c.authed or c.site_room:
+            return None
+        refused = self.suspect(c.prefix)
+        why = self.calls.take(c.prefix, refused)
+        if why:
+            self.turned.add(c.prefix)
+            raise Reject(503, f"{why}; try again", retry=1)
+        return c.prefix, refused
 
     def _account(self, c: Conn, status: int | None) -> None:
         """An answer the SuperLink gave: an accepted call makes the connection a site's; a refusal (>= 400) to a
@@ -392,10 +448,11 @@ class Gateway:
         from . import relay
         t0 = time.perf_counter()
         headers = [*fr.passed_headers(list(req.headers)), (b"content-length", str(len(body)).encode())]
-        request = self.client.build_request("POST", path, headers=headers)
+        client = self.client if c.authed or c.site_room else self.strangers_client
+        request = client.build_request("POST", path, headers=headers)
         request.stream = stream = relay.Chunks(body)  # views of the one buffer, a chunk at a time: never copied whole
         try:
-            r = await self.client.send(request, stream=True)
+            r = await client.send(request, stream=True)
         except httpx.HTTPError as e:
             await self._reject(conn, writer, peer, req, c, Reject(502, "the SuperLink did not answer", retry=1),
                                len(body), f"upstream error: {type(e).__name__}")
@@ -421,7 +478,8 @@ class Gateway:
         n = relay.declared_length(r.headers.raw)
         if n is not None:
             out.append((b"content-length", str(n).encode()))
-        sent, wait = 0, self.limits.idle_timeout
+        # a stranger's answer holds one of the strangers' calls until it is read: a slow reader is cut sooner
+        sent, wait = 0, self.limits.idle_timeout if c.authed else min(self.limits.idle_timeout, SEND_TIMEOUT)
         try:
             head = conn.send(h11.Response(status_code=r.status_code, headers=out, reason=reason_phrase(r.status_code)))
             sent = await relay.relay_body(conn, writer, head, r.aiter_bytes(relay.CHUNK), wait)
@@ -467,6 +525,7 @@ class Gateway:
                 self.log.roll()
                 self.new.sweep()
                 self.refused.sweep()
+                self.turned.sweep()
 
 
 def reason_phrase(status: int) -> bytes:
