@@ -44,6 +44,18 @@ def test_strangers_from_any_number_of_prefixes_hold_at_most_their_share_of_the_s
     assert again is not None and victim is None and not why
 
 
+def test_a_prefix_never_refused_takes_a_refused_prefixs_slot_however_young():
+    """Refused strangers reconnecting at once keep every slot younger than min_age; a newcomer from a prefix not refused
+    lately (a new site's first try) takes the oldest refused one's place; a refused prefix's newcomer waits."""
+    refused = {f"11.{i}.0.0/24" for i in range(8)}
+    s = Slots(capacity=16, per_prefix=4, grace=1.0, min_age=0.5, suspect=refused.__contains__)
+    storm = [s.admit(f"11.{i}.0.1", f"11.{i}.0.0/24", now=1.0)[0] for i in range(8)]
+    assert None not in storm and s.admit("11.0.0.1", "11.0.0.0/24", now=1.1)[0] is None
+    new, victim, _ = s.admit("12.0.0.1", "12.0.0.0/24", now=1.1)
+    assert new is not None and victim is storm[0]
+    assert s.admit("12.1.0.1", "12.1.0.0/24", now=1.1)[1] is storm[1]
+
+
 def test_one_sites_prefix_holds_at_most_its_share_of_the_sites_room():
     s = Slots(capacity=16, per_prefix=4, grace=1.0)
     first, _, _ = s.admit("10.9.0.1", "10.9.0.0/24", now=0.0)
@@ -244,13 +256,13 @@ def test_new_connections_from_many_prefixes_are_bounded_together_and_a_new_prefi
     g = Running(upstream, gw.Limits(new_per_second=2, header_timeout=1, idle_timeout=1))
     try:
         socks = [connect(g.port, src) for src in prefixes(10) for _ in range(4)]  # 10 prefixes x their burst of 4
+        with connect(g.port, "127.220.0.1") as s:  # at once, a prefix never seen
+            s.sendall(site_call())
+            assert status(read_all(s)) == 200
         got = [status(read_all(s)) for s in socks]
         close_all(socks)
         assert got.count(503) >= 5, got  # 10 first connections, 30 again: 20 of those
         assert "new connections a second from prefixes without an accepted call" in g.out.getvalue()
-        with connect(g.port, "127.220.0.1") as s:  # a prefix never seen
-            s.sendall(site_call())
-            assert status(read_all(s)) == 200
     finally:
         g.stop()
 
