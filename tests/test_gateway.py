@@ -286,3 +286,21 @@ def test_tls_handshakes_that_fail_are_one_log_line_and_tls_calls_pass(upstream, 
         assert sum("TLS handshake failed" in ln for ln in lines) == 2, lines
     finally:
         g.stop()
+
+
+def test_the_route_check_runs_in_a_child_and_a_changed_flwr_is_one_line(monkeypatch):
+    """Importing flwr's Fleet router maps about 90 MB (grpc, numpy, sqlalchemy, pydantic): the gateway reads the
+    routes in a child process and never holds it. Routes other than flwr 1.41's, or no answer, stop it in one line."""
+    import subprocess
+    import sys
+    code = ("import sys; from fedl2p_cli.flower import fleet_routes as fr; fr.check_flwr(); "
+            "print('flwr.superlink' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "False", done.stderr
+    from fedl2p_cli.errors import FedL2PError
+    monkeypatch.setattr(fr, "ROUTES_CODE", "import json; print(json.dumps([['POST', '/api/v0/fleet/new-route']]))")
+    with pytest.raises(FedL2PError, match="new: POST /api/v0/fleet/new-route"):
+        fr.check_flwr()
+    monkeypatch.setattr(fr, "ROUTES_CODE", "raise SystemExit('flwr is broken')")
+    with pytest.raises(FedL2PError, match="could not read the installed flwr's Fleet routes: flwr is broken"):
+        fr.check_flwr()

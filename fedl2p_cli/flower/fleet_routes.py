@@ -13,6 +13,7 @@ normalised) is how a path prefix check is bypassed with `..`, `%2e%2e`, `%2f` an
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import FedL2PError
@@ -80,12 +81,40 @@ def check_flwr() -> str:
     allowlist was written for; a flwr whose routes differ stops the gateway (a route it does not know could be one a
     site needs, or one that must not face the network)."""
     from importlib.metadata import version
-
-    from flwr.superlink.routers.fleet.router import router
-    declared = {(m, r.path) for r in router.routes for m in getattr(r, "methods", ())}
+    declared = declared_routes()
     if declared != FLWR_ROUTES:
         new = sorted(f"{m} {p}" for m, p in declared - FLWR_ROUTES)
         gone = sorted(f"{m} {p}" for m, p in FLWR_ROUTES - declared)
         raise FedL2PError(f"flwr {version('flwr')} declares other Fleet routes than the gateway was written for "
                            f"(flwr 1.41; new: {', '.join(new) or 'none'}; gone: {', '.join(gone) or 'none'})")
     return version("flwr")
+
+
+ROUTES_CODE = ("import json; from flwr.superlink.routers.fleet.router import router; "
+               "print(json.dumps([[m, r.path] for r in router.routes for m in getattr(r, 'methods', ())]))")
+
+
+def declared_routes() -> set[tuple[str, str]]:
+    """The (method, path) pairs the installed flwr's Fleet router declares, read in a child process (once per
+    `ROUTES_CODE`: about 2 s): importing the router maps grpc, numpy, sqlalchemy and pydantic (about 90 MB resident),
+    which the gateway would otherwise keep for as long as it serves."""
+    return set(_declared(ROUTES_CODE))
+
+
+@functools.cache
+def _declared(code: str) -> frozenset[tuple[str, str]]:
+    import json
+    import subprocess
+    import sys
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise FedL2PError(f"could not read the installed flwr's Fleet routes: {e}") from None
+    try:
+        rows = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        rows = None
+    if not isinstance(rows, list):
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise FedL2PError(f"could not read the installed flwr's Fleet routes: {why}")
+    return frozenset((str(m), str(p)) for m, p in rows)
