@@ -10,8 +10,10 @@ their p50 and max latency, the edge's CPU (all its processes, % of one core) and
 that reached the upstream. Attackers come from 127.x.y.z addresses (Linux routes all of 127/8 to loopback), so "200
 addresses" are 200 /24 prefixes unless said otherwise.
 
-Usage: python bench/edge_attacks.py [--seconds 5] [--only NAME ...]; writes bench/edge_attacks.json and prints a
-markdown table. Needs the flower extra (httpx, h11, flwr, cryptography) and nginx for its column.
+Usage: python bench/edge_attacks.py [--seconds 5] [--only NAME ...] [--before REV] [--out FILE]; writes
+bench/edge_attacks.json (or FILE) and prints a markdown table. The rows named "many:" are the many-prefix mode (issue
+81): each attacker in a /24 of its own, 40 to 1,000 of them. Needs the flower extra (httpx, h11, flwr, cryptography)
+and nginx for its column.
 """
 
 from __future__ import annotations
@@ -452,6 +454,101 @@ def attack_slow_heads(port, certs, end, n=200):
         time.sleep(1.0)
 
 
+def many(n: int, first: int = 100) -> list[str]:
+    """`n` addresses, each in a /24 of its own (127.first.0.1, 127.first.1.1, ...): the many-prefix mode."""
+    return [f"127.{first + i // 250}.{i % 250}.1" for i in range(n)]
+
+
+def attack_many_refused(port, certs, end, n=500, threads=50):
+    """Calls the upstream refuses (401) from `n` /24s, one kept-alive connection each (reopened when closed), driven
+    by `threads` threads that each take their share of the prefixes in turn: every prefix stays under its limits."""
+    raw = request(b"/v1/fleet/get-run")
+    sources = many(n)
+
+    def loop(mine: list[str]) -> None:
+        socks: dict[str, ssl.SSLSocket] = {}
+        while time.monotonic() < end:
+            for src in mine:
+                try:
+                    s = socks.get(src) or socks.setdefault(src, _tls(port, src, certs))
+                    s.sendall(raw)
+                    s.settimeout(2)
+                    data = s.recv(65536)
+                    if not data or b"connection: close" in data.lower():
+                        raise ConnectionError
+                except OSError:
+                    with contextlib.suppress(OSError, KeyError):
+                        socks.pop(src).close()
+        for s in socks.values():
+            s.close()
+    ts = [threading.Thread(target=loop, args=(sources[k::threads],), daemon=True) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def attack_many_slow_bodies(port, certs, end, prefixes=40, per_prefix=16, every=10.0):
+    """`prefixes` x `per_prefix` connections (each prefix at its --max-per-peer) that send a head declaring 1,000
+    bytes of body and then 1 byte every `every` seconds; a closed one is reopened."""
+    head = request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"1000"})
+    slots = [src for src in many(prefixes, 110) for _ in range(per_prefix)]
+    socks: list = [None] * len(slots)
+    while time.monotonic() < end:
+        for i, src in enumerate(slots):
+            try:
+                if socks[i] is None:
+                    socks[i] = _tls(port, src, certs)
+                    socks[i].sendall(head)
+                socks[i].sendall(b"x")
+            except OSError:
+                with contextlib.suppress(OSError, AttributeError):
+                    socks[i].close()
+                socks[i] = None
+            if time.monotonic() >= end:
+                break
+        time.sleep(min(every, max(0.0, end - time.monotonic())))
+    for s in socks:
+        with contextlib.suppress(OSError, AttributeError):
+            s.close()
+
+
+def attack_many_slow_reads(port, certs, end):
+    """Slow readers from 128 /24s (400 pipelined calls each, never read)."""
+    attack_slow_reads(port, certs, end, n=128)
+
+
+def attack_many_hellos(port, certs, end, prefixes=48, threads=4):
+    """The replayed ClientHello from 48 /24s (one address each), 4 threads."""
+    hello = client_hello(certs)
+    sources = many(prefixes, 120)
+
+    def loop(k):
+        i = k
+        while time.monotonic() < end:
+            try:
+                with _connect(port, sources[i % prefixes], 2) as s:
+                    s.sendall(hello)
+                    s.settimeout(1)
+                    s.recv(4096)
+            except OSError:
+                pass
+            i += threads
+    ts = [threading.Thread(target=loop, args=(k,), daemon=True) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+MANY = [  # the many-prefix mode (issue 81): each attacker in a /24 of its own
+    ("many: refused calls from 500 /24s", attack_many_refused, {}),
+    ("many: slow bodies, 640 connections from 40 /24s, 1 byte/10 s", attack_many_slow_bodies, {"warmup": 4.0}),
+    ("many: storm from 1000 /24s, 1000/s", attack_storm, {"addresses": 1000, "rate": 1000}),
+    ("many: slow reads from 128 /24s", attack_many_slow_reads, {"warmup": 2.0}),
+    ("many: replayed ClientHello from 48 /24s", attack_many_hellos, {}),
+]
+
 ATTACK_LIST = [
     ("none (baseline)", None, {}),
     ("budget hold: 16 heads of 4 MiB, no body", attack_budget_hold, {"warmup": 4.0}),
@@ -466,6 +563,7 @@ ATTACK_LIST = [
     ("bodies at the limit: 8 x 4 MiB", attack_big_bodies, {}),
     ("slow heads: 200 connections, 1 byte/s", attack_slow_heads, {"warmup": 4.0}),
     ("slow reads: 64 connections, 400 calls each, never read", attack_slow_reads, {"warmup": 2.0}),
+    *MANY,
 ]
 
 
@@ -529,10 +627,10 @@ def reach_set(edge: Edge, counter) -> dict:
 CERTS = Path()
 
 
-def old_tree(tmp: Path) -> Path:
+def old_tree(tmp: Path, rev: str = BEFORE) -> Path:
     tree = tmp / "before"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE, "fedl2p_cli"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "fedl2p_cli"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     return tree
 
@@ -550,6 +648,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds each attack runs while the site calls")
     ap.add_argument("--only", nargs="*", help="attack names (a prefix of each) to run")
     ap.add_argument("--edges", nargs="*", default=["gateway before", "gateway", "nginx"])
+    ap.add_argument("--before", default=BEFORE, help="the commit 'gateway before' runs (default: before issue 72)")
+    ap.add_argument("--out", default="edge_attacks.json", help="file name in bench/ for the results")
     a = ap.parse_args()
     from fedl2p_cli.flower import certs as flower_certs
     tmp = Path(tempfile.mkdtemp(prefix="edge-attacks-"))
@@ -560,7 +660,7 @@ def main() -> None:
     upstream = mp.Process(target=upstream_main, args=(up, CERTS, 401, counter), daemon=True)
     upstream.start()
     wait_for_port(up, 10)
-    starters = {"gateway before": lambda: start_gateway("gateway before", old_tree(tmp), up, CERTS, tmp),
+    starters = {"gateway before": lambda: start_gateway("gateway before", old_tree(tmp, a.before), up, CERTS, tmp),
                 "gateway": lambda: start_gateway("gateway", REPO, up, CERTS, tmp),
                 "nginx": lambda: start_nginx(up, CERTS, tmp)}
     if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
@@ -580,7 +680,7 @@ def main() -> None:
     upstream.kill()
     out = {"cpu": cpu_name(), "seconds": a.seconds, "rows": rows, "reach": reach,
            "note": "measured on a shared machine (other jobs were running beside it)"}
-    (HERE / "edge_attacks.json").write_text(json.dumps(out, indent=2) + "\n")
+    (HERE / a.out).write_text(json.dumps(out, indent=2) + "\n")
     print(report(out))
 
 
