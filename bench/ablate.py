@@ -48,7 +48,7 @@ def run_variant(cell: str, variant: dict, pool: str = "seen", eval_stats: str = 
         secs["personalize"]["eval_stats"] = eval_stats
     store = pipeline.Store(accuracy.STORE)
     try:
-        res = pipeline.run(pipeline.Pipeline(f"ablate-{cell}", secs, store), None, RichProgress)
+        res = pipeline.run(pipeline.Pipeline(f"ablate-{cell}", secs, store), None, RichProgress, runtime=accuracy.handed())
     except Exception as e:  # one failed variant must not hide the others
         return {"variant": variant, "error": f"{e.__class__.__name__}: {e}"}
     art = [r.artifact for r in res if r.stage == "personalize"][-1]

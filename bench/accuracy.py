@@ -54,6 +54,13 @@ SHIFTED = ("feature", "planted")  # cells personalising the clean model to clien
 GROUPS = ("extras", "binit", "pfl")
 
 
+def handed(**fields):
+    """A Runtime carrying this process's catalog: what a bench script, its own entry point, hands the runs it starts."""
+    from fedl2p_cli import plugins
+    from fedl2p_cli.runtime import Runtime
+    return Runtime(catalog=plugins.current(), **fields)
+
+
 def pipeline_file(cell: str, group: str | None = None) -> Path:
     return BENCH / (f"{cell}.{group}.toml" if group else f"{cell}.toml")
 
@@ -81,7 +88,7 @@ def prerequisites(cell: str) -> dict[str, str]:
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import pipeline
     res = pipeline.run(pipeline.Pipeline(f"prerequisites-{cell}", sections(cell, full=False), pipeline.Store(STORE)),
-                       None, RichProgress)
+                       None, RichProgress, runtime=handed())
     return {r.stage: r.artifact.id for r in res}
 
 
@@ -99,7 +106,7 @@ def _run(label: str, secs: dict) -> None:
     from fedl2p_cli.stages import pipeline
     t0 = time.time()
     try:
-        pipeline.run(pipeline.Pipeline(f"accuracy-{label}", secs, pipeline.Store(STORE)), None, RichProgress)
+        pipeline.run(pipeline.Pipeline(f"accuracy-{label}", secs, pipeline.Store(STORE)), None, RichProgress, runtime=handed())
     except Exception as e:  # one failed cell must not hide the others; say which and why, at once
         print(f"[{label}] FAILED: {e.__class__.__name__}: {e}", flush=True)
         return
@@ -155,12 +162,11 @@ def oracle(candidates: np.ndarray) -> tuple[float, float]:
 def planned(cell: str, group: str | None = None, stable_ift: bool = False) -> list | None:
     """The artifacts of a cell's pipeline file (or of one of its groups), found as `fedl2p run` and `fedl2p report`
     find them: its compiled plan executed with reuse_only (nothing is built). None while one of them is missing."""
-    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import pipeline
     from fedl2p_cli.stages.common import Missing, NoProgress
     p = pipeline.Pipeline(f"accuracy-{cell}", sections(cell, group=group, stable_ift=stable_ift), pipeline.Store(STORE))
     try:
-        return pipeline.run(p, None, NoProgress, runtime=Runtime().replace(reuse_only=True))
+        return pipeline.run(p, None, NoProgress, runtime=handed(reuse_only=True))
     except Missing:
         return None
 
@@ -301,7 +307,6 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     from fedl2p_cli import plugins
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.cli import options
-    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import personalize as pers_stage
     store = Store(STORE)
     main = store.load("personalize", row["personalize"], verify=False)
@@ -310,7 +315,7 @@ def stats_comparison(row: dict) -> dict[str, dict[str, float]]:
     cfg = pers_stage.PersonalizeConfig(unseen=row["pool"] == "unseen", methods=list(registry.baselines(plugins.current())), epochs=EPOCHS,
                                        batch_size=32, base_lr=BASE_LR, seeds=SEEDS, client_bn="running")
     art, _ = options.execute(pers_stage, cfg, {"pretrain": main.parents["pretrain"], "stats": main.parents["stats"], "meta": metas},
-                             store.root, Runtime(), False)
+                             store.root, handed(), False)
     out["running"] = {m: v["mean"] for m, v in json.loads(art.file("summary.json").read_text())["methods"].items()}
     return out
 

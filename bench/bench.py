@@ -17,10 +17,17 @@ from pathlib import Path
 
 import torch
 
+from fedl2p_cli import plugins
 from fedl2p_cli.cli import options
 from fedl2p_cli.runtime import Runtime
 
 HERE = Path(__file__).resolve().parent
+
+
+def handed(**fields) -> Runtime:
+    """A Runtime carrying this process's catalog: what this script, its own entry point, hands the runs it starts."""
+    return Runtime(catalog=plugins.current(), **fields)
+
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 
@@ -61,7 +68,7 @@ def bench_partition() -> dict:
         t = time.perf_counter()
         art, _ = options.execute(partition, partition.PartitionConfig(dataset="fmnist", alpha=0.1, clients=1000,
                                                                       samples_per_client=60, unseen_fraction=0.1),
-                                 {}, Path(d), Runtime(), False, plot=False)
+                                 {}, Path(d), handed(), False, plot=False)
         secs = time.perf_counter() - t
         size = sum(p.stat().st_size for p in art.path.iterdir()) / 2**20
     return {"partition_1000_clients_s": secs, "partition_file_mb": size, "peak_rss_mb": peak_rss_mb()}
@@ -72,7 +79,7 @@ def _embedded(d: str, clients: int = 70):
     from fedl2p_cli.stages import partition
     store = Store(d)
     art, _ = options.execute(partition, partition.PartitionConfig(dataset="fmnist-c", alpha=0.5, clients=clients), {},
-                             store.root, Runtime(), False, plot=False)
+                             store.root, handed(), False, plot=False)
     return store, art, partition.load(store, art.id)[1]
 
 
@@ -82,7 +89,7 @@ def bench_engine() -> dict:
     with tempfile.TemporaryDirectory() as d:
         _, _, part = _embedded(d)
         cfg = pretrain.PretrainConfig(rounds=6, fraction=0.2, eval_every=1000)
-        _, hist = pretrain.train(cfg, part, None, NoProgress())
+        _, hist = pretrain.train(cfg, part, None, NoProgress(), runtime=handed())
     rows = hist[1:]  # the first round pays one-off costs
     evals = sum(h.get("eval_s", 0.0) for h in rows)  # the scheduled evaluation is reported apart, not as overhead
     round_s = sum(h["round_s"] for h in rows) - evals
@@ -302,11 +309,11 @@ def bench_meta_round() -> dict:
     with tempfile.TemporaryDirectory() as d:
         store, part_art, _ = _embedded(d)
         pre, _ = options.execute(pretrain, pretrain.PretrainConfig(rounds=2, fraction=0.1), {"partition": part_art.id},
-                                 store.root, Runtime(), False, plot=False)
+                                 store.root, handed(), False, plot=False)
         st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
-                          StageContext(store))
+                          StageContext(store, handed()))
         cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
-        art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root, Runtime(), False)
+        art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root, handed(), False)
         import csv
         with open(art.file("history.csv")) as f:
             rows = list(csv.DictReader(f))[1:]
@@ -332,9 +339,9 @@ def bench_workers() -> dict:
     with tempfile.TemporaryDirectory() as d:
         store, part_art, _ = _embedded(d)
         pre, _ = options.execute(pretrain, pretrain.PretrainConfig(rounds=2, fraction=0.1), {"partition": part_art.id},
-                                 store.root, Runtime(), False, plot=False)
+                                 store.root, handed(), False, plot=False)
         st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
-                          StageContext(store))
+                          StageContext(store, handed()))
         runs = [("1 process, 1 thread", 1, 1, "local"), ("1 process, 2 threads", 1, 2, "local"),
                 ("2 workers, 1 thread each", 2, 1, "local")]
         if importlib.util.find_spec("flwr") and importlib.util.find_spec("ray"):  # the flower extra's venv
@@ -345,7 +352,7 @@ def bench_workers() -> dict:
                                              meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
             t = time.perf_counter()
             art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root,
-                                     Runtime(workers=workers, engine=engine), False)
+                                     handed(workers=workers, engine=engine), False)
             total = time.perf_counter() - t
             with open(art.file("history.csv")) as f:
                 rows = list(csv.DictReader(f))

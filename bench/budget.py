@@ -53,7 +53,7 @@ def run(cell: str, rounds: int, variants: list[str]) -> list[str]:
     secs["personalize"] = dict(accuracy.sections(cell)["personalize"], methods=HANDMADE)
     t0 = time.time()
     res = pipeline.run(pipeline.Pipeline(f"budget-{cell}-{rounds}-{len(variants)}", secs, pipeline.Store(accuracy.STORE)), None,
-                       RichProgress)
+                       RichProgress, runtime=accuracy.handed())
     print(f"[{cell}, {rounds} rounds] done in {time.time() - t0:.0f} s", flush=True)
     return [r.artifact.id for r in res if r.stage == "personalize"]
 

@@ -93,13 +93,15 @@ def personalization(group: int) -> tuple[collections.Counter, int]:
     `group` clients (1: one at a time), its host reads counted; and the number of (client, seed) pairs."""
     import tempfile
 
+    from fedl2p_cli import plugins
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.core.settings import MetaConfig
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
 
-    def run(module, cfg, parents, rt=Runtime()):
+    def run(module, cfg, parents, rt=None):  # this script is its own entry point: it hands its catalog over
+        rt = (rt or Runtime()).replace(catalog=plugins.current())
         return run_stage(module, cfg, Inputs.given(parents), StageContext(store, rt))[0]
     store = Store(tempfile.mkdtemp(prefix="host-syncs-"))
     part = run(partition, partition.PartitionConfig(dataset="digits-c", clients=12, samples_per_client=40), {})

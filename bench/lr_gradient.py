@@ -100,7 +100,6 @@ def main() -> None:
     torch.set_num_threads(1)
     from fedl2p_cli.configs import MetaTrainConfig
     from fedl2p_cli.core.settings import MetaConfig
-    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train
     rows = []
     for cell in args.cells:
@@ -110,7 +109,7 @@ def main() -> None:
                           batch_size=sec.get("batch_size", 32), beta_init=0.5)
         cfg = MetaTrainConfig(meta=meta, input_norm="robust")
         ctx = meta_train.make_context(str(search.accuracy.STORE), _id(ids, "pretrain"), _id(ids, "partition"),
-                                      _id(ids, "stats"), cfg, Runtime())
+                                      _id(ids, "stats"), cfg, search.accuracy.handed())
         seen = ctx.part.pool(False)
         picked = [c for d in range(len(ctx.part.domain_names))
                   for c in [c for c in seen if int(ctx.part.domain[c]) == d][:args.clients]]

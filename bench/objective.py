@@ -150,12 +150,11 @@ def context(art):
     initial lambda."""
     import torch
 
-    from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train
     torch.set_num_threads(1)
     cfg = meta_train.config_from_dict(art.config)
     ctx = meta_train.make_context(str(accuracy.STORE), art.parents["pretrain"], art.parents["partition"],
-                                  art.parents["stats"], cfg, Runtime())
+                                  art.parents["stats"], cfg, accuracy.handed())
     return ctx, meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
 
 

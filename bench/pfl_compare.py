@@ -73,7 +73,7 @@ def run(cell: str, seed: int) -> dict | None:
     t0 = time.time()
     try:
         res = pipeline.run(pipeline.Pipeline(f"pfl-{cell}-s{seed}", sections(cell, seed), pipeline.Store(accuracy.STORE)),
-                           None, RichProgress)
+                           None, RichProgress, runtime=accuracy.handed())
     except Exception as e:  # one failed cell must not hide the others
         print(f"[{cell} seed {seed}] FAILED: {e.__class__.__name__}: {e}", flush=True)
         return None

@@ -103,7 +103,8 @@ def ours(cell: str) -> dict:
     from fedl2p_cli.stages import personalize as pers_stage
     from fedl2p_cli.stages import pipeline
     s = accuracy.sections(cell, stable_ift=True)
-    res = pipeline.run(pipeline.Pipeline(f"reference-{cell}", s, pipeline.Store(STORE)), None, RichProgress)
+    res = pipeline.run(pipeline.Pipeline(f"reference-{cell}", s, pipeline.Store(STORE)), None, RichProgress,
+                       runtime=accuracy.handed())
     store = pipeline.Store(STORE)
     out = {"pools": {}}
     for r in res:

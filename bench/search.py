@@ -42,7 +42,8 @@ def parse(text: str) -> tuple[str, dict]:
 def _run(label: str, secs: dict) -> dict:
     from fedl2p_cli.cli.render import RichProgress
     from fedl2p_cli.stages import pipeline
-    res = pipeline.run(pipeline.Pipeline(label, secs, pipeline.Store(accuracy.STORE)), None, RichProgress)
+    res = pipeline.run(pipeline.Pipeline(label, secs, pipeline.Store(accuracy.STORE)), None, RichProgress,
+                       runtime=accuracy.handed())
     return {f"{r.stage}:{r.label}": r.artifact.id for r in res}
 
 

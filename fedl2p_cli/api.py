@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .core.finetune import FinetuneResult
     from .core.functional import epochs_of_batches, evaluate, get_state, mean_loss, random_batch, set_state
     from .core.hypergrad import MetaGrad
+    from .core.metanets import Lambda
     from .data.datasets import channel_stats
     from .device import to_host
     from .engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
@@ -108,6 +109,7 @@ _LAZY = {
     "Partition": ("io.partition_h5", "Partition"), "Runtime": ("runtime", "Runtime"),
     "Progress": ("engine.progress", "Progress"), "TrainedSystem": ("algorithms.systems.base", "Trained"),
     "MetaGrad": ("core.hypergrad", "MetaGrad"), "FinetuneResult": ("core.finetune", "FinetuneResult"),
+    "Lambda": ("core.metanets", "Lambda"),
     "Fomaml": ("algorithms.meta_grads", "Fomaml"), "Ift": ("algorithms.meta_grads", "Ift"),
     "random_batch": ("core.functional", "random_batch"),
 }
@@ -201,8 +203,9 @@ __all__ = [
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
     "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad", "MetaInputs",
-    # what a meta-gradient is handed and returns, and the built-ins to build on
-    "FinetuneResult", "MetaGrad", "Fomaml", "Ift", "random_batch",
+    # what a meta-gradient is handed and returns (Lambda: the meta-nets' tensors by name, in a server step's and a
+    # meta-gradient's signatures), and the built-ins to build on
+    "FinetuneResult", "MetaGrad", "Lambda", "Fomaml", "Ift", "random_batch",
     # what a method is handed in `personalize`
     "Setup", "Row", "ClientContext", "Client", "Trial",
     # what a pFL system or a pretraining algorithm is handed and uses

@@ -9,9 +9,11 @@ in this order:
 `register` receives a `Registry` and calls its `add_*` methods; a name that is already taken, a module that does not
 import, a `register` that raises or a plugin written for another `API_VERSION` (its module's `FEDL2P_API`) is refused
 as a whole (nothing of it is registered) with one line naming the plugin. A command's catalog travels with its
-`Runtime` (`runtime.catalog`; a worker process or Flower ClientApp builds its own from the runtime's `plugins`), and
-the stage interface puts it in place (`using`) for the lookups made below a stage; `current()` answers from it, or
-from the context's own catalog, filled with the built-ins and the installed plugins on first use.
+`Runtime` (`runtime.catalog`; a worker process or Flower ClientApp builds its own from the runtime's `plugins`):
+every lookup below the entry points asks `of(runtime)`, which refuses a Runtime that carries none. The stage interface
+also puts it in place (`using`) for a plugin's code handed none (`api.build_model` without `catalog=`); `current()`
+answers from it, or at an entry point from the context's own catalog, filled with the built-ins and the installed
+plugins on first use.
 Torch-free: loading a plugin imports only what it imports.
 """
 
@@ -364,12 +366,19 @@ def current() -> Catalog:
     return catalog if catalog.loaded else fill(catalog)
 
 
-def of(runtime: Runtime | None) -> Catalog:
-    """The catalog a run looks up: the one its Runtime carries (else the context's, `current`), allowing the modules
-    the runtime names (`allow_import`: the command's --allow-import and --model package.module:factory)."""
-    if runtime is None:
-        return current()
-    return (runtime.catalog if runtime.catalog is not None else current()).allowing(runtime.allow_import)
+class NoCatalog(FedL2PError):
+    """A run below the entry points was handed no catalog: a lookup there never answers from the context's own, so a
+    missed hand-over stops at the first lookup instead of silently using other pieces."""
+
+
+def of(runtime: Runtime) -> Catalog:
+    """The catalog a run looks up: the one its Runtime carries (the command line, a worker, a Flower app or a test put
+    it there), allowing the modules the runtime names (`allow_import`: --allow-import, --model package.module:factory).
+    A runtime that carries none is refused (`NoCatalog`): below the entry points nothing falls back on `current()`."""
+    if runtime.catalog is None:
+        raise NoCatalog("this run's Runtime carries no catalog: hand one over (Runtime(catalog=plugins.build()), or "
+                        "run it through the command line or a Flower app)")
+    return runtime.catalog.allowing(runtime.allow_import)
 
 
 def _chosen() -> Catalog:
@@ -389,16 +398,6 @@ def using(catalog: Catalog) -> Iterator[Catalog]:
         yield catalog
     finally:
         _CURRENT.reset(token)
-
-
-def owner(kind: Kind[object], name: str) -> Plugin | None:
-    """The plugin that registered `name` as a `kind` in the current catalog (None: nobody)."""
-    return current().owner(kind, name)
-
-
-def active() -> list[str]:
-    """The current catalog's plugin modules other than the built-ins (what worker processes and sites load)."""
-    return current().active()
 
 
 def load(specs: Sequence[str], how: str = "--plugin") -> list[Plugin]:

@@ -71,8 +71,8 @@ class Runtime:
                                       "folder, ./runs or ./mlruns).", cli=False)
     reuse_only: bool = opt(False, "Build nothing: each stage returns the artifact its inputs name, or refuses (how "
                                   "`fedl2p report` finds a pipeline's artifacts).", cli=False)
-    # the pieces this run looks up (None: the context's, `plugins.current()`). It stays in this process: a worker
-    # process or ClientApp builds its own from `plugins` and `allow_import`.
+    # the pieces this run looks up (None: none handed over, which `plugins.of` refuses). It stays in this process: a
+    # worker process or ClientApp builds its own from `plugins` and `allow_import`.
     catalog: Catalog | None = dataclasses.field(default=None, compare=False, repr=False, metadata={
         "help": "The catalog of pieces this run looks up (plugins.of(runtime)).", "cli": False, INTERNAL: True})
 

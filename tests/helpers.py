@@ -11,12 +11,20 @@ from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.models.registry import build
 
 
+def handed(runtime=None, **fields):
+    """A runtime carrying a catalog, as a command hands one over: `runtime` (default: Runtime(**fields)) with its own
+    catalog, else this test's context's (`plugins.current()`: a test is its own entry point)."""
+    from fedl2p_cli.runtime import Runtime
+    rt = runtime or Runtime(**fields)
+    return rt if rt.catalog is not None else rt.replace(catalog=plugins.current())
+
+
 def execute(module, cfg, store, parents: dict | None = None, force: bool = False, runtime=None, **ctx):
     """A stage run through its interface, as a command makes it: parent ids by name (an id, a list of them, or None:
-    the stage's default) and the rest of the context (progress, resume, plot)."""
-    from fedl2p_cli.runtime import Runtime
+    the stage's default), the runtime with its catalog handed over, and the rest of the context (progress, resume,
+    plot)."""
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
-    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, runtime or Runtime(), force, **ctx))
+    return run_stage(module, cfg, Inputs.given(parents or {}), StageContext(store, handed(runtime), force, **ctx))
 
 
 def detached_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

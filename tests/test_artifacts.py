@@ -3,6 +3,8 @@ import pytest
 from fedl2p_cli.artifacts import Store, artifact_id
 from fedl2p_cli.errors import ArtifactError
 
+from .helpers import handed
+
 
 def make(store, config=None):
     d = store.draft("partition", config or {"a": 1}, {})
@@ -40,7 +42,7 @@ def test_crash_mid_write_leaves_no_artifact(tmp_path):
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError):
-        build_or_reuse(s, "partition", {"b": 1}, {}, build)
+        build_or_reuse(s, "partition", {"b": 1}, {}, build, False, handed())
     assert s.ids("partition") == []
     assert list(tmp_path.iterdir()) == []  # no artifact, no temporary folder, no empty stage folder, no lock
 

@@ -21,7 +21,7 @@ from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.models.registry import build
 from fedl2p_cli.runtime import Runtime
 
-from .helpers import detached_params
+from .helpers import detached_params, handed
 
 
 def cpu_tensors(obj) -> list[torch.Tensor]:
@@ -171,8 +171,8 @@ def test_manifest_records_where_an_artifact_was_computed(tiny_store):
 def test_gpus_per_client_is_refused_where_it_means_nothing():
     from fedl2p_cli.stages.meta_train import check_runtime
     with pytest.raises(FedL2PError, match="--gpus-per-client"):
-        check_runtime(Runtime(engine="local", gpus_per_client=0.5))
-    check_runtime(Runtime(engine="flower"))  # on the CPU, Flower needs no GPU share
+        check_runtime(handed(engine="local", gpus_per_client=0.5))
+    check_runtime(handed(engine="flower"))  # on the CPU, Flower needs no GPU share
 
 
 class _Root:
@@ -327,10 +327,10 @@ def test_the_engine_is_batched_by_default_on_a_gpu_and_says_so_in_one_line():
     line = auto_engine_line(Runtime(device="cuda:0"), True)
     assert line is not None and "\n" not in line and "--engine batched --client-batch auto" in line
     assert "--engine batched" not in (auto_engine_line(Runtime(device="cuda:0"), False) or "")
-    meta_train.check(meta_train.MetaTrainConfig(local=True), Runtime(device="cuda:0"))  # --local runs no rounds
+    meta_train.check(meta_train.MetaTrainConfig(local=True), handed(device="cuda:0"))  # --local runs no rounds
     # a pipeline file's workers (the quickstart's 2, for the CPU) leave the GPU's default batched; named, they conflict
     from fedl2p_cli.errors import FedL2PError
-    meta_train.check(meta_train.MetaTrainConfig(), Runtime(device="cuda:0", workers=2))
+    meta_train.check(meta_train.MetaTrainConfig(), handed(device="cuda:0", workers=2))
     with pytest.raises(FedL2PError, match="leave --workers at 1"):
-        meta_train.check(meta_train.MetaTrainConfig(), Runtime(device="cuda:0", engine="batched", workers=2))
-    assert meta_train.check(meta_train.MetaTrainConfig(), Runtime(device="cuda:0", engine="local", workers=2)) is None
+        meta_train.check(meta_train.MetaTrainConfig(), handed(device="cuda:0", engine="batched", workers=2))
+    assert meta_train.check(meta_train.MetaTrainConfig(), handed(device="cuda:0", engine="local", workers=2)) is None

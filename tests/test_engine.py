@@ -16,7 +16,7 @@ from fedl2p_cli.engine.rounds import Watch, in_process, run_rounds
 from fedl2p_cli.runtime import EXECUTOR
 from fedl2p_cli.stages.common import NoProgress
 
-from .helpers import KillAfter, Killed, execute
+from .helpers import KillAfter, Killed, execute, handed
 
 
 @dataclass
@@ -318,7 +318,7 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     ids = tiny_store["pretrain"].id, tiny_store["stats"].id
     cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last",
                                      meta=dataclasses.replace(TINY_META, meta_grad="fomaml"))
-    fomaml, _ = run_stage(meta_train, cfg, Inputs.given({"pretrain": ids[0], "stats": ids[1]}), StageContext(store))
+    fomaml, _ = run_stage(meta_train, cfg, Inputs.given({"pretrain": ids[0], "stats": ids[1]}), StageContext(store, handed()))
     mine = dataclasses.replace(cfg, meta=dataclasses.replace(cfg.meta, meta_grad="half-fomaml"))
     assert mine.variant().startswith("fedl2p-half-fomaml")
     catalog = plugins.build(lambda registry: registry.add_meta_grad(Half()))  # travels with the runtime
@@ -332,4 +332,4 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     lam_f, lam_h = weights.load(fomaml.file("lambda.safetensors")), weights.load(one.file("lambda.safetensors"))
     assert any(not torch.equal(lam_f[k], lam_h[k]) for k in lam_f)
     with pytest.raises(FedL2PError, match="unknown meta-gradient 'half-fomaml' \\(--meta-grad\\); choose one of: fomaml, ift"):
-        run_stage(meta_train, mine, inputs, StageContext(store, force=True))
+        run_stage(meta_train, mine, inputs, StageContext(store, handed(), force=True))

@@ -13,11 +13,11 @@ from fedl2p_cli.engine.loop import LoopState, sample_clients
 from fedl2p_cli.engine.rounds import Failed, RoundPolicy, run_rounds
 from fedl2p_cli.engine.workers import ClientPool
 from fedl2p_cli.errors import FedL2PError
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import NoProgress
 
 from .conftest import TINY_META
+from .helpers import handed
 
 POOL = list(range(10))
 
@@ -98,7 +98,7 @@ def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     """Real worker processes: client 2's dies mid-round; with --min-answers 0.5 the round aggregates the others
     (the same lambda as a round without client 2) and history names client 2."""
     cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META)
-    rt = Runtime(min_answers=0.5, workers=2)
+    rt = handed(min_answers=0.5, workers=2)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
     ctx = meta_train.make_context(*ids, cfg, rt)
     lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))

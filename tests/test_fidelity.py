@@ -20,7 +20,7 @@ from fedl2p_cli.stages import meta_train, partition, personalize, pipeline, stat
 from fedl2p_cli.stages.common import NoProgress
 
 from .conftest import TINY_META, TINY_PARTITION
-from .helpers import detached_params, execute
+from .helpers import detached_params, execute, handed
 
 
 @torch.no_grad()
@@ -176,7 +176,7 @@ seeds = [0]
 """
     f = tmp_path / "t.toml"
     f.write_text(toml)
-    res = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    res = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
     parts = [r.artifact for r in res if r.stage == "partition"]
     assert len(parts) == 2
     store = pipeline.Store(tmp_path / "store")

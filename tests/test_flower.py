@@ -22,7 +22,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages.meta_train import MetaReply, MetaTask
 
 from .conftest import TINY_META, TINY_PRETRAIN
-from .helpers import execute
+from .helpers import execute, handed
 
 HAS_FLOWER = all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
 needs_flower = pytest.mark.skipif(not HAS_FLOWER, reason="Flower extra not installed (pip install 'fedl2p[flower]'; "
@@ -96,7 +96,7 @@ def test_unknown_engine_is_refused(tiny_store):
     from fedl2p_cli.stages import meta_train
     cfg = meta_train.MetaTrainConfig(rounds=1, meta=TINY_META)
     with pytest.raises(USER_ERRORS, match="--engine"):
-        meta_train.check(cfg, Runtime(engine="spark"))
+        meta_train.check(cfg, handed(engine="spark"))
 
 
 @needs_flower
@@ -249,7 +249,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     lost = fault == "killed" or below
     cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=1.0 if fault or below else 0.5, seed=31, keep="last",
                                      meta=TINY_META, norm_bound=3.0 if fault else 0.0)  # last: it moved
-    rt = Runtime(round_timeout=60.0 if lost else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
+    rt = handed(round_timeout=60.0 if lost else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
     out = tmp_path / "out"
     out.mkdir()
     extra = mode == "tls-auth-gateway"  # a registered node that is not one of the run's sites
@@ -337,7 +337,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     torch.set_num_threads(1)
     try:
         ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
-                                      tiny_store["stats"].id, cfg, Runtime())
+                                      tiny_store["stats"].id, cfg, handed())
         lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
         strategy = meta_train.MetaStrategy(ctx, lam0)
         strategy.seen = list(sites[:2])  # a misbehaving site's replies were dropped: lambda is the two others'

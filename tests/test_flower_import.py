@@ -15,14 +15,14 @@ from fedl2p_cli.flower import app as flower_app
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train, personalize
 
-from .helpers import execute
+from .helpers import execute, handed
 
 
 def deployment(tiny_store, out, perturb=0.01):
     """A run config folder as `fedl2p flower run-config` writes it, with the results a ServerApp writes."""
     # its own variant name (beta_init 0.7): other tests that ask the shared tiny store for "fedl2p" must not get it
     cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16, base_lr=0.01, beta_init=0.7))
-    rc = flower_app.run_config(tiny_store["store"], tiny_store["pretrain"].id, cfg, 2, out)
+    rc = flower_app.run_config(tiny_store["store"], tiny_store["pretrain"].id, cfg, 2, out, handed())
     (out / "run.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items()))
     spec = json.loads(rc["model"])
     lam = meta_train.initial_lambda(cfg, plugins.current().get(META_HEAD, cfg.meta.head), spec["n_bn"], spec["n_x"], len(spec["params"]))

@@ -225,17 +225,17 @@ def test_the_stage_list_scan_finds_one(tmp_path):
 
 
 # -- stages read each other through the table ---------------------------------------------------------------------
-# the stage interface and what the stages share: these may import stage modules as the table needs (the pipeline
-# loads each row's module, the harness asks a pFL system for its accuracy)
-STAGE_INFRA = {"__init__", "interface", "common", "harness", "pipeline", "pipeline_files"}
+# the stage interface and what the stages share: no stage module among them (the pipeline loads each row's module
+# by the table's name for it)
+STAGE_INFRA = {"__init__", "interface", "common", "harness", "pipeline", "pipeline_files", "rows"}
 STORE_CALLS = {"load", "newest", "iter", "ids", "exists", "resolve", "workdir"}
 
 
 def stage_module_reads(path: Path, names: set[str], own: str | None) -> list[str]:
     """Where a stage module reads another stage around the table: an import of another stage module (module level,
     in a function or for the type checker), or a store call naming another stage in a string (`store.load("stats",
-    ...)`, `Store(root).newest(...)`). What a stage reads comes through its inputs and the rows' readers
-    (`inputs.get("stats").value`, `inputs.newest(...)`)."""
+    ...)`, `Store(root).newest(...)`), or a read around its inputs (`interface.reading`). What a stage reads comes
+    through its inputs and the rows' readers (`inputs.get(STATS).value`, `inputs.newest(...)`)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -249,6 +249,8 @@ def stage_module_reads(path: Path, names: set[str], own: str | None) -> list[str
               and "store" in ast.unparse(node.func.value).rpartition(".")[2].lower()
               and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in names - {own}):
             found.append(f"{path.stem}:{node.lineno} {node.func.attr}({node.args[0].value!r})")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).rpartition(".")[2] == "reading":
+            found.append(f"{path.stem}:{node.lineno} reading()")  # a worker's builder too: Inputs(...).bound(...)
     return sorted(found, key=lambda hit: int(hit.split(":")[1].split()[0]))
 
 
@@ -269,6 +271,16 @@ def test_stages_read_each_other_only_through_the_table():
     assert not found, f"stage modules reading another stage around the table: {found}"
 
 
+def test_what_the_stages_share_reads_no_stage():
+    """The modules the stages share (the harness, the helpers, the typed rows, the pipeline) import no stage module
+    and name none to the store: the harness asked `pfl` for a system's accuracy and `pretrain` for the global model's
+    (issue 80). Only the interface defines `reading`, for code outside the stages."""
+    from fedl2p_cli.stage_table import TABLE
+    shared = sorted(STAGE_INFRA - {"interface"})
+    found = [hit for m in shared for hit in stage_module_reads(PACKAGE / "stages" / f"{m}.py", set(TABLE.names), None)]
+    assert not found, f"shared stage modules reading a stage: {found}"
+
+
 def test_the_stage_read_scan_finds_each_kind(tmp_path):
     stages = tmp_path / "fedl2p_cli" / "stages"
     stages.mkdir(parents=True)
@@ -279,9 +291,10 @@ def test_the_stage_read_scan_finds_each_kind(tmp_path):
                  "from fedl2p_cli.stages.stats import load\n"
                  "def g(store, inputs):\n    from .stats import read\n    store.load('pretrain', None)\n"
                  "    store.load('m', None)\n    Store(r).newest('stats', lambda a: True)\n    inputs.get('stats')\n"
-                 "    inputs.newest('stats', lambda a: True)\n")
+                 "    inputs.newest('stats', lambda a: True)\n    reading(store, STATS, None, catalog)\n")
     assert stage_module_reads(f, {"pretrain", "stats", "m"}, "m") == [
-        "m:1 imports stats", "m:4 imports stats", "m:6 imports stats", "m:7 load('pretrain')", "m:9 newest('stats')"]
+        "m:1 imports stats", "m:4 imports stats", "m:6 imports stats", "m:7 load('pretrain')", "m:9 newest('stats')",
+        "m:12 reading()"]
 
 # -- process state: what a module keeps for the whole process besides its constants -----------------------------
 # the state a module may keep, each with its reason; anything else found by `process_state` fails the test
@@ -304,7 +317,7 @@ def process_state(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
     mod = module_name(path)
     mutable = {n.name for n in tree.body if isinstance(n, ast.ClassDef)
-               and not any("frozen=True" in ast.unparse(d) for d in n.decorator_list)}
+               and not any("frozen=True" in ast.unparse(d) for d in n.decorator_list) and not immutable_str(n)}
     found = set()
     for node in tree.body:
         value = getattr(node, "value", None)
@@ -323,6 +336,12 @@ def process_state(path: Path) -> list[str]:
                                                   for t in node.targets):
             found.add(f"{mod}.os.environ")
     return sorted(found)
+
+
+def immutable_str(node: ast.ClassDef) -> bool:
+    """A str subclass with `__slots__ = ()`: no state beyond the string's own (stages/rows.py's StageKey)."""
+    return any(ast.unparse(b) == "str" for b in node.bases) and any(
+        isinstance(s, ast.Assign) and ast.unparse(s) == "__slots__ = ()" for s in node.body)
 
 
 def test_no_new_process_state():
@@ -627,7 +646,7 @@ def test_the_layer_scan_finds_one(tmp_path):
 # -- the catalog is handed over: `current()` only where nothing can hand one -------------------------------------------
 # each module that may look the context's catalog up, with its reason; any other call fails the test
 LOOKUPS = {
-    "fedl2p_cli.plugins": "defines it: `of` answers for a Runtime given none (a test, a library call)",
+    "fedl2p_cli.plugins": "defines it: `load`, which the entry points call (`of` never falls back on it)",
     "fedl2p_cli.cli.options": "the command line's edge: the command's catalog, put in its Runtime",
     "fedl2p_cli.cli.render": "the command line's edge: the pieces a command's help lists",
     "fedl2p_cli.cli.generate": "the command line's edge: the pieces the generated help lists",

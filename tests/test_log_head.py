@@ -28,7 +28,7 @@ from fedl2p_cli.core.metanets import (
 )
 from fedl2p_cli.core.settings import MetaConfig
 
-from .helpers import execute, smooth_setup
+from .helpers import execute, handed, smooth_setup
 
 
 def test_the_log_head_starts_every_client_at_the_same_strategy():
@@ -292,7 +292,7 @@ def test_a_head_and_a_server_step_are_one_registration_each(tiny_store, tmp_path
     lam = weights.load(one.file("lambda.safetensors"))
     assert "logeta" in lam and one.manifest.get("plugins")
     with pytest.raises(FedL2PError, match="unknown meta-net head 'pinned-beta' \\(--head\\); choose one of: paper, log"):
-        run_stage(meta_train, mine, inputs, StageContext(store, force=True))
+        run_stage(meta_train, mine, inputs, StageContext(store, handed(), force=True))
 
 
 @dataclasses.dataclass(frozen=True)

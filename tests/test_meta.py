@@ -7,11 +7,10 @@ from fedl2p_cli.algorithms import fedl2p as fedl2p_alg
 from fedl2p_cli.core.metanets import clamp_ste, hyperparameters, init_lambda, sgd_update
 from fedl2p_cli.engine.loop import Checkpoint
 from fedl2p_cli.io import weights
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition, stats
 
 from .conftest import TINY_META
-from .helpers import KillAfter, Killed, execute
+from .helpers import KillAfter, Killed, execute, handed
 
 
 def test_every_metanet_bias_is_the_paper_constant():
@@ -254,7 +253,7 @@ def _first_finetune(tiny_store, cfg):
     from fedl2p_cli.core.finetune import Strategy, finetune
     store, mcfg = tiny_store["store"], meta_train.MetaTrainConfig(meta=cfg)
     ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
-                                  tiny_store["stats"].id, mcfg, Runtime())
+                                  tiny_store["stats"].id, mcfg, handed())
     c = ctx.part.pool(False)[0]
     xi, x = ctx.inputs(c)
     lam = meta_train.initial_lambda(mcfg, ctx.entries.head, len(xi), len(x), len(ctx.theta_g))

@@ -22,6 +22,7 @@ from fedl2p_cli.stages import meta_train, personalize
 from fedl2p_cli.stages.interface import Inputs, StageContext, reading, run_stage
 
 from .conftest import TINY_META
+from .helpers import handed
 
 
 @dataclasses.dataclass
@@ -92,7 +93,7 @@ def test_meta_net_inputs_are_one_registration(tiny_store, tmp_path):
     assert entry.applied and "spread" in row and "spread_round0" in row  # unseen clients mapped by the stored state
 
     with pytest.raises(UnknownName, match="--input-norm"):  # not in this catalog: one line naming the choices
-        meta_train.check(cfg)
+        meta_train.check(cfg, handed())
 
 
 def test_an_entry_that_drops_a_bn_input_is_refused(tiny_store, tmp_path):

@@ -3,6 +3,8 @@ from fedl2p_cli import plugins
 from fedl2p_cli.stages import pipeline
 from fedl2p_cli.stages.common import NoProgress
 
+from .helpers import handed
+
 TOML = """
 name = "tiny"
 [partition]
@@ -43,14 +45,14 @@ pool = "seen"
 def test_second_run_reuses_everything(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text(TOML)
-    first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    first = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
     assert [r.stage for r in first] == ["partition", "pretrain", "stats", "meta-train", "pfl", "personalize", "personalize",
                                         "analyze"]  # the stage table's order
     assert all("pfl:cafeme" in r.artifact.parents for r in first if r.stage == "personalize")
     assert not any(r.reused for r in first)
-    second = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    second = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
     assert all(r.reused for r in second) and [r.artifact.id for r in first] == [r.artifact.id for r in second]
-    forced = pipeline.run(pipeline.load(f, tmp_path / "store"), "personalize", NoProgress)
+    forced = pipeline.run(pipeline.load(f, tmp_path / "store"), "personalize", NoProgress, runtime=handed())
     assert [r.reused for r in forced] == [True] * 5 + [False] * 3
 
 
@@ -61,7 +63,7 @@ def test_unknown_key_is_one_clear_error(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text(TOML.replace("rounds = 2\nfraction = 0.5\nbatch_size = 16", "rounds = 2\nfraktion = 0.5", 1))
     with pytest.raises(FedL2PError, match="unknown key 'fraktion' in \\[pretrain\\]") as e:
-        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
     assert ", engine, " in str(e.value) and ", workers)" in str(e.value)  # its runtime keys are known keys too
 
 
@@ -73,11 +75,11 @@ def test_an_unknown_key_lists_every_key_the_section_takes(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text(TOML.replace("[personalize]\n", "[personalize]\nengine = \"local\"\n", 1))
     with pytest.raises(FedL2PError, match="unknown key 'engine' in \\[personalize\\]") as e:
-        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
     assert ", client_batch, " in str(e.value) and ", pools, " in str(e.value)
     f.write_text(TOML.replace("[personalize]\n", "[personalize]\nunseen = true\n", 1))  # pools says which
     with pytest.raises(FedL2PError, match="takes pools = .* not unseen"):
-        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+        pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
 
 
 
@@ -109,12 +111,12 @@ def test_a_stage_is_its_module_and_one_table_row(tmp_path):
     table = TABLE.with_row(Stage("check", {"": CheckConfig}, module=module, parents=("stats",)), before="meta-train")
     f = tmp_path / "p.toml"
     f.write_text(TOML.split("[[pfl]]")[0].replace("[[meta-train]]", "[check]\nthreshold = 0.7\n[[meta-train]]"))
-    first = pipeline.run(pipeline.load(f, tmp_path / "store", table), None, NoProgress)
+    first = pipeline.run(pipeline.load(f, tmp_path / "store", table), None, NoProgress, runtime=handed())
     assert [r.stage for r in first] == ["partition", "pretrain", "stats", "check", "meta-train"]
     stats_id, check = first[2].artifact.id, first[3].artifact
     assert seen == [(stats_id, first[0].artifact.metrics["clients"])] and check.parents == {"stats": stats_id}
     assert check.metrics == {"threshold": 0.7}
-    again = pipeline.run(pipeline.load(f, tmp_path / "store", table), None, NoProgress)
+    again = pipeline.run(pipeline.load(f, tmp_path / "store", table), None, NoProgress, runtime=handed())
     assert [r.reused for r in again] == [True] * 5
     assert "check" not in TABLE.names  # the package's own table is as it was
 

@@ -15,7 +15,7 @@ from fedl2p_cli.models import registry
 from fedl2p_cli.stages import partition, pretrain
 
 from .conftest import TINY_PARTITION, TINY_PRETRAIN
-from .helpers import KillAfter, Killed, execute
+from .helpers import KillAfter, Killed, execute, handed
 
 
 def test_weighted_aggregation_exact():
@@ -35,7 +35,7 @@ def test_fedavg_one_client_full_participation_equals_sgd(tmp_path):
     part.unseen[:] = True
     part.unseen[0] = False  # one seen client
     cfg = pretrain.PretrainConfig(rounds=2, fraction=1.0, batch_size=16, lr=0.05, eval_every=10)
-    state, _ = pretrain.train(cfg, part, None, NoProgress())
+    state, _ = pretrain.train(cfg, part, None, NoProgress(), runtime=handed())
     model = registry.build("small-cnn", part.in_channels, part.num_classes, 0, catalog=plugins.current())
     ref = get_state(model)
     x, y = part.client(0).train
@@ -83,13 +83,13 @@ def test_perfedavg_hf_step_matches_hand_computation():
 def test_resume_equals_uninterrupted(tiny_store, tmp_path):
     _, part = partition.load(tiny_store["store"], tiny_store["partition"].id)
     cfg = pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 4}))
-    full, hist = pretrain.train(cfg, part, None, NoProgress())
+    full, hist = pretrain.train(cfg, part, None, NoProgress(), runtime=handed())
     ck = Checkpoint(tmp_path / "ck")
 
     with pytest.raises(Killed):
-        pretrain.train(cfg, part, ck, KillAfter(2))
+        pretrain.train(cfg, part, ck, KillAfter(2), runtime=handed())
     assert ck.load().next_round == 2
-    resumed, hist2 = pretrain.train(cfg, part, ck, NoProgress())
+    resumed, hist2 = pretrain.train(cfg, part, ck, NoProgress(), runtime=handed())
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
     assert [h["train_loss"] for h in hist] == [h["train_loss"] for h in hist2]

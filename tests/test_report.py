@@ -14,7 +14,7 @@ from fedl2p_cli.cli.main import run_cli
 from fedl2p_cli.stages import report
 
 from .conftest import TINY_PARTITION
-from .helpers import execute
+from .helpers import execute, handed
 
 PIPELINE = """
 name = "tiny-meta"
@@ -54,7 +54,7 @@ def test_report_is_an_artifact_with_every_table_and_plot(tiny_store, tmp_path):
     store, pers = tiny_store["store"], tiny_store["personalize"]
     f = pipeline_file(tmp_path)
     assert run_cli(["report", str(f), pers.id[:8], "--store", str(store.root), "-o", str(tmp_path / "r.html")]) == 0
-    sections = [report.from_pipeline(f, store.root)[0], report.from_artifact(store, pers.id)]
+    sections = [report.from_pipeline(f, store.root, handed())[0], report.from_artifact(store, pers.id)]
     assert [a.id for _, a in sections[0].arts] == [tiny_store[k].id for k in ("partition", "pretrain", "stats", "meta")]
     art, reused = execute(report, sections, store)
     assert reused and art.stage == "report"  # the CLI built it; the same inputs name the same artifact

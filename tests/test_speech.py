@@ -15,6 +15,8 @@ from fedl2p_cli.data import speech
 from fedl2p_cli.io import partition_h5
 from tests.test_cli import cli, tree
 
+from .helpers import handed
+
 RATE = speech.SAMPLE_RATE
 # speaker -> (clips per word, which list): the training speakers have 5, 3, 2 and 1 clips per word
 SPEAKERS = {"aaaa0001": (5, None), "aaaa0002": (3, None), "aaaa0003": (2, None), "aaaa0004": (1, None),
@@ -153,7 +155,7 @@ def test_the_whole_speech_path_runs_on_the_embedded_set(tmp_path):
     from fedl2p_cli.stages.common import NoProgress
     f = tmp_path / "speech.toml"
     f.write_text(SPEECH_TOML)
-    done = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress)
+    done = pipeline.run(pipeline.load(f, tmp_path / "store"), None, NoProgress, runtime=handed())
     assert [r.stage for r in done] == ["partition", "pretrain", "stats", "meta-train", "personalize", "personalize"]
     part = partition_h5.read(done[0].artifact.file("partition.h5"))
     assert part.dataset == "speech-synth" and part.unseen.sum() == 2 and part.num_clients == 6

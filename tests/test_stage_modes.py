@@ -19,7 +19,7 @@ from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import build_or_reuse
 
 from .conftest import TINY_META
-from .helpers import KillAfter, Killed, execute
+from .helpers import KillAfter, Killed, execute, handed
 
 
 def run(tiny, cfg, **kw):
@@ -121,7 +121,7 @@ def test_stale_temporary_folders_are_removed_and_live_ones_kept(tmp_path):
     fd = os.open(stage / ".lock-cafe00000000", os.O_CREAT | os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live builder of cafe00000000
     try:
-        art, _ = build_or_reuse(store, "partition", {"a": 1}, {}, _dummy)
+        art, _ = build_or_reuse(store, "partition", {"a": 1}, {}, _dummy, False, handed())
     finally:
         os.close(fd)
     assert not dead.exists() and live.exists() and (live / "half.h5").read_bytes() == b"half" and unknown.exists()
@@ -129,7 +129,6 @@ def test_stale_temporary_folders_are_removed_and_live_ones_kept(tmp_path):
 
 
 def test_a_second_builder_waits_up_to_its_timeout(tmp_path, capfd):
-    from fedl2p_cli.runtime import Runtime
     store = Store(tmp_path)
     aid = artifact_id("partition", {"a": 2}, {})
     (tmp_path / "partition").mkdir()
@@ -137,12 +136,12 @@ def test_a_second_builder_waits_up_to_its_timeout(tmp_path, capfd):
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         with pytest.raises(ArtifactError, match=r"gave up waiting after 0.5 s \(--lock-timeout\)"):
-            build_or_reuse(store, "partition", {"a": 2}, {}, _dummy, runtime=Runtime(lock_timeout=0.5))
+            build_or_reuse(store, "partition", {"a": 2}, {}, _dummy, False, handed(lock_timeout=0.5))
     finally:
         os.close(fd)
     told = [line for line in capfd.readouterr().err.splitlines() if line.startswith("waiting")]
     assert len(told) == 1 and f"partition/{aid}" in told[0]
-    art, reused = build_or_reuse(store, "partition", {"a": 2}, {}, _dummy)
+    art, reused = build_or_reuse(store, "partition", {"a": 2}, {}, _dummy, False, handed())
     assert not reused and art.id == aid
 
 

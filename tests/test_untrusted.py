@@ -12,10 +12,10 @@ from fedl2p_cli.core.aggregate import reject_reason, robust_average
 from fedl2p_cli.core.client import Timer
 from fedl2p_cli.engine.loop import group_of
 from fedl2p_cli.errors import FedL2PError
-from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train
 
 from .conftest import TINY_META
+from .helpers import handed
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def round0(tiny_store):
     """A strategy on the tiny store, round 0's tasks and its clients' real replies."""
     cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META, norm_bound=3.0)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
-    ctx = meta_train.make_context(*ids, cfg, Runtime())
+    ctx = meta_train.make_context(*ids, cfg, handed())
     lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))
     strategy = meta_train.MetaStrategy(ctx, lam0)
     st = strategy.initial_state()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import types
 from typing import Any
 
 HEADER = ("# Plugin API reference (`fedl2p_cli.api`)\n\nGenerated from the module by `python -m "
@@ -95,6 +96,8 @@ def entry(name: str, obj: Any) -> str:
             head = f"### `{name}` ({kind})\n\n`{name}{signature(obj)}`\n"
             body = _members(obj)
         return head + (f"\n{doc}\n" if doc else "") + ("\n" + "\n".join(body) + "\n" if body else "")
+    if isinstance(obj, types.GenericAlias):  # a type alias (Lambda): what it stands for, not its origin's docstring
+        return f"### `{name}` (type)\n\n`{name} = {obj!r}`\n"
     if callable(obj):
         return f"### `{name}`\n\n`{name}{signature(obj)}`\n" + (f"\n{doc}\n" if doc else "")
     return f"### `{name}`\n\n`{name} = {obj!r}`\n"

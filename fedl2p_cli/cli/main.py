@@ -35,6 +35,9 @@ def _global(ctx: typer.Context,
                                                        help="Load a plugin module (repeatable) that adds pieces: "
                                                             "models, datasets, methods, pFL systems, executors... See "
                                                             "docs/guide/extending.md."),
+            store: str | None = typer.Option(None, "--store", metavar="DIR",
+                                                help="Artifact store folder for the command, as its own --store "
+                                                     "(default: FEDL2P_STORE, else ./artifacts)."),
             allow_import: list[str] | None = typer.Option(None, "--allow-import", metavar="MODULE",
                                                              help="Trust MODULE where an artifact names it as its "
                                                                   "model (repeatable; or FEDL2P_ALLOW_IMPORT)."),

@@ -12,7 +12,18 @@ from ..artifacts import Store
 from ..errors import FedL2PError
 from ..runtime import Runtime
 
-STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", help="Artifact store folder (default: ./artifacts).")
+
+def _store(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A command's --store, else the one given before the command (`fedl2p --store X run ...`), else FEDL2P_STORE."""
+    source = ctx.get_parameter_source(param.name or "store")
+    if getattr(source, "name", None) == "COMMANDLINE":  # by name: typer's click may be its own copy
+        return value
+    before = ctx.find_root().params.get("store")
+    return value if before is None else before
+
+
+STORE = typer.Option(None, "--store", envvar="FEDL2P_STORE", callback=_store,
+                     help="Artifact store folder (default: ./artifacts); also taken before the command.")
 FORCE = typer.Option(False, "--force", help="Rebuild the artifact even if one with the same inputs exists.")
 PERSONALIZE = typer.Option(None, "--personalize", help="Personalize artifact id; default: the newest.")
 # the parent artifacts several commands read, and --resume of the commands with rounds: declared once here

@@ -98,3 +98,18 @@ def set_state(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
         for k, v in model.state_dict().items():
             v.copy_(state[k])
     return model
+
+
+def global_accuracy(model: nn.Module, state: dict, x: Tensor, y: Tensor) -> float:
+    """The model's accuracy on (x, y) under `state`, unadapted (NaN on no samples): a pretrained model's own score."""
+    if len(y) == 0:
+        return float("nan")
+    return int(global_correct(model, state, x, y)) / len(y)  # one host read
+
+
+@torch.no_grad()
+def global_correct(model: nn.Module, state: dict, x: Tensor, y: Tensor) -> Tensor:
+    """How many of (x, y) the model under `state` (its own BN statistics, eval mode) gets right, on the device."""
+    set_state(model, state).eval()
+    return sum(((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum() for i in range(0, len(y), 1024)),
+               torch.zeros((), dtype=torch.int64, device=y.device))

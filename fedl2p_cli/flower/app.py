@@ -56,15 +56,19 @@ def export_site(data: ClientData, client: int, folder: Path) -> Path:
 
 
 def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: int, out: Path,
-               runtime: Runtime = Runtime(), site_names: list[str] | None = None) -> dict:
+               runtime: Runtime, site_names: list[str] | None = None) -> dict:
     """The app's run config for `flwr run --run-config`: the meta-train settings, the runtime (its failure policy; each
     site receives it whole and computes on its own device), the model's shape, and a copy of the pretrained weights
     the ServerApp sends to every site (written to `out`/model.safetensors)."""
     from ..core.bn import bn_layers
     from ..core.stats import stat_layers
     from ..stages import pretrain as pretrain_stage
-    if cfg.input_norm != "none" or cfg.local:
-        raise FedL2PError("a deployment has no central statistics: use --input-norm none, and no --local")
+    if cfg.input_norm != "none":  # fitting one: every seen client's statistics in one place, which no server holds here
+        raise FedL2PError(f"--input-norm {cfg.input_norm}: a deployment takes only 'none', since fitting any other "
+                          "meta-inputs entry needs every seen client's statistics in one place, and each site keeps "
+                          "its own")
+    if cfg.local:
+        raise FedL2PError("--local trains each client's meta-nets on its own, in one process: a deployment federates them")
     if site_names is not None and (len(site_names) != sites or len(set(site_names)) != sites):
         raise FedL2PError(f"--site-names must name --sites {sites} different sites, got {len(site_names)}: "
                           f"{', '.join(site_names)}")
@@ -199,7 +203,7 @@ class _Sites:
         return [] if unseen else list(self.ids)
 
 
-def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
+def import_run(store, out: Path, runtime: Runtime) -> tuple:
     """A deployment's result (`out`: the run config's folder, holding run.toml, lambda.safetensors and history.csv)
     as a meta-train artifact of the pretrained model it started from, usable by `personalize --meta ID`. Its id hashes
     the settings, the pretrained model and the lambda's sha256 (a federation's result is not reproducible from its
@@ -217,7 +221,7 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
         cfg, spec = mt.config_from_dict(json.loads(rc["meta-train"])), json.loads(rc["model"])
     except (tomllib.TOMLDecodeError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise FedL2PError(f"{files['run.toml']} is not a run config `fedl2p flower run-config` wrote ({e})") from None
-    catalog = plugins.current()  # the import command's (its edge)
+    catalog = plugins.of(runtime)  # the import command's
     pre = store.load("pretrain", spec["pretrain"], catalog=catalog)
     lam = weights.load(files["lambda.safetensors"])
     want = mt.initial_lambda(cfg, catalog.get(META_HEAD, cfg.meta.head), spec["n_bn"], spec["n_x"], len(spec["params"]))
@@ -234,7 +238,7 @@ def import_run(store, out: Path, runtime: Runtime | None = None) -> tuple:
         draft.metrics = {"variant": cfg.variant(), "rounds_run": rounds, "engine": "flower deployment",
                          "sites": rc.get("sites"), "diverged": None}
 
-    return build_or_reuse(store, "meta-train", config, {"pretrain": pre.id}, build, runtime=runtime)
+    return build_or_reuse(store, "meta-train", config, {"pretrain": pre.id}, build, False, runtime)
 
 
 def server_checkpoint(out: Path, rc) -> Path:
@@ -381,13 +385,13 @@ def _server_app():
 def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict) -> None:
     """The federation's rounds: wait for the sites, learn who they are, run the round loop, write lambda. The
     failure policy is the run config's runtime (each site receives it whole and computes on its own device)."""
-    runtime = run_config_runtime(rc)
+    catalog = plugins.current()  # the ServerApp's (its entry point), handed to everything below it
+    runtime = run_config_runtime(rc).replace(catalog=catalog)
     spec = json.loads(str(rc["model"]))
     theta = weights.load(Path(str(rc["model-file"])))
     out = Path(str(rc["out"]))
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
     # the server's context: no model or statistics (the sites have them), and the sites in place of a partition
-    catalog = plugins.current()  # the ServerApp's (its entry point)
     entries = mt.Entries.of(cfg, catalog)
     ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg,  # type: ignore[arg-type]
                      entries)

@@ -76,10 +76,10 @@ class HandMade(Method):
 
         from ..core.finetune import Strategy
         from . import check
-        check.rate(self)
+        check.rate(self, None)  # `before_personalizing` checked it first, naming its plugin
         lr = torch.full((n_p,), base_lr * self.lr_factor * factor)
         if self.tensors is not None:
-            chosen = check.tensors(self, model)
+            chosen = check.tensors(self, model, None)
             lr *= torch.tensor([n in chosen for n, _ in model.named_parameters()],  # type: ignore[union-attr]  # check.tensors refused None
                                dtype=lr.dtype)
         return Strategy(None if self.beta is None else torch.full((n_bn,), float(self.beta)), lr)
@@ -238,6 +238,21 @@ def systems(catalog: Catalog) -> tuple[str, ...]:
     return names(catalog, System)
 
 
+def system_trainer(algo: str, catalog: Catalog) -> Any:
+    """The system `algo` registered in `catalog`: its class made once (a `PFLSystem`, given the catalog its models are
+    looked up in), or its module under API 1's module protocol. What `pfl-train` trains and `personalize` asks for a
+    client's accuracy."""
+    from .. import imports
+    from ..catalog import SYSTEM
+    spec = catalog.get(SYSTEM, algo).trainer
+    found = imports.load(spec, imports.Why.REGISTERED, declared=[spec])  # the registered system's own trainer
+    if ":" not in spec:
+        return found  # API 1's module protocol (plugins.register noted it)
+    made = found()
+    made.catalog = catalog
+    return made
+
+
 def label(name: str, catalog: Catalog) -> str:
     """A row's label: a registered method's, else the row's own name (a learned variant's)."""
     m = find(name, catalog)
@@ -254,6 +269,6 @@ def before_personalizing(requested: list[Any], model: Any, catalog: Catalog) -> 
             todo += [c for name, _ in m.candidates() if (c := find(name, catalog)) is not None]
     for m in todo:
         if isinstance(m, HandMade):
-            check.rate(m)
+            check.rate(m, catalog)
             if m.tensors is not None:
-                check.tensors(m, model)
+                check.tensors(m, model, catalog)

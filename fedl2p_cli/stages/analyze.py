@@ -14,6 +14,7 @@ from ..core.config import validate
 from ..errors import FedL2PError
 from .common import build_or_reuse
 from .interface import Inputs, Planned, SectionFile, StageContext
+from .rows import PARTITION, PERSONALIZE, STATS
 
 
 def features(stats_table, results, method: str | None, metas: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray, str | None]:
@@ -58,9 +59,9 @@ def execute(cfg: ClustersConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
     """The stage interface (`fedl2p analyze clusters`, a pipeline's [analyze]): the `personalize` run it analyses
     among the inputs (default: the newest)."""
     validate(cfg)
-    pers = inputs.get("personalize")
-    stats_in = pers.parent("stats")
-    part_in = stats_in.parent("partition")
+    pers = inputs.get(PERSONALIZE)
+    stats_in = pers.parent(STATS)
+    part_in = stats_in.parent(PARTITION)
     pers_art, results, metas = pers.artifact, pers.value.results, pers.value.learned
     stats_art, table, part_art, part = stats_in.artifact, stats_in.value, part_in.artifact, part_in.value
     if len(np.unique(results.domain)) < 2:

@@ -21,6 +21,7 @@ from ..errors import FedL2PError
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import Harness
 from .interface import Inputs, StageContext
+from .rows import PARTITION, PRETRAIN, STATS
 
 MAX_VECTORS = 4096
 
@@ -57,8 +58,8 @@ def execute(cfg: BetaGridConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
     store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
     if not cfg.levels or not cfg.seeds:
         raise FedL2PError("--levels and --seeds need at least one value each")
-    stats_in = inputs.get("stats")
-    stats_art, table, part = stats_in.artifact, stats_in.value, stats_in.parent("partition").value
+    stats_in = inputs.get(STATS)
+    stats_art, table, part = stats_in.artifact, stats_in.value, stats_in.parent(PARTITION).value
     parents = {"stats": stats_art.id, "pretrain": stats_art.parents["pretrain"], "partition": stats_art.parents["partition"]}
     grid = vectors(cfg, table.xi.shape[1])
     clients = part.pool(False)
@@ -67,7 +68,7 @@ def execute(cfg: BetaGridConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
                           "needs two or more (e.g. --dataset fmnist-c)")
 
     def build(draft: Draft) -> None:
-        model, state = stats_in.parent("pretrain").value
+        model, state = stats_in.parent(PRETRAIN).value
         h = Harness.on(runtime.torch_device, model, state, part, table, cfg.epochs, cfg.batch_size)
         sc = scores(cfg, h, clients, grid, progress or NoProgress())
         domain = np.asarray(part.domain[clients])

@@ -71,7 +71,7 @@ PIECES: dict[str, tuple[Kind[object], ...]] = {
     "meta_opt": (SERVER_STEP,), "input_norm": (META_INPUTS,)}  # dotted: a nested field
 
 
-def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime | None = None) -> list[dict]:
+def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime) -> list[dict]:
     """The plugins an artifact is made with: those owning a piece its config names (in the runtime's catalog), and
     its parents'."""
     names: dict[Kind[object], list[str]] = {}
@@ -95,27 +95,25 @@ def watch(progress: Progress | None, draft: Draft) -> Watch:
 
 
 def build_or_reuse(store: Store, stage: str, config: dict, parents: dict[str, str],
-                   build: Callable[[Draft], None], force: bool = False, runtime: Runtime | None = None
-                   ) -> tuple[Artifact, bool]:
+                   build: Callable[[Draft], None], force: bool, runtime: Runtime) -> tuple[Artifact, bool]:
     """Return the artifact for these inputs, building it (atomically) only if it does not exist. `runtime`: where it
     is built, which its manifest records (never its id), how long it waits for another builder, what it logs to, and
     whether it may build at all (`reuse_only`)."""
-    rt = runtime or Runtime()
     aid = artifact_id(stage, config, parents)
-    catalog = plugins.of(rt)  # a reused artifact's plugins: loaded in the run's catalog
-    if store.exists(stage, aid) and not (force and not rt.reuse_only):
+    catalog = plugins.of(runtime)  # a reused artifact's plugins: loaded in the run's catalog
+    if store.exists(stage, aid) and not (force and not runtime.reuse_only):
         return store.load(stage, aid, catalog=catalog), True
-    if rt.reuse_only:
+    if runtime.reuse_only:
         raise Missing(stage, aid)
-    with store.building(stage, aid, rt.lock_timeout):
+    with store.building(stage, aid, runtime.lock_timeout):
         if store.exists(stage, aid) and not force:  # another process published it while we waited for its lock
             return store.load(stage, aid, catalog=catalog), True
         draft = store.draft(stage, config, parents)
-        draft.plugins = plugin_records(store, config, parents, rt)
-        draft.computed_on = rt.describe()
+        draft.plugins = plugin_records(store, config, parents, runtime)
+        draft.computed_on = runtime.describe()
         try:
             t0 = time.perf_counter()
-            with tracking.tracked(stage, draft, rt):  # --track: the rounds and metrics to TensorBoard / MLflow
+            with tracking.tracked(stage, draft, runtime):  # --track: the rounds and metrics to TensorBoard / MLflow
                 build(draft)
             draft.build_s = time.perf_counter() - t0
             return draft.publish(), False

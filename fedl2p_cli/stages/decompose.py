@@ -24,6 +24,7 @@ from ..errors import FedL2PError
 from .common import NoProgress, build_or_reuse, config_dict
 from .harness import Harness
 from .interface import Inputs, StageContext
+from .rows import META_TRAIN, PARTITION, PERSONALIZE, PRETRAIN, STATS
 
 
 def combos(beta: np.ndarray, eta: np.ndarray, b_fixed: float, base_lr: float, scales: list[float],
@@ -89,7 +90,7 @@ def execute(cfg: DecomposeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
     newest)."""
     validate(cfg)
     store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
-    pers = inputs.get("personalize")
+    pers = inputs.get(PERSONALIZE)
     art, r = pers.artifact, pers.value.results
     learned = [m for m in pers.value.learned if not np.isnan(r.eta[m]).all()]
     if not learned or (cfg.method is not None and cfg.method not in learned):
@@ -97,12 +98,12 @@ def execute(cfg: DecomposeConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
                           f" to take apart (learned: {', '.join(learned) or 'none'})")
     method = cfg.method or learned[0]
     meta_id = art.parents[f"meta-train:{method}"]
-    b_fixed = cfg.beta if cfg.beta is not None else pers.parent(f"meta-train:{method}").value.cfg.meta.beta_init
+    b_fixed = cfg.beta if cfg.beta is not None else pers.parent(META_TRAIN, method).value.cfg.meta.beta_init
     parents = {"personalize": art.id, "meta-train": meta_id}
 
     def build(draft: Draft) -> None:
-        model, state = pers.parent("pretrain").value
-        table, part = pers.parent("stats").value, pers.parent("partition").value
+        model, state = pers.parent(PRETRAIN).value
+        table, part = pers.parent(STATS).value, pers.parent(PARTITION).value
         pc = art.config
         base_lr = float(pc["base_lr"])
         h = Harness.on(runtime.torch_device, model, state, part, table, int(pc["epochs"]), int(pc["batch_size"]),

@@ -17,12 +17,11 @@ from torch import Tensor
 from ..core.batched import finetune_many, scores_many
 from ..core.client import ClientData
 from ..core.finetune import ClientBN, FinetuneResult, Strategy, finetune, per_sample, personalized_accuracy, personalized_sums
-from ..core.functional import evaluate, evaluate_sums
+from ..core.functional import evaluate, evaluate_sums, global_accuracy, global_correct
 from ..engine.loop import batch_stream as batches
 from ..engine.placement import OnDevice
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
-from .pretrain import global_accuracy, global_correct
 
 
 @dataclass
@@ -256,6 +255,7 @@ class ClientRun:
 
     def system(self, row: Any) -> float:
         """Another system's test accuracy on this client (its own models; NaN where it has none for the client)."""
-        from . import pfl as pfl_stage
-        return pfl_stage.client_accuracy(row.payload, self.client.id, self.client.data, self.seed, self.setup.cfg.pfl_steps,
-                                         self.setup.catalog)
+        from ..methods.registry import system_trainer
+        t = row.payload  # the pfl row's reader's `Trained`
+        return system_trainer(t.algo, self.setup.catalog).accuracy(t, self.client.id, self.client.data, self.seed,
+                                                                   self.setup.cfg.pfl_steps)

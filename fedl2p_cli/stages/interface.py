@@ -3,12 +3,13 @@ section compiles to.
 
 A stage module (the stage table's `module`) provides:
 - `execute(cfg, inputs: Inputs, ctx: StageContext) -> (Artifact, reused)`: one artifact from its config, the
-  artifacts it reads (its parents, by name: `inputs.get("stats")` is the stats artifact and, through the stats row's
-  `reader`, the table it holds) and what every stage shares (store, runtime, force, progress);
+  artifacts it reads (its parents, by row: `inputs.get(STATS)` is the stats artifact and, through the stats row's
+  `reader`, the table it holds, typed: `rows.py` names what each reader returns; a name known only at run time reads
+  untyped) and what every stage shares (store, runtime, force, progress);
 - optionally `plan(file: SectionFile) -> list[Planned]`: the steps its section(s) compile to, where the default
   (one step per table of its section, parents from the table's `parents`) does not fit;
-- optionally `label(cfg) -> str` (a step's short name; default: the stage's name) and `check_planned(cfg)` (a check
-  that needs more than the config's own validation, run at compile time).
+- optionally `label(cfg) -> str` (a step's short name; default: the stage's name) and `check_planned(cfg, catalog)` (a
+  check that needs more than the config's own validation, run at compile time against the file's catalog).
 
 `pipeline.compile` walks the stage table and asks each stage for its steps: adding a stage is its module and one
 table row (and its config class, beside the others in configs.py). A stage never imports another stage's module nor
@@ -16,10 +17,10 @@ names another stage to the store: what it reads comes through `Inputs` and the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from .. import imports, plugins
 from ..artifacts import Artifact, Store
@@ -29,8 +30,12 @@ from ..errors import ArtifactError, FedL2PError
 from ..runtime import Runtime, round_options
 from ..stage_table import Stage, stage
 from .common import Progress
+from .rows import StageKey
 
 Reader = Callable[[Artifact, Catalog], Any]  # a row's reader: an artifact, and the catalog of the stage that reads it
+T = TypeVar("T")
+U = TypeVar("U")
+V = TypeVar("V", covariant=True)  # a Read of a StatsTable is a Read of an object (what a bare name reads)
 
 
 def reader(name: str) -> Reader:
@@ -43,24 +48,40 @@ def reader(name: str) -> Reader:
 
 
 @dataclass
-class Read:
-    """One artifact a step reads, and (on first use) what its stage wrote, by its row's reader given `catalog`."""
+class Read(Generic[V]):
+    """One artifact a step reads, and (on first use) what its stage wrote, by its row's reader given `catalog`: a `V`
+    (read by a `StageKey[V]`; by a bare name, an `object`: its artifact is known, its value's type is not)."""
     artifact: Artifact
     store: Store
     catalog: Catalog
     plugins: bool = True  # its own parents are loaded checking their plugins (a report reads files: it needs none)
 
     @cached_property
-    def value(self) -> Any:
-        return reader(self.artifact.stage)(self.artifact, self.catalog)
+    def value(self) -> V:
+        return cast(V, reader(self.artifact.stage)(self.artifact, self.catalog))  # the row's reader returns its V
 
-    def parent(self, key: str) -> Read:
-        """One of its own parents (a grandparent of the step), by its key in the artifact's parents."""
+    @overload
+    def parent(self, key: StageKey[U], label: str | None = None) -> Read[U]: ...
+    @overload
+    def parent(self, key: str, label: str | None = None) -> Read[object]: ...
+
+    def parent(self, key: str, label: str | None = None) -> Read[object]:
+        """One of its own parents (a grandparent of the step), by its key in the artifact's parents (`label`: the
+        part after the stage's name, `meta-train:VARIANT`)."""
+        key = key if label is None else f"{key}:{label}"
         return reading(self.store, key.split(":")[0], self.artifact.parents[key], self.catalog, plugins=self.plugins)
 
 
+@overload
+def reading(store: Store, name: StageKey[T], ref: str | None, catalog: Catalog, verify: bool = True,
+            plugins: bool = True) -> Read[T]: ...
+@overload
 def reading(store: Store, name: str, ref: str | None, catalog: Catalog, verify: bool = True,
-            plugins: bool = True) -> Read:
+            plugins: bool = True) -> Read[object]: ...
+
+
+def reading(store: Store, name: str, ref: str | None, catalog: Catalog, verify: bool = True,
+            plugins: bool = True) -> Read[object]:
     """The `name` stage's artifact `ref` (an id or a prefix; None: its newest), to be read by its row's reader with
     `catalog` (a stage's own; code outside the stages, a test or a bench, hands its own)."""
     return Read(store.load(name, ref, verify=verify, catalog=catalog if plugins else None), store, catalog, plugins)
@@ -74,16 +95,33 @@ class Inputs:
     store: Store | None = None
     catalog: Catalog | None = None
 
-    def get(self, name: str, default: str | None = None, stage: str | None = None, verify: bool = True) -> Read:
+    @overload
+    def get(self, name: StageKey[T], default: str | None = None, *, verify: bool = True) -> Read[T]: ...
+    @overload
+    def get(self, name: str, default: str | None = None, *, stage: StageKey[T], verify: bool = True) -> Read[T]: ...
+    @overload
+    def get(self, name: str, default: str | None = None, stage: str | None = None, verify: bool = True) -> Read[object]: ...
+
+    def get(self, name: str, default: str | None = None, stage: str | None = None, verify: bool = True) -> Read[object]:
         """The one artifact given as `name` (a parent of stage `stage`, default `name`), else `default` (an id the
         stage derives, such as a parent's own parent), else the stage's newest."""
         return self._read(stage or name, self.one(name) or default, verify)
 
-    def every(self, name: str, stage: str | None = None, verify: bool = True) -> list[Read]:
+    @overload
+    def every(self, name: StageKey[T], stage: None = None, verify: bool = True) -> list[Read[T]]: ...
+    @overload
+    def every(self, name: str, stage: str | None = None, verify: bool = True) -> list[Read[object]]: ...
+
+    def every(self, name: str, stage: str | None = None, verify: bool = True) -> Sequence[Read[object]]:
         """Every artifact given as `name`, in plan order."""
         return [self._read(stage or name, i, verify) for i in self.many(name)]
 
-    def made_from(self, name: str, parent: str, pid: str, what: str) -> Read:
+    @overload
+    def made_from(self, name: StageKey[T], parent: str, pid: str, what: str) -> Read[T]: ...
+    @overload
+    def made_from(self, name: str, parent: str, pid: str, what: str) -> Read[object]: ...
+
+    def made_from(self, name: str, parent: str, pid: str, what: str) -> Read[object]:
         """`name` among the inputs, which must have been made from the `parent` artifact `pid` (a `what`; default: the
         newest so made); one made from another is refused with one line."""
         ref = self.one(name)
@@ -97,11 +135,21 @@ class Inputs:
             raise ArtifactError(f"{name} {got.artifact.id} was computed for {what} {got.artifact.parents.get(parent)}, not {pid}")
         return got
 
-    def at(self, name: str, ref: str, verify: bool = True) -> Read:
+    @overload
+    def at(self, name: StageKey[T], ref: str, verify: bool = True) -> Read[T]: ...
+    @overload
+    def at(self, name: str, ref: str, verify: bool = True) -> Read[object]: ...
+
+    def at(self, name: str, ref: str, verify: bool = True) -> Read[object]:
         """The `name` stage's artifact `ref`, which the stage found itself (a `newest` match, an id a row names)."""
         return self._read(name, ref, verify)
 
-    def newest(self, name: str, where: Callable[[Artifact], bool], verify: bool = True) -> Read | None:
+    @overload
+    def newest(self, name: StageKey[T], where: Callable[[Artifact], bool], verify: bool = True) -> Read[T] | None: ...
+    @overload
+    def newest(self, name: str, where: Callable[[Artifact], bool], verify: bool = True) -> Read[object] | None: ...
+
+    def newest(self, name: str, where: Callable[[Artifact], bool], verify: bool = True) -> Read[object] | None:
         """The newest artifact of the `name` stage that satisfies `where` (None: none does)."""
         hit = self._store().newest(name, where)
         return None if hit is None else self._read(name, hit.id, verify)
@@ -110,12 +158,17 @@ class Inputs:
         """Every artifact of the `name` stage in the store (unverified: for messages and choices)."""
         return self._store().iter(name)
 
+    def bound(self, store: Store, catalog: Catalog) -> Inputs:
+        """These inputs read from `store` with `catalog`: what `run_stage` hands a stage, and what a worker's or a
+        site's builder reads its parents' ids through (it runs outside `run_stage`, in its own process)."""
+        return replace(self, store=store, catalog=catalog)
+
     def _store(self) -> Store:
         if self.store is None:
             raise FedL2PError("Inputs are read from a store: run the stage through run_stage")
         return self.store
 
-    def _read(self, name: str, ref: str | None, verify: bool) -> Read:
+    def _read(self, name: str, ref: str | None, verify: bool) -> Read[object]:
         if self.catalog is None:
             raise FedL2PError("Inputs are read with the stage's catalog: run the stage through run_stage")
         return reading(self._store(), name, ref, self.catalog, verify)
@@ -147,8 +200,8 @@ class StageContext:
 
     @property
     def catalog(self) -> Catalog:
-        """The runtime's catalog, allowing the modules the runtime names; a run given none (a test, a library call)
-        answers from the context's own."""
+        """The runtime's catalog, allowing the modules the runtime names; a runtime that carries none is refused
+        (`plugins.NoCatalog`): whoever starts the run (the command line, a test, a library call) hands one over."""
         return plugins.of(self.runtime)
 
 
@@ -162,7 +215,7 @@ def run_stage(module: StageModule, cfg: Any, inputs: Inputs, ctx: StageContext) 
     `catalog=`): the one lookup below a stage that falls back on `plugins.current()` (tests/test_layout.py LOOKUPS)."""
     catalog = ctx.catalog
     with plugins.using(catalog):
-        return module.execute(cfg, replace(inputs, store=ctx.store, catalog=catalog), ctx)
+        return module.execute(cfg, inputs.bound(ctx.store, catalog), ctx)
 
 
 @dataclass
@@ -247,7 +300,7 @@ def default_plan(stage: Stage, module: Any, file: SectionFile) -> list[Planned]:
         values, own = file.runtime(t, stage.name, keys)
         cfg = file.config(cls, stage.name, values, also=keys)
         if hasattr(module, "check_planned"):
-            module.check_planned(cfg)
+            module.check_planned(cfg, file.catalog)
         label = module.label(cfg) if hasattr(module, "label") else stage.name
         out.append(Planned(f"{stage.name}:{i}" if stage.repeated else stage.name, label, stage.name, cfg,
                            parents_of(stage), own))

@@ -33,13 +33,14 @@ from ..io.stats_h5 import StatsTable
 from ..protocols import MetaHead, MetaInputs, ServerStep
 from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
-from .interface import Inputs, StageContext, reading
+from .interface import Inputs, StageContext
+from .rows import PARTITION, PRETRAIN, STATS, MetaTrained, initial_lambda, input_widths
 
 NORM_PREFIX = "input_norm."
 NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
 
 
-def check(cfg: MetaTrainConfig, runtime: Runtime = Runtime()) -> None:
+def check(cfg: MetaTrainConfig, runtime: Runtime) -> None:
     validate(cfg)  # types, ranges and choices (Literal fields)
     Entries.of(cfg, plugins.of(runtime))  # catalog entries: an unknown name stops here, naming the choices
     if cfg.local and runtime.engine not in ("local", "auto"):  # auto: --local runs no rounds, on any device
@@ -145,11 +146,12 @@ def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, 
                  runtime: Runtime, table: StatsTable | None = None) -> Context:
     """Everything a client update reads, from the store (also each worker's initializer; `table`: the statistics the
     caller already loaded). `runtime` is the builder's signature the executors call; the executor places it."""
-    store, catalog = Store(root), plugins.of(runtime)
-    part = reading(store, "partition", partition_id, catalog).value
-    model, state = reading(store, "pretrain", pretrain_id, catalog).value
+    catalog = plugins.of(runtime)
+    inputs = Inputs.given({"partition": partition_id, "pretrain": pretrain_id, "stats": stats_id}).bound(Store(root), catalog)
+    part = inputs.get(PARTITION).value
+    model, state = inputs.get(PRETRAIN).value
     if table is None:
-        table = reading(store, "stats", stats_id, catalog).value
+        table = inputs.get(STATS).value
     theta_g = {n: state[n] for n, _ in model.named_parameters()}
     rows = [table.row(c) for c in part.pool(False)]
     entries = Entries.of(cfg, catalog)
@@ -168,12 +170,6 @@ def fit_inputs(entry: MetaInputs, xi: torch.Tensor, x: torch.Tensor) -> dict[str
         raise FedL2PError(f"--input-norm {entry.name}: apply must give BNNet one input per BN layer ([{xi.shape[1]}], got "
                           f"{list(zi.shape)}) and LRNet a vector (got {list(zx.shape)})")
     return state
-
-
-def input_widths(entry: MetaInputs, norm: dict | None, table: StatsTable) -> tuple[int, int]:
-    """BNNet's and LRNet's input widths under the --input-norm entry (LRNet's may differ from the statistics')."""
-    zi, zx = entry.apply(norm or {}, table.xi[0], table.x[0])
-    return zi.shape[0], zx.shape[0]
 
 
 @dataclass
@@ -381,8 +377,8 @@ def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
     inputs (default: the newest model, and its newest statistics)."""
     store, runtime, progress, resume, catalog = ctx.store, ctx.runtime, ctx.progress, ctx.resume, ctx.catalog
     check(cfg, runtime)
-    pre_art = inputs.get("pretrain").artifact
-    stats_in = inputs.made_from("stats", "pretrain", pre_art.id, "pretrained model")
+    pre_art = inputs.get(PRETRAIN).artifact
+    stats_in = inputs.made_from(STATS, PRETRAIN, pre_art.id, "pretrained model")
     stats_art, table = stats_in.artifact, stats_in.value
     parents = {"partition": stats_art.parents["partition"], "pretrain": pre_art.id, "stats": stats_art.id}
     config = identity(cfg)
@@ -470,33 +466,6 @@ def extend(store: Store, ckpt: Checkpoint, config: dict, parents: dict, rounds: 
     ckpt.folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(art.file(STATE), ckpt.folder / Checkpoint.NAME)
     return art.id
-
-
-def initial_lambda(cfg: MetaTrainConfig, head: MetaHead, n_bn: int, n_x: int, n_params: int) -> Lambda:
-    """lambda at round 0, drawn by the --head entry from the run's seed."""
-    return head.init(n_bn, n_x, n_params, cfg.meta, cfg.nets, cfg.seed)
-
-
-@dataclass(frozen=True)
-class MetaTrained:
-    """What a meta-train artifact holds, as a later stage reads it (the row's reader)."""
-    lam: Lambda
-    norm: dict | None  # its --input-norm entry's state, fitted on its seen clients (None: the entry keeps none)
-    cfg: MetaTrainConfig  # its run's settings
-    head: MetaHead  # its --head entry
-    input_entry: MetaInputs  # its --input-norm entry
-
-    def inputs(self, xi: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A client's meta-net inputs from its statistics, as its run mapped them."""
-        return self.input_entry.apply(self.norm or {}, xi, x)
-
-    def widths(self, table: StatsTable) -> tuple[int, int]:
-        """BNNet's and LRNet's input widths for `table`'s statistics."""
-        return input_widths(self.input_entry, self.norm, table)
-
-    def initial(self, n_bn: int, n_x: int, n_params: int) -> Lambda:
-        """Its run's lambda at round 0 (re-drawn from its seed): the control a learned split is read beside."""
-        return initial_lambda(self.cfg, self.head, n_bn, n_x, n_params)
 
 
 def read(art: Artifact, catalog: Catalog) -> MetaTrained:

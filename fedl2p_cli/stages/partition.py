@@ -20,6 +20,7 @@ from ..errors import DataError, FedL2PError
 from ..io import partition_h5
 from .common import build_or_reuse, config_dict
 from .interface import Inputs, Planned, SectionFile, StageContext
+from .rows import PARTITION
 
 
 def default_domains(dataset: str, catalog: Catalog) -> list[str]:
@@ -214,7 +215,7 @@ def execute(cfg: PartitionConfig, inputs: Inputs, ctx: StageContext) -> tuple[Ar
     check(cfg, catalog)
     excluded = None
     if inputs.one("exclude") is not None or cfg.exclude:
-        ex = inputs.get("exclude", cfg.exclude, stage="partition")
+        ex = inputs.get("exclude", cfg.exclude, stage=PARTITION)
         if _base(ex.value.dataset, catalog) != _base(cfg.dataset, catalog):
             raise FedL2PError(f"--exclude {ex.artifact.id} partitions '{ex.value.dataset}', not the same source images as "
                               f"'{cfg.dataset}'")

@@ -34,6 +34,7 @@ from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .harness import ClientRun, Harness
 from .interface import Inputs, Planned, SectionFile, StageContext, parents_of
+from .rows import META_TRAIN, PARTITION, PFL, PRETRAIN, STATS, Personalized
 
 # rows in this order: no artifact (hand-made, tuned), then each stage whose artifacts are methods (learned, other systems)
 METHOD_STAGES = (None, *(s.name for s in table.TABLE.rows if s.method))
@@ -180,7 +181,7 @@ class Setup:
         return hit.artifact
 
     def meta_row(self, method: methods.Learned, art: Artifact) -> Row:
-        got = self.inputs.at("meta-train", art.id).value  # the meta-train row's reader: lambda, settings, head
+        got = self.inputs.at(META_TRAIN, art.id).value  # the meta-train row's reader: lambda, settings, head
         check_shapes(art, got.lam, self.table, got.widths(self.table))
         nets = MetaNets(got.lam, got.cfg.meta, got.inputs, got.cfg.local, got.head, got.initial)
         # the personalisation's own declared tags (--eval-stats test-batch: -tbs) follow the meta-train variant's name
@@ -230,7 +231,7 @@ class Setup:
     def pfl_row(self, method: methods.System, art: Artifact) -> Row:
         if art.parents.get("partition") != self.partition_id:
             raise FedL2PError(f"pfl artifact {art.id} was trained on partition {art.parents.get('partition')}, not {self.partition_id}")
-        return self.row(method.name, method, art, OnDevice(self.inputs.at("pfl", art.id).value, self.dev).context)
+        return self.row(method.name, method, art, OnDevice(self.inputs.at(PFL, art.id).value, self.dev).context)
 
 
 def _own(row: methods.registry.Row) -> Row:
@@ -432,19 +433,19 @@ def execute(cfg: PersonalizeConfig, inputs: Inputs, ctx: StageContext) -> tuple[
     check(cfg)
     default = None
     if inputs.one("pretrain") is None and inputs.one("stats") is not None:  # the statistics name their model
-        default = inputs.get("stats", verify=False).artifact.parents["pretrain"]
-    pre = inputs.get("pretrain", default)
-    stats_in = inputs.made_from("stats", "pretrain", pre.artifact.id, "pretrained model")
+        default = inputs.get(STATS, verify=False).artifact.parents["pretrain"]
+    pre = inputs.get(PRETRAIN, default)
+    stats_in = inputs.made_from(STATS, PRETRAIN, pre.artifact.id, "pretrained model")
     table: StatsTable = stats_in.value
     parents = {"partition": stats_in.artifact.parents["partition"], "pretrain": pre.artifact.id, "stats": stats_in.artifact.id}
     setup = Setup(cfg, inputs, pre.artifact.id, stats_in.artifact.id, parents["partition"], table, ctx.runtime.torch_device,
                   ctx.catalog)
     pool = "unseen" if cfg.unseen else "seen"
-    metas = [r.artifact.id for r in inputs.every("meta-train", verify=False)
+    metas = [r.artifact.id for r in inputs.every(META_TRAIN, verify=False)
              if method_of(r.artifact, ctx.catalog).supports(pool)]
     rows = canonical(setup.rows({"meta-train": metas + inputs.many("meta"), "pfl": inputs.many("pfl")}), ctx.catalog)
     parents |= {f"{r.artifact[0]}:{r.name}": r.artifact[1] for r in rows if r.artifact}
-    part = stats_in.parent("partition").value
+    part = stats_in.parent(PARTITION).value
     clients = part.pool(cfg.unseen)
     if not clients:
         raise FedL2PError(f"the {setup.pool} pool of partition {parents['partition']} is empty")
@@ -478,13 +479,6 @@ def client_groups(runtime: Runtime, clients: int) -> Any:
     if n == "auto" and not runtime.on_gpu or n == 1:
         return None
     return Groups(runtime.torch_device, None if n == "auto" else int(n), clients)
-
-
-@dataclass(frozen=True)
-class Personalized:
-    """What a personalize artifact holds, as a later stage reads it (the row's reader)."""
-    results: results_h5.Results
-    learned: list[str]  # the rows a meta-train artifact made (learned variants), in the results' order
 
 
 def read(art: Artifact, catalog: Catalog | None = None) -> Personalized:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import imports, plugins
+from .. import plugins
 from ..algorithms.systems.base import PFLSystem, Trained
 from ..algorithms.systems.options import as_record, parse
 from ..artifacts import Artifact, Draft, Store
@@ -25,31 +25,26 @@ from ..engine.loop import Checkpoint
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..io.partition_h5 import Partition
+from ..methods.registry import system_trainer as system  # the registered system's trainer, by its --algo
 from ..models import registry
 from ..runtime import Runtime
 from .common import Progress, build_or_reuse, config_dict, watch, write_history
-from .interface import Inputs, StageContext, reading
+from .interface import Inputs, StageContext
+from .rows import PARTITION
 
 
-def check(cfg: PFLConfig, runtime: Runtime | None = None) -> None:
-    """The config, and its `--algo` in the runtime's catalog (at compile time, a pipeline's: the context's)."""
+def check(cfg: PFLConfig, runtime: Runtime) -> None:
+    """The config, and its `--algo` in the runtime's catalog."""
+    check_planned(cfg, plugins.of(runtime))
+
+
+def check_planned(cfg: PFLConfig, catalog: Catalog) -> None:
+    """The config, and its `--algo` in `catalog` (a pipeline file's [[pfl]], when it compiles: the file's catalog;
+    its system's own options included)."""
     validate(cfg)
-    catalog = plugins.of(runtime)
     catalog.get(SYSTEM, cfg.algo)  # a registered system
     registry.spec(cfg.model, catalog)
     own_options(cfg, catalog)
-
-
-def system(algo: str, catalog: Catalog) -> Any:
-    """The system `algo` registered in `catalog`: its class made once (a `PFLSystem`, given the catalog its models are
-    looked up in), or its module under API 1's module protocol."""
-    spec = catalog.get(SYSTEM, algo).trainer
-    found = imports.load(spec, imports.Why.REGISTERED, declared=[spec])  # the registered system's own trainer
-    if ":" not in spec:
-        return found  # API 1's module protocol (plugins.register noted it)
-    made = found()
-    made.catalog = catalog
-    return made
 
 
 def identity(cfg: PFLConfig, catalog: Catalog) -> dict:
@@ -73,7 +68,7 @@ def execute(cfg: PFLConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact
     """A personalised-FL system trained on the clients of `partition` among the inputs."""
     store, runtime, catalog = ctx.store, ctx.runtime, ctx.catalog
     check(cfg, runtime)
-    got = inputs.get("partition")
+    got = inputs.get(PARTITION)
     part_art, part = got.artifact, got.value
     conf = identity(cfg, catalog) | {"in_channels": part.in_channels, "num_classes": part.num_classes}
 
@@ -108,7 +103,7 @@ def train(sys_: PFLSystem, cfg: PFLConfig, part: Partition, ckpt: Checkpoint, pr
 def worker_context(root: str, partition_id: str, cfg: PFLConfig, runtime: Runtime) -> Any:
     """A worker's (or ClientApp's) own client context, built once from the store."""
     catalog = plugins.of(runtime)
-    part = reading(Store(root), "partition", partition_id, catalog).value
+    part = Inputs.given({"partition": partition_id}).bound(Store(root), catalog).get(PARTITION).value
     return system(cfg.algo, catalog).context(cfg, part)
 
 
@@ -127,13 +122,6 @@ def load(store: Store, ref: str | None, catalog: Catalog) -> Trained:
     return read(store.load("pfl", ref, catalog=catalog), catalog)
 
 
-def client_accuracy(t: Trained, c: int, data, seed: int, steps: int, catalog: Catalog) -> float:
-    """Test accuracy of client c under a trained system (NaN where the system has no model for it)."""
-    return system(t.algo, catalog).accuracy(t, c, data, seed, steps)
-
-
 def label(cfg: PFLConfig) -> str:
     return cfg.algo
 
-
-check_planned = check  # a pipeline file's [[pfl]] is checked when it compiles (its system's own options included)

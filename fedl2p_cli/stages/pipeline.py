@@ -162,14 +162,14 @@ def _key(sections: dict[str, Any]) -> str:
 
 # -- running -----------------------------------------------------------------------------------------------------
 def execute(plan: Plan, force_from: str | None, progress: Callable[[], Progress],
-            on_step: Callable[[StepResult], None] = lambda r: None, runtime: Runtime | None = None) -> list[StepResult]:
+            on_step: Callable[[StepResult], None] = lambda r: None, *, runtime: Runtime) -> list[StepResult]:
     """The plan's steps in order, each on `runtime` (a section's runtime keys added for its stage); the ids it made
     recorded in the store under the plan's key."""
     sections = plan.table.sections
     if force_from is not None and force_from not in sections:
         raise FedL2PError(f"--force takes a stage name: {', '.join(sections)}")
     forced = set(sections[sections.index(force_from):]) if force_from else set()
-    run = Run(plan.store, runtime or Runtime(), progress)
+    run = Run(plan.store, runtime, progress)
     results = []
     for step in plan.steps:
         try:
@@ -198,9 +198,9 @@ def in_file(message: str, step: Step, name: str) -> str:
 
 
 def run(p: Pipeline, force_from: str | None, progress: Callable[[], Progress],
-        on_step: Callable[[StepResult], None] = lambda r: None, runtime: Runtime | None = None) -> list[StepResult]:
+        on_step: Callable[[StepResult], None] = lambda r: None, *, runtime: Runtime) -> list[StepResult]:
     """Compile the pipeline and execute its plan (`p.results`: what it made)."""
-    results = execute(compile(p, plugins.of(runtime)), force_from, progress, on_step, runtime)
+    results = execute(compile(p, plugins.of(runtime)), force_from, progress, on_step, runtime=runtime)
     p.results.extend(results)
     return results
 

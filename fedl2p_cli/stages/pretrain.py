@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
@@ -16,7 +15,7 @@ from ..configs import PretrainConfig
 from ..core.aggregate import weighted_average
 from ..core.client import Timer
 from ..core.config import validate
-from ..core.functional import get_state, set_state
+from ..core.functional import get_state, global_accuracy, set_state
 from ..engine.executors import open_pool
 from ..engine.loop import Checkpoint, LoopState, generator, sample_clients, step_lr
 from ..engine.placement import OnDevice
@@ -28,14 +27,8 @@ from ..models import registry
 from ..runtime import Runtime
 from ..stage_table import stage
 from .common import Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
-from .interface import Inputs, Planned, SectionFile, StageContext, reading, runtime_keys
-
-
-class Pretrained(NamedTuple):
-    """What a pretrain artifact holds, as a later stage reads it (the row's reader): a model built for it, holding
-    its weights, and its state dict."""
-    model: torch.nn.Module
-    state: dict
+from .interface import Inputs, Planned, SectionFile, StageContext, runtime_keys
+from .rows import PARTITION, Pretrained
 
 
 def check(cfg: PretrainConfig, runtime: Runtime) -> None:
@@ -49,20 +42,6 @@ def check(cfg: PretrainConfig, runtime: Runtime) -> None:
 def pool_tensors(part: Partition, clients: list[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:
     datas = [getattr(part.client(c), split) for c in clients]
     return torch.cat([d[0] for d in datas]), torch.cat([d[1] for d in datas])
-
-
-def global_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> float:
-    if len(y) == 0:
-        return float("nan")
-    return int(global_correct(model, state, x, y)) / len(y)  # one host read
-
-
-@torch.no_grad()
-def global_correct(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """How many of (x, y) the model under `state` (its own BN statistics, eval mode) gets right, on the device."""
-    set_state(model, state).eval()
-    return sum(((model(x[i:i + 1024]).argmax(1) == y[i:i + 1024]).sum() for i in range(0, len(y), 1024)),
-               torch.zeros((), dtype=torch.int64, device=y.device))
 
 
 def import_init(cfg: PretrainConfig, model: torch.nn.Module) -> dict:
@@ -179,7 +158,7 @@ def client_of(cfg: PretrainConfig, part: Partition, model: torch.nn.Module, runt
 
 def worker_client(root: str, partition_id: str, cfg: PretrainConfig, runtime: Runtime) -> PretrainContext:
     """A worker's own client context (model, client data), built once from the store in its initializer."""
-    part = reading(Store(root), "partition", partition_id, plugins.of(runtime)).value
+    part = Inputs.given({"partition": partition_id}).bound(Store(root), plugins.of(runtime)).get(PARTITION).value
     return client_of(cfg, part, build_model(cfg, part, runtime), runtime)
 
 
@@ -201,7 +180,7 @@ def client_tasks(ctx: PretrainContext, tasks: list[LocalTask]) -> list[LocalResu
 
 
 def train(cfg: PretrainConfig, part: Partition, ckpt: Checkpoint | None, progress: Progress,
-          where: tuple[str, str] | None = None, runtime: Runtime = Runtime()) -> tuple[dict, list[dict]]:
+          where: tuple[str, str] | None = None, *, runtime: Runtime) -> tuple[dict, list[dict]]:
     """`where` = (store root, partition id) lets --workers > 1 build each worker's copy from the store."""
     strategy = make_strategy(cfg, part, runtime)
     executor = runtime if where else runtime.replace(workers=1, engine="local")
@@ -218,7 +197,7 @@ def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
     check(cfg, runtime)
     if cfg.init:
         cfg.init_sha256 = sha256_file(Path(cfg.init)) if Path(cfg.init).is_file() else None
-    got = inputs.get("partition")
+    got = inputs.get(PARTITION)
     part_art, part = got.artifact, got.value
     parents = {"partition": part_art.id}
     conf = config_dict(cfg, exclude=("init",) if cfg.init else ())
@@ -232,7 +211,8 @@ def execute(cfg: PretrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Art
             ckpt = Checkpoint(store.workdir("pretrain", draft.id))
             if not ctx.resume:
                 ckpt.clear()
-            state, history = train(cfg, part, ckpt, watch(ctx.progress, draft), (str(store.root), part_art.id), runtime)
+            state, history = train(cfg, part, ckpt, watch(ctx.progress, draft), (str(store.root), part_art.id),
+                                   runtime=runtime)
         weights.save(draft.path("model.safetensors"), state, {"model": cfg.model})
         if history:
             write_history(draft.path("history.csv"), history)

@@ -28,6 +28,7 @@ from ..runtime import Runtime
 from ..stage_table import TABLE
 from .common import Missing, build_or_reuse, config_dict
 from .interface import Inputs, Read, StageContext
+from .rows import STATS
 
 FORMAT = 1  # the page's layout version: part of the id, so a new layout is a new report
 
@@ -228,7 +229,7 @@ def pool_detail_html(store: Store, a: Artifact, catalog: Catalog) -> str:
     side = [H.table(["method", *doms], [[methods.label(m, catalog), *[f"{100 * v['per_domain'][d]:.2f}" if d in v["per_domain"]
                                                               else "—" for d in doms]] for m, v in s["methods"].items()],
                     f"Accuracy (%) per domain, {s['pool']} clients")]
-    names = Read(a, store, catalog, plugins=False).parent("stats").value.param_names  # its statistics' tensors, by the stats reader
+    names = Read(a, store, catalog, plugins=False).parent(STATS).value.param_names  # its statistics' tensors, by the stats reader
     for m, v in s["methods"].items():
         if "beta_per_domain" in v:
             title, cols, brows = beta_table(m, v["beta_per_domain"], catalog)

@@ -20,6 +20,7 @@ from ..io.partition_h5 import Partition
 from ..models.registry import param_names
 from .common import NoProgress, Progress, build_or_reuse, config_dict
 from .interface import Inputs, StageContext
+from .rows import PARTITION, PRETRAIN
 
 
 @dataclass
@@ -64,8 +65,8 @@ def execute(cfg: StatsConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifa
     newest model, and the partition it was pretrained on)."""
     validate(cfg)
     store, runtime, progress = ctx.store, ctx.runtime, ctx.progress
-    pre = inputs.get("pretrain")
-    part_in = inputs.get("partition", pre.artifact.parents["partition"])
+    pre = inputs.get(PRETRAIN)
+    part_in = inputs.get(PARTITION, pre.artifact.parents["partition"])
     pre_art, part_art = pre.artifact, part_in.artifact
     # a model pretrained on another partition is allowed (the paper personalises CIFAR-10-C from the alpha=1000 model)
     parents = {"partition": part_art.id, "pretrain": pre_art.id}
