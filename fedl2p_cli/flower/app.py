@@ -24,7 +24,9 @@ import torch
 
 from .. import plugins
 from ..algorithms.fedl2p import MetaConfig, client_update
+from ..algorithms.meta_loop import MetaReply, MetaStrategy, guarded, initial_lambda, kept_lambda
 from ..catalog import META_HEAD, Catalog
+from ..configs import MetaTrainConfig, config_from_dict
 from ..core.client import ClientData
 from ..core.finetune import ClientBN
 from ..core.functional import set_state
@@ -36,6 +38,7 @@ from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
 from ..models import registry
+from ..protocols import ServerStep
 from ..runtime import Runtime
 from ..stages import meta_train as mt
 from ..stages.pretrain import write_history
@@ -55,7 +58,7 @@ def export_site(data: ClientData, client: int, folder: Path) -> Path:
     return path
 
 
-def run_config(store, pretrain_ref: str | None, cfg: mt.MetaTrainConfig, sites: int, out: Path,
+def run_config(store, pretrain_ref: str | None, cfg: MetaTrainConfig, sites: int, out: Path,
                runtime: Runtime, site_names: list[str] | None = None) -> dict:
     """The app's run config for `flwr run --run-config`: the meta-train settings, the runtime (its failure policy; each
     site receives it whole and computes on its own device), the model's shape, and a copy of the pretrained weights
@@ -146,11 +149,11 @@ def site_update(folder: str, spec: dict, theta: dict, lam: dict, rnd: int, cfg_d
     set_state(model, theta)
     meta = MetaConfig(**cfg_dict["meta"])
 
-    def update(site: tuple, sent: tuple) -> mt.MetaReply:
+    def update(site: tuple, sent: tuple) -> MetaReply:
         (model, data), (theta, lam) = site, sent
         st = client_stats(model, data.train[0])
         theta_g = {n: theta[n] for n, _ in model.named_parameters()}
-        return mt.guarded(c, lambda timer: client_update(
+        return guarded(c, lambda timer: client_update(
             model, theta_g, lam, st.xi, st.x, ClientBN(st.bn_mean, st.bn_var), data, meta,
             generator(cfg_dict["seed"], rnd, c), timer, mt.meta_gradient_of(meta, catalog),
             catalog.get(META_HEAD, meta.head)))
@@ -193,14 +196,22 @@ def build_client_app(reply=None):
     return app
 
 
+@dataclasses.dataclass(frozen=True)
 class _Sites:
-    """The server's view of the federation: which client ids the SuperNodes hold (no data)."""
+    """The server's view of the federation (algorithms/meta_loop.py's `Federation`): the run's settings and server
+    step, and which client ids the SuperNodes hold; no data, so no client's size and no snapshot of lambda."""
+    cfg: MetaTrainConfig
+    server_step: ServerStep
+    ids: tuple[int, ...]
 
-    def __init__(self, ids: list[int]):
-        self.ids = ids
+    def seen(self) -> list[int]:
+        return list(self.ids)
 
-    def pool(self, unseen: bool) -> list[int]:
-        return [] if unseen else list(self.ids)
+    def train_size(self, c: int) -> int | None:
+        return None  # a site's own
+
+    def snapshot(self, lam: dict) -> dict:
+        return {}  # the per-domain beta snapshot needs every client's statistics
 
 
 def import_run(store, out: Path, runtime: Runtime) -> tuple:
@@ -218,13 +229,13 @@ def import_run(store, out: Path, runtime: Runtime) -> tuple:
         raise FedL2PError(f"{out} has no {missing[0]}: import the folder `flwr run` wrote its results to (the run config's out)")
     try:
         rc = tomllib.loads(files["run.toml"].read_text())
-        cfg, spec = mt.config_from_dict(json.loads(rc["meta-train"])), json.loads(rc["model"])
+        cfg, spec = config_from_dict(json.loads(rc["meta-train"])), json.loads(rc["model"])
     except (tomllib.TOMLDecodeError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise FedL2PError(f"{files['run.toml']} is not a run config `fedl2p flower run-config` wrote ({e})") from None
     catalog = plugins.of(runtime)  # the import command's
     pre = store.load("pretrain", spec["pretrain"], catalog=catalog)
     lam = weights.load(files["lambda.safetensors"])
-    want = mt.initial_lambda(cfg, catalog.get(META_HEAD, cfg.meta.head), spec["n_bn"], spec["n_x"], len(spec["params"]))
+    want = initial_lambda(cfg, catalog.get(META_HEAD, cfg.meta.head), spec["n_bn"], spec["n_x"], len(spec["params"]))
     if {k: tuple(v.shape) for k, v in lam.items()} != {k: tuple(v.shape) for k, v in want.items()}:
         raise FedL2PError(f"{files['lambda.safetensors']} does not hold the meta-nets of this run config")
     config = mt.identity(cfg) | {"deployment": {"sites": rc.get("sites"),
@@ -368,7 +379,7 @@ def _server_app():
     @app.main()
     def main(grid, context):
         rc = context.run_config
-        cfg = mt.config_from_dict(json.loads(str(rc["meta-train"])))
+        cfg = config_from_dict(json.loads(str(rc["meta-train"])))
         out = Path(str(rc["out"]))
         out.mkdir(parents=True, exist_ok=True)
         log = ServerLog(out, cfg.rounds)
@@ -382,7 +393,7 @@ def _server_app():
     return app
 
 
-def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict) -> None:
+def serve(grid, rc, cfg: MetaTrainConfig, log: ServerLog, Message, RecordDict) -> None:
     """The federation's rounds: wait for the sites, learn who they are, run the round loop, write lambda. The
     failure policy is the run config's runtime (each site receives it whole and computes on its own device)."""
     catalog = plugins.current()  # the ServerApp's (its entry point), handed to everything below it
@@ -391,22 +402,21 @@ def serve(grid, rc, cfg: mt.MetaTrainConfig, log: ServerLog, Message, RecordDict
     theta = weights.load(Path(str(rc["model-file"])))
     out = Path(str(rc["out"]))
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
-    # the server's context: no model or statistics (the sites have them), and the sites in place of a partition
+    # the federation the loop serves: no model or statistics (the sites have them), the sites in place of a partition
     entries = mt.Entries.of(cfg, catalog)
-    ctx = mt.Context(None, {n: theta[n] for n in spec["params"]}, _Sites(sorted(node_of)), None, cfg,  # type: ignore[arg-type]
-                     entries)
-    lam0 = mt.initial_lambda(cfg, entries.head, spec["n_bn"], spec["n_x"], len(spec["params"]))
+    sites = _Sites(cfg, entries.server_step, tuple(sorted(node_of)))
+    lam0 = initial_lambda(cfg, entries.head, spec["n_bn"], spec["n_x"], len(spec["params"]))
     cfg_dict = dataclasses.asdict(cfg)
 
     def execute(tasks: list[Any]) -> list:  # the strategy's MetaTasks
         return exchange(grid, [[spec, theta, t.lam, t.round, cfg_dict, runtime.to_dict()] for t in tasks],
                         [node_of[t.client] for t in tasks], plugin_roots(catalog), runtime.timeout())
 
-    strategy = mt.MetaStrategy(ctx, lam0)
+    strategy = MetaStrategy(sites, lam0)
     strategy.names = names
     ckpt = Checkpoint(server_checkpoint(out, rc))  # a ServerApp killed mid-run resumes here on the next `flwr run`
     st = run_rounds(strategy, cfg.rounds, ckpt, log, execute, runtime.policy())
-    weights.save(out / "lambda.safetensors", mt.kept_lambda(cfg, st), {"variant": cfg.variant()})
+    weights.save(out / "lambda.safetensors", kept_lambda(cfg, st), {"variant": cfg.variant()})
     write_atomic(out / "history.csv", lambda path: write_history(path, st.history))
 
 

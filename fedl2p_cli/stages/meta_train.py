@@ -13,17 +13,27 @@ import torch
 from .. import plugins
 from ..algorithms.fedl2p import ClientResult, Diverged, MetaConfig, client_update, client_update_many, hyper_fn
 from ..algorithms.meta_grads import MetaGradient, with_lr_grad
+from ..algorithms.meta_loop import (  # noqa: F401 (the loop's names, read here by tests and benches)
+    MetaReply,
+    MetaStrategy,
+    MetaTask,
+    guarded,
+    initial_lambda,
+    kept_lambda,
+    kept_round,
+    kept_round_text,
+    round_record,
+)
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
 from ..catalog import LR_GRAD, META_GRAD, META_HEAD, META_INPUTS, SERVER_STEP, Catalog
 from ..configs import MetaTrainConfig, config_from_dict
-from ..core.aggregate import reject_reason, robust_average, update_norms
 from ..core.client import Timer
 from ..core.config import validate
 from ..core.metanets import Lambda
 from ..core.settings import LEGACY_IFT, RoundPolicy
 from ..engine.executors import open_pool
-from ..engine.loop import Checkpoint, LoopState, generator, group_of, nest, sample_clients
+from ..engine.loop import Checkpoint, LoopState, generator, nest
 from ..engine.placement import OnDevice
 from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
@@ -34,7 +44,7 @@ from ..protocols import MetaHead, MetaInputs, ServerStep
 from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
 from .interface import Inputs, StageContext
-from .rows import PARTITION, PRETRAIN, STATS, MetaTrained, initial_lambda, input_widths
+from .rows import PARTITION, PRETRAIN, STATS, MetaTrained, input_widths
 
 NORM_PREFIX = "input_norm."
 NEW_IFT_ONLY = ("eta_bound", "eta_grad")  # IFT-only options added after FOMAML+ artifacts existed: not in their ids
@@ -98,11 +108,20 @@ class Context:
                                   [self.stats.client_bn(c) for c in cs], [self.part.client(c) for c in cs],
                                   self.cfg.meta, gens, timer, self.entries.meta_gradient, self.entries.head)
 
+    # what the federated loop reads of the run (algorithms/meta_loop.py's Federation)
+    @property
+    def server_step(self) -> ServerStep:
+        return self.entries.server_step
+
+    def seen(self) -> list[int]:
+        return self.part.pool(False)
+
+    def train_size(self, c: int) -> int | None:
+        return int(self.part.offsets[c][1] - self.part.offsets[c][0])
+
     def snapshot(self, lam: Lambda) -> dict:
         """What lambda currently hands every seen client: mean beta per domain and BN layer, mean eta per layer
         group (top-level module). Cheap (meta-net forwards only); makes the learning visible."""
-        if self.stats is None:  # a deployment's server holds no client statistics
-            return {}
         seen = self.part.pool(False)
         n_p = len(self.theta_g)
         with torch.no_grad():
@@ -126,20 +145,6 @@ class Context:
         elif "logeta" in lam:
             rec["etatilde_x"] = float(lam["logeta"].exp().mean()) / base
         return rec
-
-
-def _record(rnd: int, results: list[ClientResult], timer: Timer, t0: float | None = None) -> dict:
-    w = np.array([r.n for r in results], dtype=float)
-    rec = {"round": rnd + 1, "clients": len(results),
-           "val_loss": float(np.average([r.val_loss for r in results], weights=w)),
-           "train_loss": float(np.average([r.train_loss for r in results], weights=w))}
-    beta = torch.stack([r.beta for r in results]).mean(0)
-    eta = torch.stack([r.eta for r in results]).mean(0)
-    rec |= {f"beta_{i}": float(b) for i, b in enumerate(beta)}
-    rec |= {f"eta_{i}": float(e) for i, e in enumerate(eta)}
-    rec |= {k: float(np.mean([r.report[k] for r in results])) for k in results[0].report}
-    rec |= {f"{k}_s": v for k, v in timer.t.items()}
-    return rec | ({"round_s": time.perf_counter() - t0} if t0 is not None else {})
 
 
 def make_context(root: str, pretrain_id: str, partition_id: str, stats_id: str, cfg: MetaTrainConfig,
@@ -172,22 +177,6 @@ def fit_inputs(entry: MetaInputs, xi: torch.Tensor, x: torch.Tensor) -> dict[str
     return state
 
 
-@dataclass
-class MetaTask:
-    """What a sampled client receives in a meta-train round: the broadcast lambda."""
-    client: int
-    lam: Lambda
-    round: int
-
-
-@dataclass
-class MetaReply:
-    """A client's answer: its update, or why it diverged instead, and its time split (seconds per section)."""
-    result: ClientResult | None
-    times: dict
-    diverged: str | None = None
-
-
 def client_task(ctx: Context, task: MetaTask) -> MetaReply:
     """One client's update in its round, with its own generator (seed, round, client): the same wherever it runs."""
     c = task.client
@@ -205,120 +194,10 @@ def client_tasks(ctx: Context, tasks: list[MetaTask]) -> list[MetaReply]:
             for t, o in zip(tasks, outs)]
 
 
-def guarded(c: int, update) -> MetaReply:
-    """Run update(timer); a divergence comes back as its message in place of the result (the engine never sees a
-    client's exception), with the client's time split either way."""
-    timer = Timer()
-    try:
-        return MetaReply(update(timer), timer.t)
-    except Diverged as e:
-        return MetaReply(None, timer.t, f"client {c}: {e}")
-
-
-class MetaStrategy:
-    """FedL2P meta-training (Alg. 1): broadcast lambda, K meta-iterations per sampled client, sample-weighted mean
-    (or FedAdam); the lambda the clients received is kept when their mean validation loss is the best so far."""
-
-    def __init__(self, ctx: Context, lam0: Lambda):
-        self.ctx, self.lam0, self.cfg = ctx, lam0, ctx.cfg
-        self.label = f"meta-train ({self.cfg.variant()})"
-        self.seen = ctx.part.pool(False)
-        self.names: dict[int, str] = {}  # a deployment's site names by client id (logs and history name sites so)
-
-    def name(self, c: int) -> str:
-        return self.names.get(c, f"client {c}")
-
-    def initial_state(self) -> LoopState:
-        lam0 = self.lam0
-        return LoopState(0, nest("lam", lam0) | nest("best", lam0),
-                         extra={"best_val": math.inf, "best_round": 0, "stale": 0, "diverged": None})
-
-    def stop(self, st: LoopState) -> bool:
-        return bool(st.extra["diverged"] or (self.cfg.patience and st.extra["stale"] >= self.cfg.patience))
-
-    def configure(self, st: LoopState, rnd: int, attempt: int = 0) -> list[MetaTask]:
-        lam = group_of(st.tensors, "lam")
-        return [MetaTask(c, lam, rnd) for c in sample_clients(self.seen, self.cfg.fraction, self.cfg.seed, rnd, attempt)]
-
-    def accepted(self, lam: Lambda, tasks: list[MetaTask], results: list[ClientResult]) -> tuple[list[ClientResult], list[str]]:
-        """The replies that may be aggregated, and why each other one was dropped (never aggregated, always logged)."""
-        keep, dropped = [], []
-        for c, r in zip((t.client for t in tasks), results):
-            why = reject_reason(lam, r.lam, r.n, self.train_size(c)) if isinstance(r, ClientResult) else "not a client result"
-            (dropped.append(f"{self.name(c)}: {why}") if why else keep.append((c, r)))
-        if self.cfg.norm_bound and len(keep) > 1:
-            norms = update_norms(lam, [r.lam for _, r in keep])
-            bound = self.cfg.norm_bound * float(np.median(norms))
-            dropped += [f"{self.name(c)}: update norm {m:.3g} > {bound:.3g} (--norm-bound x median)"
-                        for (c, _), m in zip(keep, norms) if m > bound]
-            keep = [cr for cr, m in zip(keep, norms) if m <= bound]
-        return [r for _, r in keep], dropped
-
-    def train_size(self, c: int) -> int | None:
-        offsets = getattr(self.ctx.part, "offsets", None)  # a deployment's server knows no client's data
-        return None if offsets is None else int(offsets[c][1] - offsets[c][0])
-
-    def aggregate(self, st: LoopState, rnd: int, tasks: list[MetaTask], done: list, timer: Timer) -> dict | None:
-        done = [d if isinstance(d, MetaReply) else MetaReply(None, {}) for d in done]  # a site may send anything
-        bad = [d.diverged for d in done if d.diverged]
-        if bad:  # the round is recorded (marked in history.csv's `diverged` column); lambda stays what it was
-            st.extra["diverged"] = f"round {rnd + 1}: {bad[0]}"
-            return {"round": rnd + 1, "clients": len(done), "sampled": " ".join(str(t.client) for t in tasks),
-                    "diverged": "; ".join(bad)}
-        for d in done:  # the clients' own time split, wherever they ran
-            for k, v in d.times.items():
-                timer.add(k, float(v))
-        lam, sampled = tasks[0].lam, [t.client for t in tasks]
-        results, dropped = self.accepted(lam, tasks, [d.result for d in done])
-        if not results:
-            raise FedL2PError(f"meta-train round {rnd + 1}: every reply was dropped ({'; '.join(dropped)})")
-        rec = _record(rnd, results, timer) | {"sampled": " ".join(self.names.get(c, str(c)) for c in sampled)} | self.ctx.snapshot(lam)
-        if dropped:
-            rec["dropped"] = "; ".join(dropped)
-        if rec["val_loss"] < st.extra["best_val"]:  # lambda_t (the one the clients received) scored best
-            st.extra |= {"best_val": rec["val_loss"], "best_round": rnd + 1, "stale": 0}
-            st.tensors |= nest("best", lam)
-        else:
-            st.extra["stale"] += 1
-        with timer.section("aggregate"):
-            weights = [1.0 if self.cfg.client_weights == "equal" else float(r.n) for r in results]
-            new = robust_average([r.lam for r in results], weights, self.cfg.aggregator)
-            new, state = self.ctx.entries.server_step.step(lam, new, group_of(st.tensors, "opt"), rnd + 1,
-                                                           self.cfg.server_lr)
-            if state:  # a step with moments (fedadam): checkpointed with the loop
-                st.tensors |= nest("opt", state)
-        st.tensors |= nest("lam", new)
-        return rec | {"aggregate_s": timer.t["aggregate"]}
-
-    def progress_info(self, rec: dict, st: LoopState) -> dict:
-        if rec.get("diverged"):
-            return {"diverged in round": rec["round"], "kept": kept_round_text(self.cfg, st.extra, rec["round"] - 1)}
-        return {"val": rec["val_loss"], "best": st.extra["best_val"]}
-
-
 def federated(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, pool, policy: RoundPolicy
               ) -> tuple[Lambda, list[dict], dict]:
     st = run_rounds(MetaStrategy(ctx, lam0), ctx.cfg.rounds, ckpt, progress, pool.map, policy)
     return kept_lambda(ctx.cfg, st), st.history, st.extra
-
-
-def kept_lambda(cfg: MetaTrainConfig, st: LoopState) -> Lambda:
-    """The lambda the artifact keeps (--keep). Diverged in round 1: the best so far is the initial one (kept, with the
-    warning in the metrics)."""
-    return group_of(st.tensors, "lam" if cfg.keep == "last" and not st.extra["diverged"] else "best")
-
-
-def kept_round(cfg: MetaTrainConfig, extra: dict, rounds_run: int) -> int:
-    """The round whose lambda the artifact keeps: --keep last (no divergence) keeps the aggregate after the last
-    round run; otherwise the lambda broadcast in `best_round` (0: the initial lambda)."""
-    return rounds_run if cfg.keep == "last" and not extra.get("diverged") else int(extra.get("best_round") or 0)
-
-
-def kept_round_text(cfg: MetaTrainConfig, extra: dict, rounds_run: int) -> str:
-    r = kept_round(cfg, extra, rounds_run)
-    if cfg.keep == "last" and not extra.get("diverged"):
-        return f"round {r}'s aggregate (--keep last)"
-    return "the initial lambda" if r == 0 else f"the lambda broadcast in round {r} (lowest validation loss)"
 
 
 def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, dev: torch.device
@@ -344,7 +223,7 @@ def local(ctx: Context, lam0: Lambda, ckpt: Checkpoint, progress: Progress, dev:
             if r.val_loss < best_val:
                 best, best_val = lam, r.val_loss
             lam = r.lam
-            history.append({"client": c, **_record(s, [r], timer, t0)})
+            history.append({"client": c, **round_record(s, [r], timer, t0)})
         out |= nest(f"client{c}", best)
         ckpt.save(LoopState(i + 1, out, history, {"diverged": diverged}))
         progress.advance(1)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
+from ..algorithms.meta_loop import initial_lambda
+
 if TYPE_CHECKING:
     import torch
 
@@ -55,11 +57,6 @@ class MetaTrained:
     def initial(self, n_bn: int, n_x: int, n_params: int) -> Lambda:
         """Its run's lambda at round 0 (re-drawn from its seed): the control a learned split is read beside."""
         return initial_lambda(self.cfg, self.head, n_bn, n_x, n_params)
-
-
-def initial_lambda(cfg: MetaTrainConfig, head: MetaHead, n_bn: int, n_x: int, n_params: int) -> Lambda:
-    """lambda at round 0, drawn by the --head entry from the run's seed."""
-    return head.init(n_bn, n_x, n_params, cfg.meta, cfg.nets, cfg.seed)
 
 
 def input_widths(entry: MetaInputs, norm: dict | None, table: StatsTable) -> tuple[int, int]:
