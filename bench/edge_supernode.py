@@ -57,7 +57,10 @@ ATTACKS = [("NAT-shared address: refused calls (401)", nat_flood),
            ("fresh-connection eviction: 50/s from 200 addresses", ea.attack_fresh_eviction),
            ("storm: 200 addresses, 1000/s", storm),
            ("replayed ClientHello flood (40 addresses, 4 /24s)", ea.attack_hello_flood),
-           ("slow reads: 64 connections, 400 calls each, never read", ea.attack_slow_reads)]
+           ("slow reads: 64 connections, 400 calls each, never read", ea.attack_slow_reads),
+           # the many-prefix mode (issue 81): each attacker in a /24 of its own
+           ("many: refused calls from 500 /24s", ea.attack_many_refused),
+           ("many: slow bodies, 640 connections from 40 /24s, 1 byte/10 s", ea.attack_many_slow_bodies)]
 
 
 def polls(log: Path, since: float, until: float) -> tuple[int, int]:
@@ -123,16 +126,18 @@ def main() -> None:
     ap.add_argument("--after", type=float, default=10.0)
     ap.add_argument("--only", nargs="*", help="attack names (a prefix of each) to run")
     ap.add_argument("--edges", nargs="*", default=["gateway before", "gateway", "nginx"])
+    ap.add_argument("--before", default=ea.BEFORE, help="the commit 'gateway before' runs (default: before issue 72)")
+    ap.add_argument("--out", default="edge_supernode.json", help="file name in bench/ for the results")
     a = ap.parse_args()
     if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
         a.edges = [e for e in a.edges if e != "nginx"]
     tmp = Path(tempfile.mkdtemp(prefix="edge-supernode-"))
-    old = ea.old_tree(tmp) if "gateway before" in a.edges else None
+    old = ea.old_tree(tmp, a.before) if "gateway before" in a.edges else None
     rows = []
     for edge in a.edges:
         rows += run_edge(edge, tmp, old if edge == "gateway before" else None, a.seconds, a.after, a.only or [])
     out = {"cpu": ea.cpu_name(), "seconds": a.seconds, "after": a.after, "rows": rows}
-    (HERE / "edge_supernode.json").write_text(json.dumps(out, indent=2) + "\n")
+    (HERE / a.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"CPU: {out['cpu']}; a real SuperNode (flwr {version()}) behind each edge, each attack {a.seconds:g} s, "
           f"then {a.after:g} s after")
     print("| edge | attack | SuperNode polls answered / refused during | answered after | SuperNode up |")
