@@ -268,3 +268,11 @@ def test_new_connections_from_many_prefixes_are_bounded_together_and_a_new_prefi
 
 
 upstream = __import__("tests.test_gateway", fromlist=["upstream"]).upstream
+
+
+def test_a_prefix_is_fresh_until_it_comes_back_within_two_seconds():
+    from fedl2p_cli.flower.admission import Rate
+    r = Rate(20.0)
+    assert r.fresh("p", now=0.0) and r.take("p", now=0.0)
+    assert not r.fresh("p", now=1.0)  # a storm's prefix, back a second later (its bucket long refilled)
+    assert r.take("p", now=1.0) and r.fresh("p", now=3.0)

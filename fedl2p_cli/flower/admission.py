@@ -336,10 +336,11 @@ class Rate:
         return True
 
     def fresh(self, pfx: str, now: float | None = None) -> bool:
-        """Whether `pfx` has a full bucket: no connection from it lately (a new site's first try, not a storm's)."""
+        """Whether nothing was taken for `pfx` in the last burst / rate seconds (2 s: what `sweep` forgets): a new
+        site's first try is, a storm's prefixes coming back every second or faster are not."""
         now = time.monotonic() if now is None else now
-        tokens, then = self.buckets.get(pfx, (self.burst, now))
-        return tokens + (now - then) * self.rate >= self.burst
+        seen = self.buckets.get(pfx)
+        return seen is None or now - seen[1] >= self.burst / self.rate
 
     def sweep(self, now: float | None = None) -> None:
         """Forget prefixes whose bucket has refilled (they would start full anyway): memory bounded by recent peers."""
