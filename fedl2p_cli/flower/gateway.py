@@ -15,7 +15,7 @@ the client sent it and can bound every phase of a request:
 - strangers cannot keep a site out (admission.py): a connection on which the SuperLink accepted a call is never
   evicted, rate-limited or refused budget; the other connections are counted per network prefix (connections, new
   connections per second, refused calls per minute, bytes of bodies held) and, whatever the number of prefixes,
-  together in one bounded pool (half the connections, an eighth of them as calls in flight, five prefixes' worth of
+  together in one bounded pool (half the connections, an eighth of them as calls in flight, two prefixes' worth of
   new connections a second, half the body budget, a bounded number of log lines); sites' calls go to the SuperLink on
   a connection pool of their own; load is answered 503 with Retry-After (flwr retries it, and gives up on a 429), or,
   on the TLS port before any TLS byte, a reset;
@@ -89,7 +89,7 @@ class Limits:
     @property
     def strangers_new_per_second(self) -> float:
         """New connections a second from prefixes that are not sites', all together (each a TLS handshake)."""
-        return 5 * self.new_per_second
+        return 2 * self.new_per_second  # at 5 x, a site's p50 under 500 /24s of refused calls was 1.5-2 x as long
 
 
 class Reject(Exception):
@@ -230,7 +230,7 @@ class Gateway:
                                                          f"new connections from {pfx}")
         if not self.slots.is_site(pfx) and not self.strangers_new.take("first" if fresh else "again"):
             return await self._refuse(writer, peer, pfx, f"over {self.limits.strangers_new_per_second:g} new "
-                                      "connections a second from prefixes without an accepted call (5 x "
+                                      "connections a second from prefixes without an accepted call (2 x "
                                       "--new-per-second)" + ("" if fresh else " seen in the last seconds"))
         c, victim, why = self.slots.admit(ip, pfx)
         if victim is not None:
