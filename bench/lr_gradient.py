@@ -10,6 +10,11 @@ number per client: dL_V / d log s, the validation loss's slope in a common scale
 each also read from the code path meta-train runs (the sum of log eta~'s meta-gradient under --head log).
 L_V is the client's whole validation set here (meta-train draws one batch of it), so the three differ only by the
 path. Prints one row per client and the ratio of each estimate to the finite difference.
+
+`--meta ID` (one cell): at a meta-train artifact's learned lambda instead, per parameter tensor k: dL_V/d log eta_k by
+central differences of the whole fine-tuning (its statistics recomputed, as evaluation does) against each `--lr-grad`
+entry's code path (log eta~'s meta-gradient under the run's head); per client, the common-scale sum's ratio and sign
+and the per-tensor cosine.
 """
 
 from __future__ import annotations
@@ -85,6 +90,95 @@ def client_row(ctx, c: int, cfg, h: float, seed: int) -> dict:
             "trajectory": traj_formula, "trajectory_code": code, "trajectory_bn": traj_bn, "trajectory_bn_code": code_bn}
 
 
+def tensor_row(ctx, c: int, lam: dict, h: float, seed: int, names: tuple[str, ...]) -> dict:
+    """Per tensor, at `lam`: central differences of L_V (the whole validation set, statistics recomputed after each
+    fine-tuning) in log eta_k, and each LR meta-gradient's code path (log eta~'s meta-gradient)."""
+    from fedl2p_cli.algorithms import meta_grads
+    from fedl2p_cli.algorithms.fedl2p import hyper_fn
+    from fedl2p_cli.core.finetune import Strategy, finetune
+    from fedl2p_cli.engine.loop import generator
+    cfg = ctx.cfg.meta
+    xi, x = ctx.inputs(c)
+    hyper = hyper_fn(xi, x, len(ctx.theta_g), cfg, ctx.entries.head)
+    data, bn0 = ctx.part.client(c), ctx.stats.client_bn(c)
+    (xt, yt), (xv, yv) = data.train, data.val
+    with torch.no_grad():
+        beta, eta = hyper(lam)
+
+    def loss(lr: torch.Tensor) -> float:
+        s = Strategy(beta, lr)
+        ft = finetune(ctx.model, ctx.theta_g, xt, yt, s, bn0, cfg.epochs, cfg.batch_size, generator(seed, 0, c),
+                      cfg.client_bn)
+        with torch.no_grad():
+            return float(_val_loss(ctx.model, ft.params, s, ft.bn, xv, yv))
+
+    def central(step: float, k: int | None) -> float:  # k None: every LR scaled (a common scale s)
+        up, down = eta.clone(), eta.clone()
+        sel = slice(None) if k is None else k
+        up[sel], down[sel] = eta[sel] * math.exp(step), eta[sel] * math.exp(-step)
+        return (loss(up) - loss(down)) / (2 * step)
+
+    fd = [central(h, k) for k in range(len(eta))]
+    fd_fine = [central(h / 5, k) for k in range(len(eta))]  # the same at a 5x smaller step: is the slope resolved?
+    common = {"fd_common": central(h, None), "fd_common_fine": central(h / 5, None)}
+    ft = finetune(ctx.model, ctx.theta_g, xt, yt, Strategy(beta, eta), bn0, cfg.epochs, cfg.batch_size,
+                  generator(seed, 0, c), cfg.client_bn)
+    full = type(cfg)(**{**cfg.__dict__, "batch_size": max(cfg.batch_size, len(yv))})  # L_V: the whole validation set
+    est = {n: meta_grads.builtin(cfg.meta_grad, n).one(ctx.model, ft, lam, hyper, data, full, generator(seed, 1, c))
+           .grads["logeta"].tolist() for n in names}
+    return {"client": c, "domain": ctx.part.domain_names[int(ctx.part.domain[c])], "fd": fd, "fd_fine": fd_fine} | common | est
+
+
+def _cos(a: list[float], b: list[float]) -> float:
+    return float(torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), dim=0))
+
+
+def resolved(r: dict) -> bool:
+    """Whether central differences resolve the client's slopes: the common scale's within x1.5 at steps h and h/5 and
+    the per-tensor vectors at cosine >= 0.9 (else the loss is rough at that scale and no derivative matches it)."""
+    a, b = r["fd_common"], r["fd_common_fine"]
+    return a * b > 0 and 1 / 1.5 < a / b < 1.5 and _cos(r["fd"], r["fd_fine"]) >= 0.9
+
+
+def _tensor_summary(rows: list[dict], names: tuple[str, ...]) -> None:
+    """Per estimate, on all clients and on those whose slopes central differences resolve: within x2 of the common
+    scale's finite difference, its sign right, and a per-tensor cosine >= 0.9."""
+    for label, rs in (("all", rows), ("resolved", [r for r in rows if resolved(r)])):
+        for n in names:
+            if not rs:
+                continue
+            ratio = [sum(r[n]) / r["fd_common"] for r in rs]
+            cos = [_cos(r[n], r["fd"]) for r in rs]
+            print(f"{label:8s} {n:14s} within x2 on {sum(0.5 < x < 2 for x in ratio)}/{len(rs)}, sign right on "
+                  f"{sum(x > 0 for x in ratio)}/{len(rs)}, cosine >= 0.9 on {sum(x >= 0.9 for x in cos)}/{len(rs)} "
+                  f"(min {min(cos):.3f})", flush=True)
+
+
+def trained(cell: str, meta_id: str, per_kind: int, h: float, names: tuple[str, ...]) -> list[dict]:
+    """`tensor_row` for `per_kind` seen clients of each kind at the learned lambda of meta-train artifact `meta_id`."""
+    from fedl2p_cli.artifacts import Store
+    from fedl2p_cli.configs import config_from_dict
+    from fedl2p_cli.stages import meta_train
+    ids = search.accuracy.prerequisites(cell)
+    runtime = search.accuracy.handed()
+    art, lam, _ = meta_train.load_lambda(Store(search.accuracy.STORE), meta_id, runtime.catalog)
+    cfg = config_from_dict(art.config)
+    ctx = meta_train.make_context(str(search.accuracy.STORE), _id(ids, "pretrain"), _id(ids, "partition"),
+                                  _id(ids, "stats"), cfg, runtime)
+    seen = ctx.part.pool(False)
+    picked = [c for d in range(len(ctx.part.domain_names))
+              for c in [c for c in seen if int(ctx.part.domain[c]) == d][:per_kind]]
+    rows = []
+    for c in picked:
+        r = {"cell": cell, "meta": meta_id} | tensor_row(ctx, c, lam, h, 0, names)
+        rows.append(r)
+        cells = "  ".join(f"{n} x{_ratio(sum(r[n]), r['fd_common'])} cos {_cos(r[n], r['fd']):.3f}" for n in names)
+        print(f"{cell:16s} client {c:3d} {r['domain']:9s} FD {r['fd_common']:+.4f} (h/5: {r['fd_common_fine']:+.4f}, "
+              f"{'resolved' if resolved(r) else 'rough'})  {cells}", flush=True)
+    _tensor_summary(rows, names)
+    return rows
+
+
 def _pair(st):
     s, ft = st
     return ft.params, s, ft.bn
@@ -96,8 +190,16 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4, help="seen clients per kind")
     ap.add_argument("--h", type=float, default=0.05, help="finite-difference step in log s")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--meta", default=None, help="a meta-train artifact id: per tensor, at its learned lambda (one cell)")
+    ap.add_argument("--lr-grads", default="trajectory-bn,unrolled", help="--meta: the LR meta-gradients to check")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.meta:
+        rows = trained(args.cells[0], args.meta, args.clients, args.h, tuple(args.lr_grads.split(",")))
+        if args.json:
+            with args.json.open("a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+        return
     from fedl2p_cli.configs import MetaTrainConfig
     from fedl2p_cli.core.settings import MetaConfig
     from fedl2p_cli.stages import meta_train

@@ -107,9 +107,49 @@ def score(base_pid: str, var_pid: str) -> dict:
             "vs_best_ft": float(np.nanmean(acc - hand[best])), "best_ft": best, "best_ft_acc": float(np.nanmean(hand[best])),
             "tuned_acc": float(np.nanmean(tuned)), "tuned_sd": float(np.std(np.nanmean(tuned, axis=1))),
             "beta_per_kind": {k: [round(float(x), 3) for x in v] for k, v in kinds.items()}, "split": split,
-            "ari": ari(r.domain, beta), "personalize": var_pid} | ({} if checked is None else {
+            "ari": ari(r.domain, beta), "personalize": var_pid, "per_kind": kind_rows(art, r, b, m)} | (
+            {} if checked is None else {
             "checked_acc": float(np.nanmean(checked)), "checked_vs_tuned": float(np.nanmean(checked - tuned)),
             "checked_vs_best_ft": float(np.nanmean(checked - hand[best]))})
+
+
+def kind_rows(art, r, b, m: str) -> dict:
+    """Per kind: the learned row's accuracy, its paired Δ against ft-tuned and the kind's best fixed FT (that FT named),
+    from analysis/per_kind.py over the variant's row and the baselines' (the same clients, seeds and batches)."""
+    from fedl2p_cli.analysis import per_kind
+    names = json.loads(art.file("summary.json").read_text()).get("per_kind", {}).get("kinds")
+    if not names:
+        return {}
+    rows = HAND + ["ft-tuned", m]
+    acc = np.stack([b.acc_after[b.methods.index(h)] for h in rows[:-1]] + [r.acc_after[r.methods.index(m)]])
+    pk = per_kind.table(rows, acc, r.domain, dict(zip(map(int, np.unique(r.domain)), names)),
+                        per_kind.Roles(tuple(HAND), "ft-tuned", (m,)))
+    return {k: {"acc": v["mean"], "vs_tuned": v["vs_ft_tuned"]["mean"], "vs_best_ft": v["vs_best_fixed"]["mean"],
+                "best_ft": pk["best_fixed"][k], "best_ft_acc": pk["rows"][pk["best_fixed"][k]][k]["mean"],
+                "tuned_acc": pk["rows"]["ft-tuned"][k]["mean"]} for k, v in pk["rows"][m].items()}
+
+
+def kind_report(cell: str, rows: dict) -> list[str]:
+    """One table per cell with kinds: per variant, pool and kind, the learned row's accuracy and its paired Δs (mean ±
+    SD over meta-train seeds), the kind's best fixed FT and ft-tuned, and a mark where a kind is left behind."""
+    mine = {k: r for k, r in rows.items() if k[0] == cell and r.get("per_kind")}
+    if not mine:
+        return []
+    out = ["", f"Per kind ({cell}): ✗ marks a kind below its best fixed FT or more than 2 points below FT tuned", "",
+           "| variant | pool | kind | seeds | FedL2P | Δ vs FT tuned | Δ vs best fixed FT | FT tuned | best fixed FT | |",
+           "|" + "---|" * 10]
+    for variant in dict.fromkeys(k[1] for k in mine):
+        for pool in ("seen", "unseen"):
+            rs = [r for k, r in mine.items() if k[1] == variant and k[3] == pool]
+            for kind in (sorted(rs[0]["per_kind"]) if rs else []):
+                ks = [r["per_kind"][kind] for r in rs if kind in r["per_kind"]]
+                tuned, best = np.mean([k["vs_tuned"] for k in ks]), np.mean([k["vs_best_ft"] for k in ks])
+                acc = [100 * k["acc"] for k in ks]
+                out.append(f"| {variant} | {pool} | {kind} | {len(ks)} | {np.mean(acc):.2f} ± {np.std(acc):.2f} | "
+                           f"{ms([k['vs_tuned'] for k in ks])} | {ms([k['vs_best_ft'] for k in ks])} | "
+                           f"{100 * np.mean([k['tuned_acc'] for k in ks]):.2f} | {ks[0]['best_ft']} "
+                           f"{100 * np.mean([k['best_ft_acc'] for k in ks]):.2f} | {'✗' if best < 0 or tuned < -0.02 else ''} |")
+    return out
 
 
 def report(paths: list[Path]) -> str:
@@ -144,6 +184,7 @@ def report(paths: list[Path]) -> str:
             if base is not None:
                 out.append(f"{pool} pool: FT tuned {100 * base['tuned_acc']:.2f} ± {100 * base['tuned_sd']:.2f}, best fixed "
                            f"FT ({base['best_ft']}) {100 * base['best_ft_acc']:.2f}.  ")
+        out += kind_report(cell, rows)
         out.append("")
     return "\n".join(out)
 

@@ -23,7 +23,9 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - an LR meta-gradient (`meta-train --lr-grad NAME`: the path along which the fine-tuning's LRs moved the weights):
   `registry.add_lr_grad(entry)`, an `LrGradient`; a meta-gradient takes it through `with_lr_grad` (`TakesLrGrad`);
 - the meta-nets' inputs (`meta-train --input-norm NAME`: how a client's statistics become BNNet's and LRNet's inputs,
-  fitted on the seen clients): `registry.add_meta_inputs(entry)`, a `MetaInputs`.
+  fitted on the seen clients): `registry.add_meta_inputs(entry)`, a `MetaInputs`;
+- a meta-signal (`meta-train --meta-signal NAME`: what each client's meta-gradient says to the federation, e.g.
+  relative to its own loss): `registry.add_meta_signal(entry)`, a `MetaSignal`.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -50,6 +52,7 @@ from .protocols import (
     MetaGradient,
     MetaHead,
     MetaInputs,
+    MetaSignal,
     ModelFactory,
     Outcome,
     PretrainClient,
@@ -203,6 +206,7 @@ __all__ = [
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
     "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad", "MetaInputs",
+    "MetaSignal",
     # what a meta-gradient is handed and returns (Lambda: the meta-nets' tensors by name, in a server step's and a
     # meta-gradient's signatures), and the built-ins to build on
     "FinetuneResult", "MetaGrad", "Lambda", "Fomaml", "Ift", "random_batch",

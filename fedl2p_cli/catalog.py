@@ -18,6 +18,7 @@ from .protocols import (
     MetaGradient,
     MetaHead,
     MetaInputs,
+    MetaSignal,
     Method,
     ModelFactory,
     PretrainClient,
@@ -119,8 +120,9 @@ META_HEAD: Kind[MetaHead] = Kind("meta-head", "meta-net head", "--head")
 SERVER_STEP: Kind[ServerStep] = Kind("server-step", "server step", "--meta-opt")
 LR_GRAD: Kind[LrGradient] = Kind("lr-grad", "LR meta-gradient", "--lr-grad")
 META_INPUTS: Kind[MetaInputs] = Kind("meta-inputs", "meta-net inputs", "--input-norm")
+META_SIGNAL: Kind[MetaSignal] = Kind("meta-signal", "meta-signal", "--meta-signal")
 KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad", "meta-head",
-         "server-step", "lr-grad", "meta-inputs")  # EXECUTOR: in runtime.py
+         "server-step", "lr-grad", "meta-inputs", "meta-signal")  # EXECUTOR: in runtime.py
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,26 @@ these dataclasses. Torch-free, so `fedl2p --help` and refused input start fast."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, get_args
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, get_args
 
-from .core.config import AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Tag, between, opt, stored, variant_words
-from .core.settings import Aggregator, ClientBNMode, EvalStats, MetaConfig
+from .core.config import (
+    AT_LEAST_1,
+    BELOW_1,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    ConfigError,
+    Tag,
+    between,
+    flat_value,
+    from_flat,
+    opt,
+    stored,
+    variant_words,
+)
+from .core.settings import DEFAULT_META_LR, LEARN_META_LR, Aggregator, ClientBNMode, EvalStats, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -105,10 +120,28 @@ ClientWeights = Literal["samples", "equal"]
 Keep = Literal["best", "last"]
 NETS, KEEPS = (get_args(t) for t in (Nets, Keep))
 INPUT_NORM_TAGS = {"standardize": "std", "robust": "rstd"}  # --input-norm's words in variant names
+
+# Named sets of meta-train options (`--preset NAME`, a [[meta-train]] table's `preset = NAME`): the options a preset
+# names take its values unless given. `learn` is the defaults: the log head (every client starts at the same strategy,
+# so a split between kinds can only be learned), its LRs' gradient through the whole fine-tuning, robust inputs, one
+# vote per client, each client's pull relative to its own loss (docs/method/fedl2p.md#presets). `fomaml`: the
+# defaults before (FOMAML+ from beta 0.9 under the paper's head). `paper`: the paper's setting (the IFT, App. E).
+_PAPER_HEAD = {"head": "paper", "lr_grad": "last-step", "input_norm": "none", "client_weights": "samples",
+               "lr_bnnet": DEFAULT_META_LR["bnnet"], "lr_lrnet": DEFAULT_META_LR["lrnet"], "keep": "best",
+               "meta_signal": "loss"}
+PRESETS: dict[str, dict[str, Any]] = {
+    "learn": {"meta_grad": "fomaml", "head": "log", "lr_grad": "trajectory-bn", "input_norm": "robust",
+              "client_weights": "equal", "beta_init": 0.5, "lr_bnnet": LEARN_META_LR, "lr_lrnet": LEARN_META_LR,
+              "keep": "last", "meta_signal": "log-loss"},
+    "fomaml": {"meta_grad": "fomaml", "beta_init": 0.9} | _PAPER_HEAD,
+    "paper": {"meta_grad": "ift", "beta_init": 0.5} | _PAPER_HEAD,
+}
+NAMED_PRESETS = ("learn",)  # presets that name a variant with one word (the others' values name themselves)
 @dataclass(kw_only=True)
 class MetaTrainConfig:
     """`fedl2p meta-train`'s options (and a [[meta-train]] table's keys): the federation around the client update
     (MetaConfig), whose fields are options of the same command."""
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS  # --preset NAME (cli/generate.py) and `preset = NAME`
     rounds: int = opt(30, "Communication rounds (paper: up to 500).", AT_LEAST_1)
     fraction: float = opt(0.1, "Share r of the seen clients sampled per round.", FRACTION)
     meta: MetaConfig = field(default_factory=MetaConfig)
@@ -117,27 +150,27 @@ class MetaTrainConfig:
     local: bool = opt(False, "L2P: each client learns its own lambda alone, same compute budget.", flag=True)
     patience: int = opt(0, "Stop after this many rounds without a lower mean validation loss (0: never).", NON_NEGATIVE)
     # a catalog entry (algorithms/meta_inputs.py; the stage checks the name), fitted on the seen clients
-    input_norm: str = opt("none", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored over the "
-                                  "seen clients | robust = SD floored, |z| <= 3 | a plugin's.<plugin-meta-inputs>",
-                          tag=Tag(lambda v, _c: INPUT_NORM_TAGS.get(v, v), 80))
+    input_norm: str = opt("robust", "Meta-net inputs: none = raw xi and x (the paper) | standardize = z-scored over "
+                                    "the seen clients | robust = SD floored, |z| <= 3 | a plugin's.<plugin-meta-inputs>",
+                          tag=Tag(lambda v, _c: INPUT_NORM_TAGS.get(v, v), 80), reference="none")
     # a catalog entry (algorithms/server_steps.py; the stage checks the name): fedadam's word is "adam", a plugin's
     # its name
     meta_opt: str = opt("fedavg", "Server update of lambda: fedavg (the paper's) | fedadam = Adam on the mean client "
                         "change (Reddi et al. 2021) | a plugin's.<plugin-server-steps>",
                         tag=Tag(lambda v, c: "adam" if v == "fedadam" else v, 90))
     server_lr: float = opt(1e-3, "Step size of a server step that takes one (fedadam).", POSITIVE)
-    keep: Keep = opt("best", "Which lambda to keep: best = the round with the lowest mean validation loss (the paper) "
+    keep: Keep = opt("last", "Which lambda to keep: best = the round with the lowest mean validation loss (the paper) "
                              "| last = the final aggregate.",
-                     tag=Tag("last", 100, lambda c: not c.local))
+                     tag=Tag("last", 100, lambda c: not c.local), reference="best")
     # meta-train seeds side by side in one table (seed 0 keeps the name it always had)
     seed: int = opt(0, "Seed (meta-net init, sampling, batches).", NON_NEGATIVE, tag=Tag("seed{v}", 240))
     # untrusted replies (not in the paper); left out of the artifact id at their defaults (added later)
     norm_bound: float = opt(0.0, "Drop a client whose lambda moved more than K times the round's median move (0: no "
                                  "bound). Not in the paper.", NON_NEGATIVE, identity_default=True,
                            tag=Tag("nb{v:g}", 230))
-    client_weights: ClientWeights = opt("samples", "Weights of the clients' lambdas in the server's mean: samples = "
+    client_weights: ClientWeights = opt("equal", "Weights of the clients' lambdas in the server's mean: samples = "
                                                    "by training size (the paper) | equal = one vote per client.",
-                                        identity_default=True, tag=Tag({"equal": "eqw"}, 225))
+                                        identity_default=True, tag=Tag({"equal": "eqw"}, 225), reference="samples")
     aggregator: Aggregator = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | "
                                          "median | trimmed-mean (20% cut at each end).", option="--aggregate",
                                  identity_default=True, tag=Tag({"median": "median", "trimmed-mean": "trim"}, 220))
@@ -147,9 +180,31 @@ class MetaTrainConfig:
         return "l2p" if self.local else "fedl2p"
 
     def variant(self) -> str:
-        """The variant's name in result tables: its family and the word each option declares (`Tag`) that differs
-        from its default."""
+        """The variant's name in result tables: its family, then the preset that names it (one whose every value it
+        holds: `learn`; the paper's and fomaml's values name themselves, word by word), then the word each option
+        declares (`Tag`) that differs from that preset's value, else from its reference value."""
+        for name in NAMED_PRESETS:
+            base = PRESETS[name]
+            if all(flat_value(self, k) == v for k, v in base.items()):
+                return "-".join([self.family(), name, *variant_words(self, base)])
+        return self.spelled()
+
+    def spelled(self) -> str:
+        """The variant's name word by word against the reference values, no preset word: what an artifact's id
+        hashes, so a preset naming a set of values never moves an id."""
         return "-".join([self.family(), *variant_words(self)])
+
+    @classmethod
+    def preset(cls, name: str, meta: MetaConfig | None = None, **values: Any) -> MetaTrainConfig:
+        """The preset's settings (`PRESETS`) with `values` (flat keys) over them, what `--preset NAME` and a
+        [[meta-train]] table's `preset = NAME` give; `meta`: a whole client-update config in place of the preset's."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown --preset '{name}'; choose one of: {', '.join(PRESETS)}")
+        base = PRESETS[name]
+        if meta is not None:
+            own = {f.name for f in fields(MetaConfig)}
+            base = {k: v for k, v in base.items() if k not in own} | {f.name: getattr(meta, f.name) for f in fields(meta)}
+        return from_flat(cls, base | values)
 
 
 

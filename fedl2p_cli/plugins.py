@@ -41,6 +41,7 @@ from .catalog import (
     META_GRAD,
     META_HEAD,
     META_INPUTS,
+    META_SIGNAL,
     METHOD,
     MODEL,
     PRETRAIN_ALGO,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
         MetaGradient,
         MetaHead,
         MetaInputs,
+        MetaSignal,
         Method,
         ModelFactory,
         PretrainClient,
@@ -163,6 +165,13 @@ class Registry:
         if not all(hasattr(entry, a) for a in ("name", "about", "fit", "apply")):
             raise PluginError(f"{self.plugin.describe()}: add_meta_inputs takes an api.MetaInputs (name, about, fit, apply)")
         self._add(META_INPUTS, entry.name, entry)
+
+    def add_meta_signal(self, entry: MetaSignal) -> None:
+        """What a FedL2P client's meta-gradient says to the federation (`meta-train --meta-signal NAME`): an
+        `api.MetaSignal` (its `name`, `about` and `weigh(grads, val_loss)`)."""
+        if not all(hasattr(entry, a) for a in ("name", "about", "weigh")):
+            raise PluginError(f"{self.plugin.describe()}: add_meta_signal takes an api.MetaSignal (name, about, weigh)")
+        self._add(META_SIGNAL, entry.name, entry)
 
     def _add(self, kind: Kind[T], name: str, value: T) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):

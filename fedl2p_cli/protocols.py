@@ -301,6 +301,21 @@ class MetaInputs(Protocol):
     def apply(self, state: dict[str, Tensor], xi: Tensor, x: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
+class MetaSignal(Protocol):
+    """What a client's meta-gradient says to the federation (`meta-train --meta-signal NAME`): `weigh(grads,
+    val_loss)` maps the client's meta-gradient and its validation batch's loss (a 0-dim tensor) to the gradient its
+    lambda steps along, before the element-wise clip. The built-ins: `loss` (the paper's) and `log-loss`
+    (algorithms/meta_signals.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def weigh(self, grads: Lambda, val_loss: Tensor) -> Lambda: ...
+
+
 # -- meta-gradients -------------------------------------------------------------------------------------------------
 HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]]  # (lambda, xi, x) -> (beta, eta)
 

@@ -9,6 +9,7 @@ import torch
 
 from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
+from fedl2p_cli.configs import PRESETS
 from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
 
 from .helpers import execute
@@ -25,7 +26,9 @@ TINY_PARTITION = dict(dataset="digits-c", alpha=0.5, clients=12, samples_per_cli
 TINY_PRETRAIN = dict(rounds=3, fraction=0.5, batch_size=16, eval_every=1, seed=0)
 # the paper's meta-gradient and beta init (the defaults are FOMAML+ from 0.9): the IFT's second-order path is the one
 # most tests read, and the pinned ids (tests/test_any_model.py) are of this run
-TINY_META = MetaConfig(epochs=1, batch_size=16, base_lr=0.01, meta_grad="ift", beta_init=0.5)
+# the paper's client update (--preset paper's MetaConfig keys), small: what the suite's runs were written against
+TINY_META = MetaConfig(**{k: v for k, v in PRESETS["paper"].items() if k in MetaConfig.__dataclass_fields__},
+                       epochs=1, batch_size=16, base_lr=0.01)
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +37,7 @@ def tiny_store(tmp_path_factory):
     part, _ = execute(partition, partition.PartitionConfig(**TINY_PARTITION), store, plot=False)
     pre, _ = execute(pretrain, pretrain.PretrainConfig(**TINY_PRETRAIN), store, {"partition": part.id}, plot=False)
     st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre.id})
-    meta, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=TINY_META), store,
+    meta, _ = execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, meta=TINY_META), store,
                       {"pretrain": pre.id, "stats": st.id})
     pcfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0],
                                          methods=["ft-bnc", "ft-bng", "ft-bni", "fedl2p"])

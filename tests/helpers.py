@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fedl2p_cli import plugins
 from fedl2p_cli.core.finetune import ClientBN
 from fedl2p_cli.core.metanets import hyperparameters, init_lambda
+from fedl2p_cli.core.settings import MetaConfig
 from fedl2p_cli.core.stats import client_stats
 from fedl2p_cli.models.registry import build
 
@@ -97,3 +100,13 @@ def tiny_client(tiny_store):
     theta = {n: state[n] for n, _ in model.named_parameters()}
     lam = init_lambda(table.xi.shape[1], table.x.shape[1], len(theta), 0.01, "both", 0)
     return model, theta, lam, table.inputs(c), table.client_bn(c), part, c
+
+
+def old_meta(**kw: Any) -> MetaConfig:
+    """The client update's settings as the defaults were before the learn preset (`--preset fomaml`'s MetaConfig
+    keys: the paper's head, signal and meta LRs, FOMAML+ from beta 0.9), `kw` over them: what these tests were written
+    against."""
+    from fedl2p_cli.configs import PRESETS
+    own = MetaConfig.__dataclass_fields__
+    return MetaConfig(**{k: v for k, v in PRESETS["fomaml"].items() if k in own} | kw)
+

@@ -190,7 +190,7 @@ def test_a_client_that_diverges_in_a_group_gets_what_it_gets_alone(setup, meta_g
 def test_batched_meta_train_rounds_write_the_same_artifact(tiny_store, tmp_path):
     """--engine batched --client-batch 2 (a round's 3 clients: a group of 2 and one of 1) writes the artifact one at a
     time writes: the same id, lambda equal to float tolerance, the same history apart from times."""
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=21, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=21, meta=TINY_META)
     arts = []
     for name, rt in (("one", Runtime()), ("many", Runtime(engine="batched", client_batch=2))):
         root = tmp_path / name

@@ -17,7 +17,7 @@ from fedl2p_cli.cli.main import app, run_cli
 from fedl2p_cli.engine.loop import Checkpoint
 from fedl2p_cli.io import weights
 
-from .helpers import execute
+from .helpers import execute, old_meta
 
 
 def cli(capsys, monkeypatch, store, *args):
@@ -244,9 +244,9 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     shutil.copytree(tiny_store["store"].root, ref_root)
     shutil.copytree(tiny_store["store"].root, kill_root)
     # the uninterrupted reference in-process (a run is bit-identical across processes; the ids must agree)
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig
     from fedl2p_cli.stages import meta_train
-    ref_cfg = meta_train.MetaTrainConfig(rounds=6, fraction=0.5, seed=3, meta=MetaConfig(epochs=1, batch_size=16, base_lr=0.01))
+    ref_cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=6, fraction=0.5, seed=3,
+                                                meta=old_meta(epochs=1, batch_size=16, base_lr=0.01))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the CLI (--threads 1): float reductions depend on the thread count
     try:

@@ -55,7 +55,7 @@ def test_analyze_stage_on_tiny_store_and_single_domain_refused(tiny_store, tmp_p
         execute(analyze, analyze.ClustersConfig(), s, {"personalize": pers.id})
     # and stats of another pretrained model are refused
     with pytest.raises(FedL2PError, match="was computed for pretrained model"):
-        execute(meta_train, meta_train.MetaTrainConfig(rounds=1), tiny_store["store"],
+        execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=1), tiny_store["store"],
                 {"pretrain": tiny_store["pretrain"].id, "stats": _foreign_stats(tiny_store, s, st)})
 
 

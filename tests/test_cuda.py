@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedl2p_cli import device
-from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+from fedl2p_cli.algorithms.fedl2p import client_update
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.core.finetune import ClientBN
 from fedl2p_cli.core.hypergrad import ift_hypergradient
@@ -18,7 +18,7 @@ from fedl2p_cli.runtime import Runtime
 from fedl2p_cli.stages import meta_train, partition, personalize, pfl, pretrain, stats
 
 from .conftest import TINY_META, TINY_PARTITION, TINY_PRETRAIN
-from .helpers import execute, smooth_setup, tiny_client
+from .helpers import execute, old_meta, smooth_setup, tiny_client
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -45,11 +45,11 @@ def test_every_stage_end_to_end_on_cuda(tiny_store, on_cuda, tmp_path):
     for k, v in cpu_model.items():
         torch.testing.assert_close(gpu_model[k], v, rtol=1e-2, atol=1e-3)  # 3 rounds of SGD drift a little further
     st, _ = execute(stats, stats.StatsConfig(), store, {"partition": part.id, "pretrain": pre.id}, runtime=rt)
-    metas = [execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=m), store,
+    metas = [execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, meta=m), store,
                      {"pretrain": pre.id, "stats": st.id}, runtime=rt)[0]
              for m in (TINY_META, replace(TINY_META, hessian="exact"), replace(TINY_META, meta_grad="fomaml"),
                        replace(TINY_META, ift_at="last-step"))]
-    metas.append(execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, local=True, meta=TINY_META), store,
+    metas.append(execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, local=True, meta=TINY_META), store,
                          {"pretrain": pre.id, "stats": st.id}, runtime=rt)[0])
     assert all(m.metrics["diverged"] is None for m in metas)
     for algo in ("pfedla", "heurpfedla", "cafeme"):
@@ -95,7 +95,7 @@ def test_hypergradient_on_cuda_matches_the_float64_oracle_on_the_cpu():
 def _one_update(model, theta, lam, inputs, bn, data, dev):
     args = device.move((theta, lam, *inputs, bn, data), dev)
     model.to(dev)
-    r = client_update(model, *args, MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad="ift"), torch.Generator().manual_seed(0))
+    r = client_update(model, *args, old_meta(epochs=2, batch_size=16, base_lr=0.01, meta_grad="ift"), torch.Generator().manual_seed(0))
     model.cpu()
     return device.to_host(r)
 
@@ -138,7 +138,7 @@ def test_batched_meta_train_on_cuda_matches_one_client_at_a_time(tiny_store, on_
     """--engine batched on the GPU: the artifact of one client at a time on the GPU (same id), lambda to rounding;
     and the personalisation with --client-batch 4 gives the same accuracies."""
     import shutil
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=5, meta=replace(TINY_META, meta_grad=meta_grad))
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=5, meta=replace(TINY_META, meta_grad=meta_grad))
     arts = []
     for name, rt in (("one", on_cuda.replace(client_batch=1)), ("many", on_cuda.replace(engine="batched", client_batch=4))):
         shutil.copytree(tiny_store["store"].root, tmp_path / name)
@@ -161,7 +161,7 @@ def test_a_pipeline_files_workers_leave_the_gpu_batched(tiny_store, on_cuda, tmp
     process, as the manifest says, with the id one client at a time gives."""
     import shutil
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, meta=TINY_META)
     art, _ = execute(meta_train, cfg, Store(tmp_path / "s"),
                      {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, runtime=on_cuda.replace(workers=2))
     on = art.manifest["computed_on"]

@@ -9,7 +9,7 @@ import torch
 
 from fedl2p_cli import device, plugins
 from fedl2p_cli.algorithms import cafeme, local, pfedla
-from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+from fedl2p_cli.algorithms.fedl2p import client_update
 from fedl2p_cli.catalog import PRETRAIN_ALGO
 from fedl2p_cli.core.client import ClientData
 from fedl2p_cli.core.finetune import ClientBN, Strategy, finetune, personalized_accuracy, precise_bn
@@ -21,7 +21,7 @@ from fedl2p_cli.errors import FedL2PError
 from fedl2p_cli.models.registry import build
 from fedl2p_cli.runtime import Runtime
 
-from .helpers import detached_params, handed
+from .helpers import detached_params, handed, old_meta
 
 
 def cpu_tensors(obj) -> list[torch.Tensor]:
@@ -58,7 +58,7 @@ def on_meta(fn):
     return out
 
 
-META = MetaConfig(epochs=1, batch_size=8, base_lr=0.01, meta_grad="ift")  # the second-order path
+META = old_meta(epochs=1, batch_size=8, base_lr=0.01, meta_grad="ift")  # the second-order path
 VARIANTS = {"ift-fo": META, "ift-exact": replace(META, hessian="exact"), "ift-last-step": replace(META, ift_at="last-step"),
             "fomaml": replace(META, meta_grad="fomaml"), "valtbs": replace(META, val_stats="test-batch"),
             "running-bn": replace(META, client_bn="running"), "eta-nonneg": replace(META, eta_nonneg=True),
@@ -327,10 +327,10 @@ def test_the_engine_is_batched_by_default_on_a_gpu_and_says_so_in_one_line():
     line = auto_engine_line(Runtime(device="cuda:0"), True)
     assert line is not None and "\n" not in line and "--engine batched --client-batch auto" in line
     assert "--engine batched" not in (auto_engine_line(Runtime(device="cuda:0"), False) or "")
-    meta_train.check(meta_train.MetaTrainConfig(local=True), handed(device="cuda:0"))  # --local runs no rounds
+    meta_train.check(meta_train.MetaTrainConfig.preset("fomaml", local=True), handed(device="cuda:0"))  # --local runs no rounds
     # a pipeline file's workers (the quickstart's 2, for the CPU) leave the GPU's default batched; named, they conflict
     from fedl2p_cli.errors import FedL2PError
-    meta_train.check(meta_train.MetaTrainConfig(), handed(device="cuda:0", workers=2))
+    meta_train.check(meta_train.MetaTrainConfig.preset("fomaml"), handed(device="cuda:0", workers=2))
     with pytest.raises(FedL2PError, match="leave --workers at 1"):
-        meta_train.check(meta_train.MetaTrainConfig(), handed(device="cuda:0", engine="batched", workers=2))
-    assert meta_train.check(meta_train.MetaTrainConfig(), handed(device="cuda:0", engine="local", workers=2)) is None
+        meta_train.check(meta_train.MetaTrainConfig.preset("fomaml"), handed(device="cuda:0", engine="batched", workers=2))
+    assert meta_train.check(meta_train.MetaTrainConfig.preset("fomaml"), handed(device="cuda:0", engine="local", workers=2)) is None

@@ -316,7 +316,7 @@ def test_a_meta_gradient_is_one_registration_and_names_its_variant(tiny_store, t
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store = Store(tmp_path / "s")
     ids = tiny_store["pretrain"].id, tiny_store["stats"].id
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last",
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, keep="last",
                                      meta=dataclasses.replace(TINY_META, meta_grad="fomaml"))
     fomaml, _ = run_stage(meta_train, cfg, Inputs.given({"pretrain": ids[0], "stats": ids[1]}), StageContext(store, handed()))
     mine = dataclasses.replace(cfg, meta=dataclasses.replace(cfg.meta, meta_grad="half-fomaml"))

@@ -23,7 +23,7 @@ def _copy(tiny_store, dst) -> Store:
 
 
 def test_more_rounds_continue_a_shorter_run_and_equal_a_run_from_the_start(tiny_store, tmp_path):
-    cfg = lambda r: meta_train.MetaTrainConfig(rounds=r, fraction=0.5, seed=5, keep="last", meta=TINY_META)  # noqa: E731
+    cfg = lambda r: meta_train.MetaTrainConfig.preset("fomaml", rounds=r, fraction=0.5, seed=5, keep="last", meta=TINY_META)  # noqa: E731
     pre, st = tiny_store["pretrain"].id, tiny_store["stats"].id
     scratch = _copy(tiny_store, tmp_path / "a")
     whole, _ = execute(meta_train, cfg(3), scratch, {"pretrain": pre, "stats": st})
@@ -37,7 +37,7 @@ def test_more_rounds_continue_a_shorter_run_and_equal_a_run_from_the_start(tiny_
     a, b = (weights.load(x.file("lambda.safetensors")) for x in (whole, longer))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the shorter run is never a source for a run of other settings
-    other, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=3, fraction=0.5, seed=6, keep="last",
+    other, _ = execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=3, fraction=0.5, seed=6, keep="last",
                                                          meta=TINY_META), steps, {"pretrain": pre, "stats": st})
     assert "extended_from" not in other.metrics
 
@@ -45,7 +45,7 @@ def test_more_rounds_continue_a_shorter_run_and_equal_a_run_from_the_start(tiny_
 def test_keep_last_of_as_many_rounds_reuses_a_keep_best_run_and_equals_a_run_from_the_start(tiny_store, tmp_path):
     """--keep only picks which lambda is stored at the end: the --keep last run of a finished --keep best run's rounds
     is its last state, with no round run again, and equals a --keep last run from the start."""
-    cfg = lambda keep: meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=5, keep=keep, meta=TINY_META)  # noqa: E731
+    cfg = lambda keep: meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=5, keep=keep, meta=TINY_META)  # noqa: E731
     pre, st = tiny_store["pretrain"].id, tiny_store["stats"].id
     whole, _ = execute(meta_train, cfg("last"), _copy(tiny_store, tmp_path / "a"), {"pretrain": pre, "stats": st})
 

@@ -97,7 +97,7 @@ def _dies_for_client_2(ctx, task):
 def test_meta_train_goes_on_without_a_dead_worker_and_names_it(tiny_store):
     """Real worker processes: client 2's dies mid-round; with --min-answers 0.5 the round aggregates the others
     (the same lambda as a round without client 2) and history names client 2."""
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=1.0, meta=TINY_META)
     rt = handed(min_answers=0.5, workers=2)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
     ctx = meta_train.make_context(*ids, cfg, rt)

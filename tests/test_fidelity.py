@@ -103,7 +103,7 @@ def test_server_adam_first_step_is_lr_times_sign():
 
 def test_input_standardisation_is_stored_and_used_at_personalisation(tiny_store):
     store = tiny_store["store"]
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, input_norm="standardize", meta_opt="fedadam", meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, input_norm="standardize", meta_opt="fedadam", meta=TINY_META)
     assert cfg.variant() == "fedl2p-std-adam"
     art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     _, lam, norm = meta_train.load_lambda(store, art.id, plugins.current())
@@ -195,7 +195,7 @@ def test_keep_last_returns_the_final_aggregate_and_best_the_scored_broadcast(tin
     store = tiny_store["store"]
     got = {}
     for keep in ("best", "last"):
-        cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep=keep, seed=5, meta=TINY_META)
+        cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, keep=keep, seed=5, meta=TINY_META)
         art, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
         got[keep] = meta_train.load_lambda(store, art.id, plugins.current())[1]
     _, table = stats.load(store, tiny_store["stats"].id)

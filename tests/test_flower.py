@@ -94,7 +94,7 @@ def test_missing_extra_is_one_clear_line(monkeypatch):
 
 def test_unknown_engine_is_refused(tiny_store):
     from fedl2p_cli.stages import meta_train
-    cfg = meta_train.MetaTrainConfig(rounds=1, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, meta=TINY_META)
     with pytest.raises(USER_ERRORS, match="--engine"):
         meta_train.check(cfg, handed(engine="spark"))
 
@@ -111,7 +111,7 @@ def test_flower_meta_train_matches_the_in_process_engine(tiny_store, tmp_path):
         for engine in ("local", "flower"):
             root = tmp_path / engine
             shutil.copytree(tiny_store["store"].root, root)
-            cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=31, meta=TINY_META)
+            cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=31, meta=TINY_META)
             arts[engine] = execute(meta_train, cfg, Store(root),
                                    {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id},
                                    runtime=Runtime(engine=engine, workers=2))[0]
@@ -247,7 +247,7 @@ def test_flower_deployment_on_loopback_matches_in_process(tiny_store, tmp_path, 
     for c in sites:
         flower_app.export_site(part.client(c), c, tmp_path / f"site{c}")
     lost = fault == "killed" or below
-    cfg = meta_train.MetaTrainConfig(rounds=rounds, fraction=1.0 if fault or below else 0.5, seed=31, keep="last",
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=rounds, fraction=1.0 if fault or below else 0.5, seed=31, keep="last",
                                      meta=TINY_META, norm_bound=3.0 if fault else 0.0)  # last: it moved
     rt = handed(round_timeout=60.0 if lost else 0.0, min_answers=0.6 if fault == "killed" else 1.0)
     out = tmp_path / "out"

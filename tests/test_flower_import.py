@@ -7,7 +7,6 @@ import numpy as np
 import torch
 
 from fedl2p_cli import plugins
-from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
 from fedl2p_cli.catalog import META_HEAD
 from fedl2p_cli.cli.main import run_cli
@@ -15,13 +14,14 @@ from fedl2p_cli.flower import app as flower_app
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train, personalize
 
-from .helpers import execute, handed
+from .helpers import execute, handed, old_meta
 
 
 def deployment(tiny_store, out, perturb=0.01):
     """A run config folder as `fedl2p flower run-config` writes it, with the results a ServerApp writes."""
     # its own variant name (beta_init 0.7): other tests that ask the shared tiny store for "fedl2p" must not get it
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16, base_lr=0.01, beta_init=0.7))
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5,
+                                            meta=old_meta(epochs=1, batch_size=16, base_lr=0.01, beta_init=0.7))
     rc = flower_app.run_config(tiny_store["store"], tiny_store["pretrain"].id, cfg, 2, out, handed())
     (out / "run.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in rc.items()))
     spec = json.loads(rc["model"])

@@ -8,7 +8,7 @@ from fedl2p_cli.core import hypergrad
 from fedl2p_cli.core.hypergrad import fomaml_gradient, ift_hypergradient
 
 from . import oracle
-from .helpers import smooth_setup
+from .helpers import old_meta, smooth_setup
 
 
 def o_train(model, theta, beta, eta, batch, hessian="exact"):
@@ -262,8 +262,7 @@ def test_stable_ift_matches_dense_formula(setup, hessian):
     """The stable IFT (MetaConfig's --psi-power, --scale-by-psi, --eta-grad last-step), psi's cap lifted so that the
     Krylov estimate decides it: p = psi * sum_{k<=Q} (I - psi H)^k v with psi = PSI_MARGIN / the dense Rayleigh-Ritz
     value on {v, .., H^(Q-1) v}, for BNNet, LRNet and eta~ separately."""
-    from fedl2p_cli.core.settings import MetaConfig
-    cfg = MetaConfig()
+    cfg = old_meta()
     model, theta_prev, lam, hyper, tb, vb, bn, _ = setup
     beta0, eta0 = (t.detach() for t in hyper(lam))
     g = [torch.randn_like(t) for t in theta_prev.values()]

@@ -222,7 +222,7 @@ def test_meta_train_under_the_log_head_records_its_round_0_control(tiny_store, t
     shutil.copytree(tiny_store["store"].root, root)
     meta = dataclasses.replace(TINY_META, head="log", lr_grad="trajectory", meta_grad="fomaml", lr_bnnet=0.05,
                                lr_lrnet=0.05)
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=meta, input_norm="robust", client_weights="equal",
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, meta=meta, input_norm="robust", client_weights="equal",
                                      keep="last")
     art, _ = execute(meta_train, cfg, Store(root), {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     assert art.metrics["variant"] == "fedl2p-fomaml-traj-rstd-last-log-bnnetlr0.05-lrnetlr0.05-eqw"
@@ -280,7 +280,7 @@ def test_a_head_and_a_server_step_are_one_registration_each(tiny_store, tmp_path
     store = Store(tmp_path / "s")
     ids = tiny_store["pretrain"].id, tiny_store["stats"].id
     meta = dataclasses.replace(TINY_META, meta_grad="fomaml", head="pinned-beta")
-    mine = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last", meta=meta, meta_opt="half-step")
+    mine = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, keep="last", meta=meta, meta_opt="half-step")
     assert mine.variant() == "fedl2p-fomaml-half-step-last-pinned-beta"
     catalog = plugins.build(lambda r: (r.add_meta_head(Pinned()), r.add_server_step(HalfStep())))
     inputs = Inputs.given({"pretrain": ids[0], "stats": ids[1]})
@@ -337,7 +337,7 @@ def test_an_lr_meta_gradient_is_one_registration(tiny_store, tmp_path):
 
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store = Store(tmp_path / "s")
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last",
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, keep="last",
                                      meta=dataclasses.replace(TINY_META, meta_grad="fomaml", head="log", lr_grad="doubled"))
     assert "doubled" in cfg.variant().split("-")
     inputs = Inputs.given({"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})

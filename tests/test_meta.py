@@ -10,7 +10,7 @@ from fedl2p_cli.io import weights
 from fedl2p_cli.stages import meta_train, partition, stats
 
 from .conftest import TINY_META
-from .helpers import KillAfter, Killed, execute, handed
+from .helpers import KillAfter, Killed, execute, handed, old_meta
 
 
 def test_every_metanet_bias_is_the_paper_constant():
@@ -67,13 +67,13 @@ def test_unseen_clients_never_meta_trained(tiny_store):
 
 def test_meta_resume_equals_uninterrupted(tiny_store, tmp_path):
     store = tiny_store["store"]
-    cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=3, fraction=0.5, meta=TINY_META, seed=1)
     full, _ = execute(meta_train, cfg, store, {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     lam_full = weights.load(full.file("lambda.safetensors"))
     with open(full.file("history.csv")) as f:
         hist_full = list(csv.DictReader(f))
     # interrupt after round 2 through the progress hook, then resume into a fresh build
-    cfg2 = meta_train.MetaTrainConfig(rounds=3, fraction=0.5, meta=TINY_META, seed=1)
+    cfg2 = meta_train.MetaTrainConfig.preset("fomaml", rounds=3, fraction=0.5, meta=TINY_META, seed=1)
 
     with pytest.raises(Killed):
         execute(meta_train, cfg2, store,
@@ -102,7 +102,7 @@ def test_divergence_is_reported_and_best_lambda_kept(tiny_store, monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(meta_train, "client_update", flaky)
-    cfg = meta_train.MetaTrainConfig(rounds=4, fraction=0.5, meta=TINY_META, seed=7)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=4, fraction=0.5, meta=TINY_META, seed=7)
     art, _ = execute(meta_train, cfg, tiny_store["store"],
                      {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}, force=True)
     assert "round 2" in art.metrics["diverged"]
@@ -129,8 +129,8 @@ def test_a_non_finite_meta_gradient_in_any_tensor_is_caught():
 def test_real_nan_in_round_one_keeps_the_initial_lambda(tiny_store):
     """A huge base LR makes fine-tuning blow up in round 1: reported as divergence; the artifact holds the initial
     lambda (the best so far), never NaN, so a pipeline comparing variants goes on."""
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=3,
-                                     meta=fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=1e6, meta_grad="ift", beta_init=0.5))
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=3,
+                                     meta=old_meta(epochs=2, batch_size=16, base_lr=1e6, meta_grad="ift", beta_init=0.5))
     art, _ = execute(meta_train, cfg, tiny_store["store"], {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     lam = weights.load(art.file("lambda.safetensors"))
     assert "round 1" in art.metrics["diverged"] and art.metrics["rounds_run"] == 0
@@ -148,7 +148,7 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     lam = init_lambda(20, 82, 62, 1e-3, "both", 0, beta_init=0.9)
     assert all(torch.equal(lam[k], torch.full_like(lam[k], 0.9)) for k in ("bnnet.0.bias", "bnnet.1.bias", "bnnet.2.bias"))
     assert torch.equal(lam["lrnet.2.bias"], init_lambda(20, 82, 62, 1e-3, "both", 0)["lrnet.2.bias"])
-    cfg = meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(meta_grad="ift", beta_init=0.5))  # the paper's
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", meta=old_meta(meta_grad="ift", beta_init=0.5))  # the paper's
     old = asdict(cfg)
     old["meta"].pop("beta_init")
     old["meta"].pop("init_gain")
@@ -156,8 +156,8 @@ def test_beta_init_sets_every_bnnet_bias_and_leaves_the_paper_id_unchanged():
     old["meta"].pop("val_stats")
     old["meta"].pop("eta_nonneg")
     old["meta"].pop("beta_output")
-    for k in ("head", "lr_logeta", "lr_grad"):  # the log head's options (issue 69), out of the id at their defaults
-        old["meta"].pop(k)
+    for k in ("head", "lr_logeta", "lr_grad", "meta_signal"):  # the log head's options (issue 69) and the signal
+        old["meta"].pop(k)                                      # (issue 79), out of the id at their reference values
     old.pop("client_weights")
     old.pop("norm_bound"), old.pop("aggregator")  # untrusted-reply options, out of the id at their defaults
     # (workers, engine and the failure policy are the Runtime's, not the config's: never in an id)
@@ -184,7 +184,7 @@ def test_init_gain_scales_the_weights_and_makes_outputs_depend_on_inputs():
     spread = {g: (hyperparameters(lam, xi_a, x, 5, 1e-3, 1.0)[0] - hyperparameters(lam, xi_b, x, 5, 1e-3, 1.0)[0]).abs().max()
               for g, lam in (("0.1", lo), ("1", hi))}
     assert spread["0.1"] < 1e-2 < spread["1"]
-    cfg = meta_train.MetaTrainConfig()
+    cfg = meta_train.MetaTrainConfig.preset("fomaml")
     assert "init_gain" not in config_dict(cfg)["meta"]
     cfg.meta.init_gain = 1.0
     assert config_dict(cfg)["meta"]["init_gain"] == 1.0 and cfg.variant().endswith("-gain1")
@@ -192,8 +192,8 @@ def test_init_gain_scales_the_weights_and_makes_outputs_depend_on_inputs():
 
 def test_ift_last_step_meta_trains_on_the_last_fine_tuning_step(tiny_store):
     """--ift-at last-step runs end to end, moves lambda, and is its own artifact next to the default reading's."""
-    meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, ift_at="last-step", meta_grad="ift", beta_init=0.5)
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
+    meta = old_meta(epochs=2, batch_size=16, base_lr=0.01, ift_at="last-step", meta_grad="ift", beta_init=0.5)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=1, meta=meta)
     art, _ = execute(meta_train, cfg, tiny_store["store"], {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     assert art.metrics["variant"] == "fedl2p-laststep-seed1" and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
@@ -203,8 +203,8 @@ def test_ift_last_step_meta_trains_on_the_last_fine_tuning_step(tiny_store):
 @pytest.mark.parametrize("meta_grad", ["ift", "fomaml"])
 def test_val_stats_test_batch_meta_trains_and_is_its_own_variant(tiny_store, meta_grad):
     """--val-stats test-batch runs end to end for both meta-gradients, with finite losses, under its own name."""
-    meta = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad=meta_grad, val_stats="test-batch")
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=meta)
+    meta = old_meta(epochs=2, batch_size=16, base_lr=0.01, meta_grad=meta_grad, val_stats="test-batch")
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=1, meta=meta)
     art, _ = execute(meta_train, cfg, tiny_store["store"], {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     assert art.metrics["variant"].endswith("-valtbs-seed1") and art.metrics["rounds_run"] == 2 and not art.metrics["diverged"]
     lam = weights.load(art.file("lambda.safetensors"))
@@ -223,7 +223,7 @@ def test_eta_nonneg_freezes_instead_of_ascending():
     assert torch.equal(pos[[1, 3, 4]], free[[1, 3, 4]])
     (g,) = torch.autograd.grad(pos.sum(), lam["eta"])
     assert (g != 0).all()
-    assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(eta_nonneg=True)).variant().endswith("-etapos")
+    assert meta_train.MetaTrainConfig.preset("fomaml", meta=old_meta(eta_nonneg=True)).variant().endswith("-etapos")
 
 
 def test_sigmoid_beta_output_starts_at_beta_init_and_its_gradient_fades_where_the_clamp_s_does_not():
@@ -243,15 +243,15 @@ def test_sigmoid_beta_output_starts_at_beta_init_and_its_gradient_fades_where_th
     assert torch.allclose(g_ste, torch.ones(3))  # straight-through: 1 even at raw 4, far past beta = 1
     assert torch.allclose(g_sig, beta * (1 - beta)) and g_sig[0] < 0.02 and g_sig[1] == pytest.approx(0.25, abs=1e-3)
     assert beta[0] > 0.98 and beta[2] < 0.02
-    assert meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid")).variant().endswith("-sigmoid")
-    named = meta_train.MetaTrainConfig(meta=fedl2p_alg.MetaConfig(beta_output="sigmoid", lr_bnnet=0.004)).variant()
+    assert meta_train.MetaTrainConfig.preset("fomaml", meta=old_meta(beta_output="sigmoid")).variant().endswith("-sigmoid")
+    named = meta_train.MetaTrainConfig.preset("fomaml", meta=old_meta(beta_output="sigmoid", lr_bnnet=0.004)).variant()
     assert named.endswith("-sigmoid-bnnetlr0.004")  # a meta-LR other than App. E's is named too
 
 
 def _first_finetune(tiny_store, cfg):
     """A seen client of the tiny store fine-tuned under the initial lambda, as a client update's first iteration."""
     from fedl2p_cli.core.finetune import Strategy, finetune
-    store, mcfg = tiny_store["store"], meta_train.MetaTrainConfig(meta=cfg)
+    store, mcfg = tiny_store["store"], meta_train.MetaTrainConfig.preset("fomaml", meta=cfg)
     ctx = meta_train.make_context(str(store.root), tiny_store["pretrain"].id, tiny_store["partition"].id,
                                   tiny_store["stats"].id, mcfg, handed())
     c = ctx.part.pool(False)[0]
@@ -274,7 +274,7 @@ def test_stable_ift_neumann_series_converges_on_a_real_client(tiny_store):
     independently (30 power iterations from a random start, on the IFT's own train batch)."""
     from fedl2p_cli.core import hypergrad
     from fedl2p_cli.core.functional import random_batch
-    cfg = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, psi=2.0, meta_grad="ift")
+    cfg = old_meta(epochs=2, batch_size=16, base_lr=0.01, psi=2.0, meta_grad="ift")
     ctx, lam, hyper, data, ft, beta, eta, gen = _first_finetune(tiny_store, cfg)
     mg = fedl2p_alg.meta_gradient(ctx.model, ft, lam, hyper, data, cfg, torch.Generator().manual_seed(1))
     theta = {k: v.detach().requires_grad_(True) for k, v in ft.params.items()}
@@ -308,7 +308,7 @@ def test_default_client_round_makes_k_times_q_plus_one_second_order_products(tin
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from counting import count_backward
-    cfg = fedl2p_alg.MetaConfig(iterations=2, epochs=1, batch_size=16, base_lr=0.01, meta_grad="ift")
+    cfg = old_meta(iterations=2, epochs=1, batch_size=16, base_lr=0.01, meta_grad="ift")
     ctx, lam, hyper, data, ft, beta, eta, gen = _first_finetune(tiny_store, cfg)
     c = ctx.part.pool(False)[0]
     with count_backward() as counts:
@@ -323,7 +323,7 @@ def test_stable_ift_moves_the_learned_lrs_as_the_last_step_says(tiny_store):
     meta-gradient through the last fine-tuning step, theta* = theta_prev - eta g: on a real client eta~'s is then
     exactly FOMAML+'s (computed independently, by differentiating that step in-graph), which --eta-grad ift's is not."""
     from dataclasses import replace
-    cfg = fedl2p_alg.MetaConfig(epochs=2, batch_size=16, base_lr=0.01, meta_grad="ift")
+    cfg = old_meta(epochs=2, batch_size=16, base_lr=0.01, meta_grad="ift")
     ctx, lam, hyper, data, ft, beta, eta, gen = _first_finetune(tiny_store, cfg)
 
     def eta_grad(c):
@@ -337,9 +337,8 @@ def test_stable_ift_moves_the_learned_lrs_as_the_last_step_says(tiny_store):
 def test_eta_bound_clamps_from_both_sides():
     """Mutation pin (algorithms/fedl2p.py bound_eta): --eta-bound B keeps eta~ within [base LR / B, base LR x B], the
     upper side as much as the lower; the FOMAML+ path leaves eta~ alone."""
-    from fedl2p_cli.core.settings import MetaConfig
     lam = {"eta": torch.tensor([1e-6, 0.01, 5.0, -1.0])}
-    cfg = MetaConfig(meta_grad="ift", eta_bound=10.0, base_lr=0.01)
+    cfg = old_meta(meta_grad="ift", eta_bound=10.0, base_lr=0.01)
     assert torch.allclose(fedl2p_alg.bound_eta(lam, cfg)["eta"], torch.tensor([0.001, 0.01, 0.1, 0.001]))
-    fomaml = MetaConfig(meta_grad="fomaml", eta_bound=10.0, base_lr=0.01)
+    fomaml = old_meta(meta_grad="fomaml", eta_bound=10.0, base_lr=0.01)
     assert torch.equal(fedl2p_alg.bound_eta(lam, fomaml)["eta"], lam["eta"])

@@ -72,7 +72,7 @@ def test_meta_net_inputs_are_one_registration(tiny_store, tmp_path):
     catalog = plugins.build(lambda r: r.add_meta_inputs(entry))
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store = Store(tmp_path / "s")
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, keep="last", input_norm="log-moments",
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, keep="last", input_norm="log-moments",
                                      meta=dataclasses.replace(TINY_META, meta_grad="fomaml", head="log"))
     assert "log-moments" in cfg.variant()
     given = {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}
@@ -99,7 +99,7 @@ def test_meta_net_inputs_are_one_registration(tiny_store, tmp_path):
 def test_an_entry_that_drops_a_bn_input_is_refused(tiny_store, tmp_path):
     catalog = plugins.build(lambda r: r.add_meta_inputs(Broken()))
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, input_norm="broken", meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, input_norm="broken", meta=TINY_META)
     given = {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id}
     store = Store(tmp_path / "s")
     with pytest.raises(FedL2PError, match=r"--input-norm broken: apply must give BNNet one input per BN layer"):

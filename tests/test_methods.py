@@ -17,7 +17,7 @@ from fedl2p_cli.engine.loop import generator
 from fedl2p_cli.models.registry import head_prefix
 from fedl2p_cli.stages import partition, personalize, pretrain, stats
 
-from .helpers import execute
+from .helpers import execute, old_meta
 
 
 def test_the_builtin_methods():
@@ -28,11 +28,11 @@ def test_the_builtin_methods():
     assert [methods.label(m, cat) for m in methods.handmade(cat)] == ["FT (BN C)", "FT (BN G)", "FT (BN I)", "FT tuned (val)"]
     # a meta-train variant belongs to the family its options say (not to a prefix of its printed name); L2P and
     # pFedLA have nothing for clients they never trained
-    from fedl2p_cli.configs import MetaConfig, MetaTrainConfig
-    fo = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", beta_init=0.5, init_gain=1.0), input_norm="standardize",
+    from fedl2p_cli.configs import MetaTrainConfig
+    fo = MetaTrainConfig.preset("fomaml", meta=old_meta(meta_grad="fomaml", beta_init=0.5, init_gain=1.0), input_norm="standardize",
                          keep="last")
     assert fo.variant() == "fedl2p-fomaml-std-last-gain1" and methods.learned(fo.family(), cat) is methods.get("fedl2p", cat)
-    local = MetaTrainConfig(meta=MetaConfig(meta_grad="fomaml", beta_init=0.5), local=True)
+    local = MetaTrainConfig.preset("fomaml", meta=old_meta(meta_grad="fomaml", beta_init=0.5), local=True)
     assert local.variant() == "l2p-fomaml" and methods.learned(local.family(), cat) is methods.get("l2p", cat)
     assert methods.find("fedl2p-fomaml", cat) is None and methods.find("fedl2p-tbs", cat) is None and methods.find("ft-bnx", cat) is None
     with pytest.raises(UnknownName, match="unknown method 'ft-bnx' \\(--methods\\); choose one of: ft-bnc, ft-bng"):
@@ -111,12 +111,12 @@ def check_some_tensors(tiny_store, tmp_path, head):
 def test_a_learned_methods_name_means_its_newest_run_of_any_variant(tiny_store, tmp_path):
     """`--methods ft-bnc,fedl2p` after a default `fedl2p meta-train`: `fedl2p` is the newest FedL2P run of the model,
     whatever its variant, and its row carries the variant's name (the default run is fedl2p-fomaml-binit0.9)."""
-    from fedl2p_cli.configs import DEFAULT_METHODS, MetaConfig
+    from fedl2p_cli.configs import DEFAULT_METHODS
     from fedl2p_cli.stages import meta_train
     assert DEFAULT_METHODS[-1] == "fedl2p"
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store, pre, st = Store(tmp_path / "s"), tiny_store["pretrain"].id, tiny_store["stats"].id
-    mcfg = meta_train.MetaTrainConfig(rounds=1, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16, base_lr=0.01))
+    mcfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=0.5, meta=old_meta(epochs=1, batch_size=16, base_lr=0.01))
     meta, _ = execute(meta_train, mcfg, store, {"pretrain": pre, "stats": st})
     assert meta.metrics["variant"] == "fedl2p-fomaml-binit0.9"
     cfg = personalize.PersonalizeConfig(methods=["ft-bnc", "fedl2p"], epochs=1, batch_size=16, base_lr=0.01, seeds=[0])

@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 
 from fedl2p_cli import methods, plugins
-from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.core.bn import BNPolicy, MixBN
 from fedl2p_cli.core.finetune import ClientBN, Strategy, eval_policy, finetune, personalized_accuracy
 from fedl2p_cli.core.functional import forward
@@ -13,7 +12,7 @@ from fedl2p_cli.errors import USER_ERRORS, FedL2PError
 from fedl2p_cli.io import weights
 from fedl2p_cli.stages import personalize, pretrain, stats
 
-from .helpers import execute
+from .helpers import execute, old_meta
 
 
 @pytest.fixture()
@@ -79,7 +78,7 @@ def test_fedl2p_with_beta0_and_base_lr_reproduces_ft_bn_g(tiny_store):
     setup = personalize.Setup(cfg, store, tiny_store["pretrain"].id, tiny_store["stats"].id, tiny_store["partition"].id,
                               table, torch.device("cpu"), plugins.current())
     meta = personalize.Row("fedl2p", methods.get("fedl2p", plugins.current()), None,
-                           personalize.MetaNets(lam, MetaConfig(base_lr=0.01), None, per_client=False))
+                           personalize.MetaNets(lam, old_meta(base_lr=0.01), None, per_client=False))
     c = 0
     strat = {r.name: r.method.strategy(r, setup, c) for r in (setup.requested("ft-bng", methods.get("ft-bng", plugins.current())), meta)}
     assert torch.equal(strat["fedl2p"].beta, torch.zeros(n_bn)) and torch.allclose(strat["fedl2p"].lr, strat["ft-bng"].lr)
@@ -167,7 +166,7 @@ def test_bad_inputs(tiny_store):
     with pytest.raises(FedL2PError, match="unknown method"):
         execute(personalize, personalize.PersonalizeConfig(methods=["ft-bnc", "nope"]), store, {"pretrain": pre, "stats": st})
     # meta-nets for another model shape
-    d = store.draft("meta-train", {"meta": MetaConfig().__dict__, "fake": 1}, {"pretrain": pre})
+    d = store.draft("meta-train", {"meta": old_meta().__dict__, "fake": 1}, {"pretrain": pre})
     lam = init_lambda(5, 20, 40, 1e-3, "both", 0)
     weights.save(d.path("lambda.safetensors"), lam)
     d.metrics = {"variant": "fedl2p-other"}
@@ -201,7 +200,7 @@ def test_meta_id_of_another_variant_answers_the_default_methods(tiny_store, tmp_
     shutil.copytree(tiny_store["store"].root, tmp_path / "s")
     store = Store(tmp_path / "s")
     shutil.rmtree(store.root / "meta-train" / tiny_store["meta"].id)  # no artifact of the default variant left
-    d = store.draft("meta-train", {"meta": dataclasses.asdict(MetaConfig(meta_grad="fomaml")), "variant": "fedl2p-fomaml"},
+    d = store.draft("meta-train", {"meta": dataclasses.asdict(old_meta(meta_grad="fomaml")), "variant": "fedl2p-fomaml"},
                     {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
     shutil.copy(tiny_store["meta"].file("lambda.safetensors"), d.path("lambda.safetensors"))
     d.metrics = {"variant": "fedl2p-fomaml"}

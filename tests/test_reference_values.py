@@ -1,7 +1,8 @@
-"""The defaults moved from the paper's meta-gradient and beta init (ift, 0.5) to FOMAML+ from 0.9. Ids and variant
-names are measured against the paper's values (`opt(..., reference=...)`, core/config.reference_of), so no artifact
-made before the move changes id, and an artifact's stored settings read back as what it was made with. The pins
-below were computed by the code before the move."""
+"""The defaults moved twice: from the paper's meta-gradient and beta init (ift, 0.5) to FOMAML+ from 0.9 (now
+`--preset fomaml`), then to the learn preset. Ids and variant names are measured against the paper's values
+(`opt(..., reference=...)`, core/config.reference_of), so no artifact made before a move changes id, and an
+artifact's stored settings read back as what it was made with. The pins below were computed by the code before the
+first move."""
 
 import dataclasses
 import hashlib
@@ -31,14 +32,28 @@ def digest(obj) -> str:
 
 def test_every_run_keeps_the_identity_it_had_before_the_defaults_moved():
     for (grad, b0), want in BEFORE.items():
-        assert digest(meta_train.identity(MetaTrainConfig(meta=MetaConfig(meta_grad=grad, beta_init=b0)))) == want
+        assert digest(meta_train.identity(MetaTrainConfig.preset("paper", meta_grad=grad, beta_init=b0))) == want
 
 
-def test_the_default_run_is_the_artifact_fomaml_from_beta_0_9_always_was():
-    cfg = MetaTrainConfig()
+def test_the_fomaml_preset_is_the_artifact_the_default_was_and_the_paper_preset_the_papers():
+    cfg = MetaTrainConfig.preset("fomaml")
     assert (cfg.meta.meta_grad, cfg.meta.beta_init) == ("fomaml", 0.9)
     assert digest(meta_train.identity(cfg)) == BEFORE[("fomaml", 0.9)]
     assert cfg.variant() == "fedl2p-fomaml-binit0.9"
+    assert digest(meta_train.identity(MetaTrainConfig.preset("paper"))) == BEFORE[("ift", 0.5)]
+
+
+def test_the_default_is_the_learn_preset_and_its_id_is_named_word_by_word():
+    """The learn preset's one word names the variant; the id hashes the name spelled word by word, so a preset naming
+    a set of values never moves an id (a run given the same values one by one is the same artifact)."""
+    cfg = MetaTrainConfig()
+    assert cfg == MetaTrainConfig.preset("learn")
+    assert cfg.variant() == "fedl2p-learn"
+    assert meta_train.identity(cfg)["variant"] == cfg.spelled() != cfg.variant()
+    spelled = MetaTrainConfig.preset("fomaml", head="log", lr_grad="trajectory-bn", input_norm="robust",
+                                     client_weights="equal", beta_init=0.5, lr_bnnet=0.01, lr_lrnet=0.01, keep="last",
+                                     meta_signal="log-loss")
+    assert digest(meta_train.identity(spelled)) == digest(meta_train.identity(cfg))
 
 
 def shipped_identities() -> dict:
@@ -61,10 +76,12 @@ def test_every_shipped_pipeline_builds_the_meta_train_artifacts_it_built_before(
 def test_a_stored_config_reads_back_as_made_not_as_todays_default():
     """An id leaves beta_init out at 0.5; reading that artifact's settings back must give 0.5, not the new 0.9
     (personalize rebuilds its meta-nets and decompose its fixed beta from them)."""
-    old = meta_train.identity(MetaTrainConfig(meta=MetaConfig(meta_grad="ift", beta_init=0.5)))
-    assert "beta_init" not in old["meta"]
-    assert meta_train.config_from_dict(old).meta.beta_init == 0.5
-    new = meta_train.identity(MetaTrainConfig())
+    old = meta_train.identity(MetaTrainConfig.preset("paper"))
+    assert "beta_init" not in old["meta"] and "head" not in old["meta"] and "meta_signal" not in old["meta"]
+    back = meta_train.config_from_dict(old)
+    assert (back.meta.beta_init, back.meta.head, back.meta.meta_signal, back.client_weights) == (0.5, "paper", "loss",
+                                                                                                 "samples")
+    new = meta_train.identity(MetaTrainConfig.preset("fomaml"))
     assert meta_train.config_from_dict(new).meta.beta_init == 0.9
     full = dataclasses.asdict(MetaTrainConfig(meta=MetaConfig(beta_init=0.3)))  # a run config: every key present
     assert meta_train.config_from_dict(full).meta.beta_init == 0.3

@@ -9,7 +9,6 @@ import os
 import pytest
 import torch
 
-from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store, artifact_id
 from fedl2p_cli.engine.loop import Checkpoint, LoopState
 from fedl2p_cli.errors import ArtifactError
@@ -19,7 +18,7 @@ from fedl2p_cli.stages import meta_train
 from fedl2p_cli.stages.common import build_or_reuse
 
 from .conftest import TINY_META
-from .helpers import KillAfter, Killed, execute, handed
+from .helpers import KillAfter, Killed, execute, handed, old_meta
 
 
 def run(tiny, cfg, **kw):
@@ -40,7 +39,7 @@ def same(a, b):
 
 
 def test_l2p_end_to_end_and_resume_after_a_kill(tiny_store):
-    cfg = meta_train.MetaTrainConfig(rounds=4, fraction=0.5, local=True, seed=5, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=4, fraction=0.5, local=True, seed=5, meta=TINY_META)
     full, _ = run(tiny_store, cfg)
     lam = lam_of(full)
     seen = sorted({int(k.split(".")[0][6:]) for k in lam})
@@ -55,7 +54,7 @@ def test_l2p_end_to_end_and_resume_after_a_kill(tiny_store):
 
 
 def test_no_resume_ignores_a_checkpoint(tiny_store):
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=11, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=11, meta=TINY_META)
     full, _ = run(tiny_store, cfg)
     ck = Checkpoint(tiny_store["store"].workdir("meta-train", full.id))
     poisoned = {f"{p}.{k}": torch.zeros_like(v) for k, v in lam_of(full).items() for p in ("lam", "best")}
@@ -69,12 +68,12 @@ def test_no_resume_ignores_a_checkpoint(tiny_store):
 
 @pytest.mark.parametrize("variant", ["fomaml", "bnnet", "lrnet", "k2"])
 def test_meta_variants_run_and_learn_what_they_should(tiny_store, variant):
-    meta = {"fomaml": MetaConfig(epochs=1, batch_size=16, base_lr=0.01, meta_grad="fomaml", beta_init=0.5),
-            "k2": MetaConfig(epochs=1, batch_size=16, base_lr=0.01, iterations=2, meta_grad="ift", beta_init=0.5)}.get(variant, TINY_META)
+    meta = {"fomaml": old_meta(epochs=1, batch_size=16, base_lr=0.01, meta_grad="fomaml", beta_init=0.5),
+            "k2": old_meta(epochs=1, batch_size=16, base_lr=0.01, iterations=2, meta_grad="ift", beta_init=0.5)}.get(variant, TINY_META)
     nets = variant if variant in ("bnnet", "lrnet") else "both"
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=2, nets=nets, meta=meta, keep="last")
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=2, nets=nets, meta=meta, keep="last")
     art, _ = run(tiny_store, cfg)
-    base, _ = run(tiny_store, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=2, meta=TINY_META, keep="last"))
+    base, _ = run(tiny_store, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=2, meta=TINY_META, keep="last"))
     assert art.metrics["variant"] == {"fomaml": "fedl2p-fomaml", "bnnet": "fedl2p-bnnet", "lrnet": "fedl2p-lrnet-b1",
                                       "k2": "fedl2p"}[variant] + "-last-seed2"
     lam, lam_base = lam_of(art), lam_of(base)
@@ -91,7 +90,7 @@ def test_meta_variants_run_and_learn_what_they_should(tiny_store, variant):
 
 
 def test_patience_stops_exactly_when_the_rule_says(tiny_store):
-    cfg = meta_train.MetaTrainConfig(rounds=8, fraction=0.5, seed=4, patience=1, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=8, fraction=0.5, seed=4, patience=1, meta=TINY_META)
     art, _ = run(tiny_store, cfg)
     losses = [float(r["val_loss"]) for r in history(art)]
     best, stale, expect = math.inf, 0, cfg.rounds
@@ -149,7 +148,7 @@ def test_two_workers_write_the_same_artifact_as_one(tiny_store, tmp_path):
     """--workers 2: a round's clients in two processes of one thread; same id, same lambda bytes, same history
     (apart from wall-clock columns) as one process at one thread."""
     import shutil
-    cfg = meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=21, meta=TINY_META)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=21, meta=TINY_META)
     roots = []
     for workers in (1, 2):
         root = tmp_path / f"w{workers}"

@@ -50,7 +50,7 @@ def build_tracked(store_copy, backend: str, uri) -> tuple:
     rt = Runtime(track=backend, track_uri=str(uri))
     pre, reused = execute(pretrain, pretrain.PretrainConfig(**(TINY_PRETRAIN | {"rounds": 2, "seed": 1})), store,
                           {"partition": tiny["partition"].id}, plot=False, runtime=rt)
-    meta, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, seed=1, meta=TINY_META), store,
+    meta, _ = execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, seed=1, meta=TINY_META), store,
                       {"pretrain": tiny["pretrain"].id, "stats": tiny["stats"].id}, runtime=rt)
     assert not reused
     return pre, meta

@@ -21,7 +21,7 @@ from .helpers import handed
 @pytest.fixture(scope="module")
 def round0(tiny_store):
     """A strategy on the tiny store, round 0's tasks and its clients' real replies."""
-    cfg = meta_train.MetaTrainConfig(rounds=1, fraction=1.0, meta=TINY_META, norm_bound=3.0)
+    cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=1, fraction=1.0, meta=TINY_META, norm_bound=3.0)
     ids = (str(tiny_store["store"].root), tiny_store["pretrain"].id, tiny_store["partition"].id, tiny_store["stats"].id)
     ctx = meta_train.make_context(*ids, cfg, handed())
     lam0 = meta_train.initial_lambda(cfg, ctx.entries.head, ctx.stats.xi.shape[1], ctx.stats.x.shape[1], len(ctx.theta_g))

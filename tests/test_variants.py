@@ -13,11 +13,9 @@ import pytest
 
 from fedl2p_cli.configs import MetaTrainConfig, PersonalizeConfig
 from fedl2p_cli.core.config import variant_words
-from fedl2p_cli.core.settings import MetaConfig
 
 TOP = {"nets": ["bnnet", "lrnet"], "local": [True], "input_norm": ["standardize"], "meta_opt": ["fedadam"],
        "keep": ["last"], "seed": [1, 7], "norm_bound": [3.0, 2.5], "aggregator": ["median", "trimmed-mean"]}
-PAPER = {"meta_grad": "ift", "beta_init": 0.5}  # the reference values (the defaults before FOMAML+ from 0.9)
 META = {"meta_grad": ["fomaml"], "hessian": ["exact"], "fixed_beta": [0.0, 0.3], "psi_power": [0, 5],
         "scale_by_psi": [False], "eta_bound": [0.0, 2.5], "eta_grad": ["ift"], "hidden_bias": ["zero"],
         "beta_init": [0.9, 0.25], "init_gain": [1.0, 0.25], "client_bn": ["running"], "ift_at": ["last-step"],
@@ -211,12 +209,19 @@ def test_the_cases_are_the_ones_the_golden_table_was_captured_over():
 
 @pytest.mark.parametrize("top,meta,want", GOLDEN, ids=[w for _, _, w in GOLDEN])
 def test_every_variant_name_is_byte_identical_to_the_hand_written_grammar(top, meta, want):
-    assert MetaTrainConfig(**top, meta=MetaConfig(**(PAPER | meta))).variant() == want
+    assert MetaTrainConfig.preset("paper", **top, **meta).variant() == want
 
 
-def test_the_default_run_names_its_two_departures_from_the_paper():
-    assert MetaTrainConfig().variant() == "fedl2p-fomaml-binit0.9"
-    assert MetaTrainConfig(seed=1, keep="last").variant() == "fedl2p-fomaml-last-binit0.9-seed1"
+def test_the_default_run_is_named_by_its_preset_and_the_others_word_by_word():
+    """The defaults are the learn preset: one word, then each option that differs from the preset's value. A run
+    off any named preset is spelled against the paper's values, as every name before the presets was."""
+    assert MetaTrainConfig().variant() == "fedl2p-learn"
+    assert MetaTrainConfig(seed=1).variant() == "fedl2p-learn-seed1"
+    assert MetaTrainConfig(keep="best").variant() == "fedl2p-fomaml-trajbn-rstd-logloss-log-bnnetlr0.01-lrnetlr0.01-eqw"
+    assert MetaTrainConfig.preset("fomaml").variant() == "fedl2p-fomaml-binit0.9"
+    assert MetaTrainConfig.preset("fomaml", seed=1, keep="last").variant() == "fedl2p-fomaml-last-binit0.9-seed1"
+    assert MetaTrainConfig.preset("paper").variant() == "fedl2p"
+    assert MetaTrainConfig().spelled() == "fedl2p-fomaml-trajbn-rstd-logloss-last-log-bnnetlr0.01-lrnetlr0.01-eqw"
 
 
 def test_a_personalisation_with_test_batch_statistics_tags_its_learned_rows():
@@ -229,10 +234,9 @@ def test_bench_finds_variants_by_config_not_by_name():
     from dataclasses import asdict
 
     import accuracy
-    ift = MetaConfig(meta_grad="ift", beta_init=0.5)
-    assert accuracy.is_stable_ift(asdict(MetaTrainConfig(seed=2, rounds=5, meta=ift)))
-    for other in (MetaTrainConfig(local=True, meta=ift), MetaTrainConfig(meta=MetaConfig(meta_grad="ift")),
-                  MetaTrainConfig(keep="last", meta=ift), MetaTrainConfig()):
+    assert accuracy.is_stable_ift(asdict(MetaTrainConfig.preset("paper", seed=2, rounds=5)))
+    for other in (MetaTrainConfig.preset("paper", local=True), MetaTrainConfig.preset("fomaml", meta_grad="ift"),
+                  MetaTrainConfig.preset("paper", keep="last"), MetaTrainConfig()):
         assert not accuracy.is_stable_ift(asdict(other))
     v = {"mean": 0.5, "sd": 0.1}
     merged = accuracy.over_meta_seeds({"fedl2p": v, "fedl2p-seed1": v | {"mean": 0.7}, "fedl2p-tbs": v, "ft-bnc": v},

@@ -85,7 +85,7 @@ def outputs(store: Store, part: Artifact, pre_id: str, meta_id: str) -> dict:
     seen = [t.row(c) for c in np.nonzero(~t.unseen)[0]]
     out["stats, seen rows"] = [t.x[seen], t.xi[seen], *[m[seen] for m in t.bn_mean], *[v[seen] for v in t.bn_var]]
     # keep = last: the aggregate after the final round (the kept "best" lambda can be round 1's, i.e. the initial one)
-    meta, _ = execute(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, keep="last", meta=TINY_META), store,
+    meta, _ = execute(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, keep="last", meta=TINY_META), store,
                       {"pretrain": pre_id, "stats": st.id})
     out["meta-train lambda"] = weights.load(meta.file("lambda.safetensors"))
     for algo, name in (("pfedla", "server.safetensors"), ("cafeme", "omega.safetensors")):
@@ -188,7 +188,7 @@ def test_a_flower_site_computes_its_statistics_from_its_own_training_split(one_c
     real = flower_app.client_stats
     monkeypatch.setattr(flower_app, "client_stats", lambda m, x: seen.append(x.clone()) or real(m, x))
     spec = {"model": "small-cnn", "in_channels": data.train[0].shape[1], "num_classes": 10, "seed": 0}
-    cfg = dataclasses.asdict(meta_train.MetaTrainConfig(rounds=1, meta=TINY_META))
+    cfg = dataclasses.asdict(meta_train.MetaTrainConfig.preset("fomaml", rounds=1, meta=TINY_META))
     state = {k: v for k, v in model.state_dict().items()}
     reply = flower_app.site_update(str(folder), spec, state, lam, 0, cfg, Runtime())
     assert reply.diverged is None and reply.result is not None and len(seen) == 1 and torch.equal(seen[0], data.train[0])

@@ -62,7 +62,24 @@ class TrajectoryBn(Trajectory):
         return lr_slope_bn(model, ft.params, beta, val, x_train, self.path(ft) or [], val_stats)
 
 
-BUILTIN: tuple[LrGradient, ...] = (LastStep(), Trajectory(), TrajectoryBn())
+@dataclass(frozen=True)
+class Unrolled(Trajectory):
+    """The LRs' exact meta-gradient: reverse mode through every fine-tuning step and the recomputed BN statistics
+    (core.hypergrad.lr_slope_unrolled; about 3-4x a fine-tuning more, memory growing with its steps). Where the
+    trajectory estimates assume the gradients along the way do not depend on the LRs, this stays exact at a trained
+    lambda (docs/results/accuracy.md#lr-gradient). Not in the paper."""
+    name: str = "unrolled"
+    about: str = "exact: through every fine-tuning step and the recomputed BN statistics"
+
+    def slope(self, model: nn.Module, ft: FinetuneResult, beta: Tensor, val: tuple[Tensor, Tensor], x_train: Tensor,
+              val_stats: str) -> Tensor | None:
+        from ..core.hypergrad import lr_slope_unrolled
+        if ft.replay is None:
+            raise ValueError(f"--lr-grad {self.name} needs the fine-tuning's steps (FinetuneResult.replay)")
+        return lr_slope_unrolled(model, ft.replay, beta, val, val_stats)
+
+
+BUILTIN: tuple[LrGradient, ...] = (LastStep(), Trajectory(), TrajectoryBn(), Unrolled())
 
 
 def builtin(name: str) -> LrGradient:

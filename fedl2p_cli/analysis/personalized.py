@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import methods
-from . import spread
+from . import per_kind, spread
 from .text import signed
 
 if TYPE_CHECKING:
@@ -33,6 +33,11 @@ def markdown(s: dict, catalog: Catalog) -> str:
             lines += ["", f"{title} (mean over a domain's clients)", "",
                       "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
+    for title, cols, rows in kind_tables(s.get("per_kind") or {}, catalog):
+        lines += ["", title, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if behind := behind_lines(s.get("per_kind") or {}, catalog):
+        lines += [""] + behind
     spreads = spread_lines(s, catalog)
     if spreads:
         lines += ["", "Are the strategies personal? (spread across clients and domains)", ""] + [f"- {x}" for x in spreads]
@@ -71,3 +76,55 @@ def row_cells(m: str, v: dict, catalog: Catalog) -> list[str]:
     return [methods.label(m, catalog), f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f}", fmt("vs_best_baseline"), fmt("vs_ft_tuned"),
             f"{100 * v['clients_better']:.0f}%" if "clients_better" in v else "",
             f"{v['sparsity']:.3f}" if v.get("sparsity") is not None else ""]
+
+
+def roles(names: list[str], catalog: Catalog) -> per_kind.Roles:
+    """A personalisation's rows by role: the fixed FTs each kind is measured against, the tuned row, the learned rows."""
+    tuned = next((m for m in names if isinstance(methods.find(m, catalog), methods.Tuned)), None)
+    hand = set(methods.handmade(catalog))
+    return per_kind.Roles(tuple(m for m in names if m in methods.baselines(catalog)), tuned,
+                          tuple(m for m in names if m not in hand))
+
+
+def _pm(v: dict, scale: float = 100.0) -> str:
+    return f"{scale * v['mean']:.2f} ± {scale * v['sd']:.2f}"
+
+
+def _delta(v: dict | None) -> str:
+    return "—" if v is None else f"{signed(100 * v['mean'])} ± {100 * v['sd']:.2f}"
+
+
+def kind_tables(pk: dict, catalog: Catalog) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Title, columns and rows of the per-kind tables (none for a pool of one kind): each row's accuracy per kind, and
+    each non-fixed row's paired Δ per kind against the kind's best fixed FT and against ft-tuned."""
+    if not pk:
+        return []
+    kinds, rows = pk["kinds"], pk["rows"]
+    acc = [[methods.label(m, catalog), *[_pm(v[k]) if k in v else "—" for k in kinds]] for m, v in rows.items()]
+    best = ", ".join(f"{k} {methods.label(m, catalog)}" for k, m in pk["best_fixed"].items())
+    deltas = [[f"{methods.label(m, catalog)} {what}", *[_delta(v.get(k, {}).get(key)) for k in kinds]]
+              for m, v in rows.items() for key, what in (("vs_best_fixed", "vs best FT"), ("vs_ft_tuned", "vs FT tuned"))
+              if any(key in v.get(k, {}) for k in kinds)]
+    out = [("Accuracy (%) per kind of client, mean ± SD over seeds", ["method", *kinds], acc)]
+    if deltas:
+        out.append((f"Paired Δ per kind (points, mean ± SD over seeds); the kind's best fixed FT: {best}",
+                    ["method", *kinds], deltas))
+    return out
+
+
+def behind_lines(pk: dict, catalog: Catalog) -> list[str]:
+    """One line per learned row naming each kind it leaves below the kind's best fixed FT or more than 2 points below
+    ft-tuned (what a pool mean hides), or saying that it leaves none."""
+    out = []
+    for m in pk.get("learned", []) if pk else []:
+        kinds = pk.get("left_behind", {}).get(m, [])
+        if not kinds:
+            out.append(f"{methods.label(m, catalog)}: no kind below its best fixed FT or more than 2 points below FT tuned")
+            continue
+        parts = []
+        for k in kinds:
+            v = pk["rows"][m][k]
+            ref = methods.label(pk["best_fixed"][k], catalog) if k in pk["best_fixed"] else "best FT"
+            parts.append(f"{k} ({_delta(v.get('vs_best_fixed'))} vs {ref}, {_delta(v.get('vs_ft_tuned'))} vs FT tuned)")
+        out.append(f"{methods.label(m, catalog)} leaves kinds behind: " + "; ".join(parts))
+    return out

@@ -12,10 +12,9 @@ import numpy as np
 # gap between the client's and the pretrained ones; an LR ratio of 1.1 is within any LR grid's step.
 SAME_BETA_SPLIT = 0.05
 SAME_ETA_RATIO = 1.1
-# the options under which every client starts at one strategy and the meta-nets learn a split between kinds
-# (docs/method/fedl2p.md#personal-strategies; the former recipe's split was there before training)
-PERSONAL_OPTIONS = ("--head log --lr-grad trajectory-bn --input-norm robust --client-weights equal --beta-init 0.5 "
-                    "--lr-bnnet 0.01 --lr-lrnet 0.01 --keep last")
+# the preset under which every client starts at one strategy and the meta-nets learn a split between kinds
+# (configs.PRESETS; docs/method/fedl2p.md#presets)
+PERSONAL_OPTIONS = "--preset learn"
 
 
 def _eta_ratio(means: np.ndarray) -> float:
@@ -85,8 +84,8 @@ def verdict(label: str, s: dict[str, float]) -> str | None:
     return (f"{label}: every client got nearly the same strategy (β split between domains "
             f"{s.get('beta_split_domains', 0.0):.3f} < {SAME_BETA_SPLIT}, LR ratio between clients "
             f"{s['eta_ratio_clients']:.2f} < {SAME_ETA_RATIO}); personalize with fedl2p-checked to let each client "
-            f"check the LR scale on its validation split, or meta-train with {PERSONAL_OPTIONS} to let the meta-nets "
-            "learn a split from an equal start (docs/method/fedl2p.md#personal-strategies)")
+            f"check the LR scale on its validation split, or meta-train with {PERSONAL_OPTIONS} (the defaults) to "
+            "let the meta-nets learn a split from an equal start (docs/method/fedl2p.md#presets)")
 
 
 def lines(label: str, s: dict[str, float], round0: dict[str, float] | None = None) -> list[str]:

@@ -95,6 +95,34 @@ def build(cls: type, values: dict) -> Any:
 
 
 CONTEXT = "typer_context"  # the parameter through which a command reads the global options (--device, ...)
+PRESET = "preset"
+
+
+def _preset_option(cls: type) -> list[inspect.Parameter]:
+    """`--preset NAME` for a config with named sets of options (`cls.PRESETS`), else none."""
+    presets = getattr(cls, "PRESETS", None)
+    if not presets:
+        return []
+    first = next(iter(presets))
+    text = (f"A named set of options, given options over it: {' | '.join(presets)} (the defaults are {first}'s). "
+            "See docs/method/fedl2p.md#presets.")
+    return [inspect.Parameter(PRESET, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],  # noqa: UP045
+                              default=typer.Option(None, "--preset", help=text))]
+
+
+def with_preset(cls: type, name: str | None, values: dict, ctx: Any) -> dict:
+    """`values` (a command's parsed options) with the preset's value for every option it names that the command line
+    did not give (a default, not typed)."""
+    if name is None:
+        return values
+    from click.core import ParameterSource
+
+    from ..core.config import ConfigError
+    presets = cls.PRESETS  # type: ignore[attr-defined]  # _preset_option checked it
+    if name not in presets:
+        raise ConfigError(f"unknown --preset '{name}'; choose one of: {', '.join(presets)}")
+    return values | {k: v for k, v in presets[name].items()
+                     if ctx.get_parameter_source(k) in (None, ParameterSource.DEFAULT)}
 
 
 def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (),
@@ -116,15 +144,20 @@ def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[s
         hints = typing.get_type_hints(body)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation)) for p in own]
 
+        presets = _preset_option(cls)
+
         def command(**kw: Any) -> Any:
-            cfg = build(cls, {k: kw.pop(k) for k in list(kw) if k in names})
+            values = {k: kw.pop(k) for k in list(kw) if k in names}
+            if presets:
+                values = with_preset(cls, kw.pop(PRESET), values, kw[CONTEXT])
+            cfg = build(cls, values)
             ctx, run_kw = kw.pop(CONTEXT), {k: from_text(kw.pop(k), run_types[k]) for k in runtime}
             if not wants_rt:
                 return body(cfg, **kw)
             return body(cfg, options.store_runtime(ctx) if store_only else options.runtime(ctx, **run_kw), **kw)
 
         ctx = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)  # Typer fills it in
-        command.__signature__ = inspect.Signature(generated + run_opts + own + [ctx])  # type: ignore[attr-defined]  # what Typer reads
+        command.__signature__ = inspect.Signature(generated + presets + run_opts + own + [ctx])  # type: ignore[attr-defined]  # what Typer reads
         command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
         return command
     return wrap
@@ -134,7 +167,7 @@ PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<pl
                 "<plugin-systems>": "system", "<plugin-methods>": "method", "<plugin-meta-grads>": "meta-grad",
                 "<plugin-executors>": "executor", "<plugin-meta-heads>": "meta-head",
                 "<plugin-server-steps>": "server-step", "<plugin-lr-grads>": "lr-grad",
-                "<plugin-meta-inputs>": "meta-inputs"}
+                "<plugin-meta-inputs>": "meta-inputs", "<plugin-meta-signals>": "meta-signal"}
 
 
 def load_pieces(ctx) -> None:

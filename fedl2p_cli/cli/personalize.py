@@ -44,5 +44,9 @@ def show(s: dict, catalog: Catalog) -> None:
         if "beta_per_domain" in v:
             title, cols, brows = stage.beta_table(m, v["beta_per_domain"], catalog)
             render.table(f"{title} ({s['pool']} clients)", cols, brows)
+    for title, cols, krows in stage.kind_tables(s.get("per_kind") or {}, catalog):
+        render.table(f"{title}, {s['pool']} clients", cols, krows)
+    for line in stage.behind_lines(s.get("per_kind") or {}, catalog):
+        print(line, flush=True)
     for line in stage.spread_lines(s, catalog):
         print(line, flush=True)

@@ -23,7 +23,7 @@ from torch.func import grad, grad_and_value, vjp, vmap
 
 from . import kernels
 from .bn import BNPolicy, MixBN, _dims, _expand, normalize_with
-from .finetune import ClientBN, FinetuneResult, Strategy, inference_policy
+from .finetune import ClientBN, FinetuneResult, Replay, Strategy, inference_policy
 from .functional import Params, epochs_of_batches, forward, random_batch
 
 
@@ -149,7 +149,8 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
     n_bn = len(bns[0].mean)
     beta = torch.stack([torch.ones(n_bn, device=dev) if s.beta is None else s.beta.detach() for s in strategies])
     lr = torch.stack([s.lr.detach() for s in strategies])
-    sched = Schedule.of([epochs_of_batches(len(y), batch_size, g, epochs) for y, g in zip(ys, gens)], dev)
+    plans = [epochs_of_batches(len(y), batch_size, g, epochs) for y, g in zip(ys, gens)]
+    sched = Schedule.of(plans, dev)
     px, py = pad_data(xs, ys)
     p = stack(params)
     mean, var = stack_bn(bns)
@@ -171,7 +172,8 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
     out_bn = [ClientBN([m[c] for m in mean], [v[c] for v in var]) for c in range(n)]
     if client_bn == "precise" and not any(none):
         out_bn = precise_bn_many(model, unstack(p, n), xs, list(beta))
-    return [FinetuneResult(pc, bc, prc, last, loss, [g_[c] for g_ in grads], [g_[c] for g_ in gsum])
+    return [FinetuneResult(pc, bc, prc, last, loss, [g_[c] for g_ in grads], [g_[c] for g_ in gsum],
+                           Replay(params[c], xs[c], ys[c], [b.to(dev) for b in plans[c]], lr[c]))
             for c, (pc, bc, prc, last, loss) in enumerate(zip(unstack(p, n), out_bn, unstack(prev, n), sched.last,
                                                              train_loss))]
 

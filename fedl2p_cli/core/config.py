@@ -73,20 +73,34 @@ def stored(cls: type, values: dict) -> dict:
             if f.metadata.get("identity_default") and f.name not in values} | values
 
 
-def variant_words(cfg: Any) -> list[str]:
+def variant_words(cfg: Any, base: dict[str, Any] | None = None) -> list[str]:
     """The words naming `cfg`'s variant: one per tagged field (nested configs walked) whose value differs from its
-    reference value, in rank order."""
+    value in `base` (a preset's flat values), else from its reference value, in rank order."""
     found: list[tuple[int, str]] = []
+    base = base or {}
 
     def walk(obj: Any) -> None:
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
             if dataclasses.is_dataclass(v):
                 walk(v)
-            elif (tag := f.metadata.get("tag")) and v != reference_of(f) and (tag.when is None or tag.when(obj)):
+                continue
+            ref = base[f.name] if f.name in base else reference_of(f)
+            if (tag := f.metadata.get("tag")) and v != ref and (tag.when is None or tag.when(obj)):
                 found.append((tag.rank, tag.spell(v, obj)))
     walk(cfg)
     return [w for _, w in sorted(found, key=lambda rw: rw[0])]
+
+
+def flat_value(cfg: Any, name: str) -> Any:
+    """The value of field `name` in `cfg` or in one of its nested configs (the flat namespace of options)."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.name == name:
+            return v
+        if dataclasses.is_dataclass(v) and any(g.name == name for g in dataclasses.fields(v)):
+            return getattr(v, name)
+    raise KeyError(name)
 
 
 def opt(default: Any, help: str = "", *meta: dict, **extra: Any) -> Any:

@@ -32,6 +32,18 @@ class ClientBN:
 
 
 @dataclass
+class Replay:
+    """What replays a fine-tuning step by step (`--lr-grad unrolled` differentiates it): the starting parameters, the
+    client's training data, every step's batch indices in order and the LRs. References, no copies."""
+
+    start: Params
+    x: Tensor
+    y: Tensor
+    batches: list[Tensor]
+    lr: Tensor
+
+
+@dataclass
 class FinetuneResult:
     params: Params
     bn: ClientBN
@@ -40,6 +52,7 @@ class FinetuneResult:
     train_loss: float | Tensor  # mean over the steps: read once, or (a batched group's) a 0-dim tensor read at its end
     last_grad: list[Tensor]  # that step's gradient: params = prev_params - lr * last_grad
     grad_sum: list[Tensor] | None = None  # every step's gradient summed: params = start - lr * grad_sum (constant lr)
+    replay: Replay | None = None  # the fine-tuning, step by step
 
 
 def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN) -> tuple[Params, float]:
@@ -69,19 +82,20 @@ def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
     fine-tuned weights and the same beta (`precise_bn`); "running" keeps the momentum-0.1 running statistics
     started from the stored ones (the paper's behaviour, stale for layers >= 2)."""
     bn = bn.copy()
+    start, batches = params, epochs_of_batches(len(y), batch_size, gen, epochs, x.device)
     prev, last, losses = params, torch.arange(min(batch_size, len(y)), device=y.device), []
     grad = [torch.zeros_like(v) for v in params.values()]
     gsum = [torch.zeros_like(v) for v in params.values()]
     s = Strategy(None if s.beta is None else s.beta.detach(), s.lr.detach())
     levels = None if s.beta is None else s.beta.tolist()  # the fused-kernel choice per layer, read once
-    for idx in epochs_of_batches(len(y), batch_size, gen, epochs, x.device):
+    for idx in batches:
         prev, last = params, idx
         params, l, grad = step_with_grad(model, params, x[idx], y[idx], s, bn, levels)
         gsum = [a + b for a, b in zip(gsum, grad)]
         losses.append(l)
     if client_bn == "precise" and s.beta is not None:
         bn = precise_bn(model, params, x, s.beta)
-    return FinetuneResult(params, bn, prev, last, mean_loss(losses), grad, gsum)
+    return FinetuneResult(params, bn, prev, last, mean_loss(losses), grad, gsum, Replay(start, x, y, batches, s.lr))
 
 
 class _Stop(Exception):

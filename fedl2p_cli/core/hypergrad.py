@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from .bn import BNPolicy
 from .client import Batch
-from .finetune import ClientBN, inference_policy
+from .finetune import ClientBN, Replay, inference_policy
 from .functional import Params, ce_loss
 from .metanets import Lambda
 
@@ -211,6 +211,26 @@ def lr_slope_bn(model: nn.Module, theta_star: Params, beta: Tensor, val_batch: B
     lv = ce_loss(model, th, *val_batch, inference_policy(b, bn, val_stats))
     v = _grad(lv, list(th.values()))
     return torch.stack([-(a * d).sum() for a, d in zip(v, grad_sum)])
+
+
+def lr_slope_unrolled(model: nn.Module, replay: Replay, beta: Tensor, val_batch: Batch,
+                      val_stats: str = "running") -> Tensor:
+    """--lr-grad unrolled: dL_V/deta_k exactly, by reverse mode through every fine-tuning step (each step's gradient
+    taken with create_graph) and through the client's statistics recomputed from theta* (PreciseBN), as evaluation
+    recomputes them. Where `lr_slope_bn` takes the summed gradient as the path (exact only while the gradients along
+    the way do not depend on the LRs), this differentiates the steps themselves, so it stays exact at a trained lambda.
+    Memory grows with the number of steps (the graph of every step is held); a [|P|] vector of per-tensor slopes."""
+    from .finetune import precise_bn_path
+    b = beta.detach()
+    eta = replay.lr.detach().clone().requires_grad_(True)
+    theta = _leaves(replay.start)
+    for idx in replay.batches:
+        loss = ce_loss(model, theta, replay.x[idx], replay.y[idx], BNPolicy(b, train=True))
+        g = torch.autograd.grad(loss, list(theta.values()), create_graph=True)
+        theta = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
+    bn = precise_bn_path(model, theta, replay.x, b) if val_stats == "running" else ClientBN([], [])  # test-batch: unused
+    lv = ce_loss(model, theta, *val_batch, inference_policy(b, bn, val_stats))
+    return torch.autograd.grad(lv, eta)[0]
 
 
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,

@@ -20,7 +20,8 @@ HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the co
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
 Aggregator = Literal["mean", "median", "trimmed-mean"]  # how the server combines the clients' lambdas
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
-LR_GRAD_TAGS = {"trajectory": "traj", "trajectory-bn": "trajbn"}  # --lr-grad's words in variant names
+LEARN_META_LR = 0.01  # the learn preset's BNNet and LRNet SGD steps (the log head's zero-initialised outputs)
+LR_GRAD_TAGS = {"trajectory": "traj", "trajectory-bn": "trajbn", "unrolled": "unroll"}  # --lr-grad's words in variant names
 DEFAULT_LOGETA_LR = 0.05  # --head log: SGD step of log eta~ (a 0.05 step moves every client's LR of a tensor by ~5%)
 DEFAULT_PSI_POWER = 3  # Krylov products for psi = min(psi, 0.5/lambda_max), shared with the Q = 3 series (not in the paper)
 DEFAULT_ETA_BOUND = 10.0  # eta~ kept within [base LR / 10, base LR x 10] under the IFT (not in the paper)
@@ -66,10 +67,10 @@ class MetaConfig:
                                  "exact = full Hessian of Eq. 9-10 (~30-40x).",
                            tag=Tag("exact", 20, lambda m: m.meta_grad != "fomaml"))
     fixed_beta: float = opt(1.0, "Fixed beta when BNNet is off (1: client statistics, 0: pretrained).", UNIT, option="--beta")
-    lr_bnnet: float = opt(DEFAULT_META_LR["bnnet"], "SGD learning rate of BNNet.", NON_NEGATIVE,
-                           tag=Tag("bnnetlr{v:g}", 190))
-    lr_lrnet: float = opt(DEFAULT_META_LR["lrnet"], "SGD learning rate of LRNet.", NON_NEGATIVE,
-                           tag=Tag("lrnetlr{v:g}", 200))
+    lr_bnnet: float = opt(LEARN_META_LR, "SGD learning rate of BNNet (App. E: 0.001).", NON_NEGATIVE,
+                          tag=Tag("bnnetlr{v:g}", 190), reference=DEFAULT_META_LR["bnnet"])
+    lr_lrnet: float = opt(LEARN_META_LR, "SGD learning rate of LRNet (App. E: 0.001).", NON_NEGATIVE,
+                          tag=Tag("lrnetlr{v:g}", 200), reference=DEFAULT_META_LR["lrnet"])
     lr_eta: float = opt(DEFAULT_META_LR["eta"], "SGD learning rate of eta~.", NON_NEGATIVE,
                          tag=Tag("etalr{v:g}", 210))
     client_bn: ClientBNMode = opt("precise", "Client BN statistics after fine-tuning: precise = recomputed under the "
@@ -78,7 +79,7 @@ class MetaConfig:
     hidden_bias: HiddenBias = opt("paper", "Meta-net biases: paper = every bias 0.5 (BNNet) / 1.0 (LRNet), as App. E | "
                                            "zero = hidden biases 0 (an ablation).", tag=Tag("zerobias", 110))
     # the options below were added after artifacts existed: left out of the artifact id at their reference values
-    beta_init: float = opt(0.9, "Every client's initial beta, BNNet's bias constant (App. E, the paper: 0.5; 0.9 starts "
+    beta_init: float = opt(0.5, "Every client's initial beta, BNNet's bias constant (App. E: 0.5; --preset fomaml: 0.9, "
                                 "near the clients' own statistics). See docs/method/fedl2p.md.", UNIT,
                            identity_default=True, tag=Tag("binit{v:g}", 120), reference=0.5)
     init_gain: float = opt(0.1, "Xavier gain of the meta-nets' weights (App. E: 0.1); a larger gain lets them tell "
@@ -98,17 +99,22 @@ class MetaConfig:
                                                identity_default=True, tag=Tag("sigmoid", 180))
 
     # a catalog entry (algorithms/heads.py; the stage checks the name): its name is its tag, so a plugin's names itself
-    head: str = opt("paper", "The meta-nets' outputs as beta and eta: paper (App. E) | log = every client starts "
+    head: str = opt("log", "The meta-nets' outputs as beta and eta: paper (App. E) | log = every client starts "
                              "equal (docs/method/fedl2p.md#the-log-head) | a plugin's.<plugin-meta-heads>",
-                    identity_default=True, tag=Tag("{v}", 105))
+                    identity_default=True, tag=Tag("{v}", 105), reference="paper")
     lr_logeta: float = opt(DEFAULT_LOGETA_LR, "--head log: SGD learning rate of log eta~ (a relative step).",
                            NON_NEGATIVE, identity_default=True,
                            tag=Tag("logetalr{v:g}", 215, lambda m: m.head == "log"))
     # a catalog entry (algorithms/lr_grads.py): the built-ins keep their short tags, a plugin's names itself
-    lr_grad: str = opt("last-step", "The LRs' meta-gradient: last-step (App. F) | trajectory = the whole "
-                                    "fine-tuning's | trajectory-bn = and through the BN statistics | a "
-                                    "plugin's.<plugin-lr-grads>",
-                       identity_default=True, tag=Tag(lambda v, _m: LR_GRAD_TAGS.get(v, v), 75))
+    lr_grad: str = opt("trajectory-bn", "The LRs' meta-gradient: last-step (App. F) | trajectory (whole "
+                                        "fine-tuning) | trajectory-bn (+ BN statistics) | unrolled (exact) | "
+                                        "a plugin's.<plugin-lr-grads>",
+                       identity_default=True, tag=Tag(lambda v, _m: LR_GRAD_TAGS.get(v, v), 75), reference="last-step")
+
+    # a catalog entry (algorithms/meta_signals.py): its name is its word, a plugin's names itself
+    meta_signal: str = opt("log-loss", "Each client's meta-gradient: loss = dL_V/dlambda (the paper) | log-loss = "
+                                       "d log L_V/dlambda (low-loss clients heard too) | a plugin's.<plugin-meta-signals>",
+                           identity_default=True, tag=Tag(lambda v, _m: v.replace("-", ""), 95), reference="loss")
 
     @property
     def meta_lrs(self) -> dict[str, float]:

@@ -19,6 +19,7 @@ from ..catalog import (
     META_GRAD,
     META_HEAD,
     META_INPUTS,
+    META_SIGNAL,
     METHOD,
     MODEL,
     PRETRAIN_ALGO,
@@ -68,7 +69,8 @@ def _identity(cfg: Any) -> dict:
 PIECES: dict[str, tuple[Kind[object], ...]] = {
     "dataset": (DATASET,), "model": (MODEL,), "algo": (PRETRAIN_ALGO, SYSTEM), "methods": (METHOD,),
     "meta.meta_grad": (META_GRAD,), "meta.head": (META_HEAD,), "meta.lr_grad": (LR_GRAD,),
-    "meta_opt": (SERVER_STEP,), "input_norm": (META_INPUTS,)}  # dotted: a nested field
+    "meta_opt": (SERVER_STEP,), "input_norm": (META_INPUTS,),
+    "meta.meta_signal": (META_SIGNAL,)}  # dotted: a nested field
 
 
 def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime) -> list[dict]:

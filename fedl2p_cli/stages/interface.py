@@ -255,6 +255,14 @@ class SectionFile:
         `also`: the section's other keys (runtime keys, a stage's own), taken out of `values` by the caller and
         named among the known ones when a key is unknown."""
         names = {f.name for f in flat_fields(cls)}
+        presets = getattr(cls, "PRESETS", None)
+        if presets and "preset" in values:  # a named set of the section's keys, its own keys over it
+            name = values.pop("preset")
+            if name not in presets:
+                raise FedL2PError(f"pipeline {self.name}: [{section}] unknown preset {name!r}; choose one of: "
+                                  f"{', '.join(presets)}")
+            values = presets[name] | values
+        also = (*also, "preset") if presets else also
         unknown = [k for k in values if k not in names]
         if unknown:
             raise FedL2PError(f"pipeline {self.name}: unknown key '{unknown[0]}' in [{section}] (known: "

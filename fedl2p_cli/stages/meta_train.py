@@ -24,9 +24,10 @@ from ..algorithms.meta_loop import (  # noqa: F401 (the loop's names, read here 
     kept_round_text,
     round_record,
 )
+from ..algorithms.meta_signals import with_signal
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
-from ..catalog import LR_GRAD, META_GRAD, META_HEAD, META_INPUTS, SERVER_STEP, Catalog
+from ..catalog import LR_GRAD, META_GRAD, META_HEAD, META_INPUTS, META_SIGNAL, SERVER_STEP, Catalog
 from ..configs import MetaTrainConfig, config_from_dict
 from ..core.client import Timer
 from ..core.config import validate
@@ -59,9 +60,10 @@ def check(cfg: MetaTrainConfig, runtime: Runtime) -> None:
 
 
 def meta_gradient_of(meta: MetaConfig, catalog: Catalog) -> MetaGradient:
-    """The client update's meta-gradient: the --meta-grad entry with its LRs' path from the --lr-grad entry
-    (`UnknownName` naming the choices for either)."""
-    return with_lr_grad(catalog.get(META_GRAD, meta.meta_grad), catalog.get(LR_GRAD, meta.lr_grad))
+    """The client update's meta-gradient: the --meta-grad entry with its LRs' path from the --lr-grad entry, sending
+    the --meta-signal entry's gradient (`UnknownName` naming the choices for any)."""
+    return with_signal(with_lr_grad(catalog.get(META_GRAD, meta.meta_grad), catalog.get(LR_GRAD, meta.lr_grad)),
+                       catalog.get(META_SIGNAL, meta.meta_signal))
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def identity(cfg: MetaTrainConfig) -> dict:
     config = config_dict(cfg)
     if cfg.meta.meta_grad != "ift":
         config["meta"] = {k: v for k, v in (config["meta"] | LEGACY_IFT).items() if k not in NEW_IFT_ONLY}
-    return config | {"variant": cfg.variant()}
+    return config | {"variant": cfg.spelled()}
 
 
 def execute(cfg: MetaTrainConfig, inputs: Inputs, ctx: StageContext) -> tuple[Artifact, bool]:

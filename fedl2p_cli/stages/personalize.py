@@ -17,8 +17,8 @@ import torch
 from .. import methods, protocols
 from .. import stage_table as table
 from ..algorithms.fedl2p import MetaConfig, hyper_fn
-from ..analysis import picks, spread
-from ..analysis.personalized import beta_table, fixed, markdown, row_cells, spread_lines  # noqa: F401 (the command's)
+from ..analysis import per_kind, picks, spread
+from ..analysis.personalized import behind_lines, beta_table, fixed, kind_tables, markdown, roles, row_cells, spread_lines  # noqa: F401 (the command's)
 from ..artifacts import Artifact, Draft, Store
 from ..catalog import Catalog
 from ..configs import PersonalizeConfig, config_from_dict
@@ -385,7 +385,14 @@ def summarize(r: results_h5.Results, domain_names: list[str], catalog: Catalog,
     for i, m in enumerate(r.methods):
         if m not in base and not np.isnan(r.acc_after[i]).all():
             rows[m] |= deltas(r.acc_after[i], best_acc, None if m in methods.handmade(catalog) else tuned_acc)
+    if pk := kind_summary(r, domain_names, catalog):
+        out["per_kind"] = pk
     return out
+
+
+def kind_summary(r: results_h5.Results, domain_names: list[str], catalog: Catalog) -> dict:
+    """The per-kind table (analysis/per_kind.py) of a personalisation with more than one kind of client, else {}."""
+    return per_kind.table(r.methods, r.acc_after, r.domain, domain_names, roles(r.methods, catalog))
 
 
 def references(r: results_h5.Results, best: str | None, catalog: Catalog) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from .. import methods, plugins
+from ..analysis import per_kind, spread
 from ..analysis import report_html as H
-from ..analysis import spread
-from ..analysis.personalized import beta_table, fixed, row_cells, spread_lines
+from ..analysis.personalized import behind_lines, beta_table, fixed, kind_tables, roles, row_cells, spread_lines
 from ..artifacts import Artifact, Draft, Store
 from ..catalog import Catalog
 from ..errors import ArtifactError, FedL2PError
@@ -238,6 +238,12 @@ def pool_detail_html(store: Store, a: Artifact, catalog: Catalog) -> str:
         if eta is not None and isinstance(methods.find(m, catalog), methods.Learned) and not np.isnan(eta).all():
             side.append(eta_table(methods.label(m, catalog), eta, r.domain, doms, names))
     out.append(H.row(side))
+    # the per-kind tables, recomputed from results.h5 for a summary written before it had them
+    pk = s.get("per_kind") or per_kind.table(r.methods, r.acc_after, r.domain,
+                                             dict(zip(map(int, np.unique(r.domain)), doms)), roles(r.methods, catalog))
+    out.append(H.row([H.table(cols, krows, f"{title}, {s['pool']} clients") for title, cols, krows in kind_tables(pk, catalog)]))
+    if behind := behind_lines(pk, catalog):
+        out.append("<ul>" + "".join(f"<li>{H.esc(x)}</li>" for x in behind) + "</ul>")
     spreads = spread_lines(s, catalog) if any("spread" in v for v in s["methods"].values()) else []  # recomputed for old
     spreads = spreads or [line for m in r.methods if not fixed(m, catalog) and not np.isnan(r.eta[m]).all()
                           for line in spread.lines(methods.label(m, catalog), spread.spread(r.beta[m], r.eta[m], r.domain))]
