@@ -124,7 +124,7 @@ INPUT_NORM_TAGS = {"standardize": "std", "robust": "rstd"}  # --input-norm's wor
 # Named sets of meta-train options (`--preset NAME`, a [[meta-train]] table's `preset = NAME`): the options a preset
 # names take its values unless given. `learn` is the defaults: the log head (every client starts at the same strategy,
 # so a split between kinds can only be learned), its LRs' gradient through the whole fine-tuning, robust inputs, one
-# vote per client, each client's pull relative to its own loss (docs/method/fedl2p.md#presets). `fomaml`: the
+# vote per client, the last round's lambda (docs/method/fedl2p.md#presets). `fomaml`: the
 # defaults before (FOMAML+ from beta 0.9 under the paper's head). `paper`: the paper's setting (the IFT, App. E).
 _PAPER_HEAD = {"head": "paper", "lr_grad": "last-step", "input_norm": "none", "client_weights": "samples",
                "lr_bnnet": DEFAULT_META_LR["bnnet"], "lr_lrnet": DEFAULT_META_LR["lrnet"], "keep": "best",
@@ -132,7 +132,7 @@ _PAPER_HEAD = {"head": "paper", "lr_grad": "last-step", "input_norm": "none", "c
 PRESETS: dict[str, dict[str, Any]] = {
     "learn": {"meta_grad": "fomaml", "head": "log", "lr_grad": "trajectory-bn", "input_norm": "robust",
               "client_weights": "equal", "beta_init": 0.5, "lr_bnnet": LEARN_META_LR, "lr_lrnet": LEARN_META_LR,
-              "keep": "last", "meta_signal": "log-loss"},
+              "keep": "last", "meta_signal": "loss"},
     "fomaml": {"meta_grad": "fomaml", "beta_init": 0.9} | _PAPER_HEAD,
     "paper": {"meta_grad": "ift", "beta_init": 0.5} | _PAPER_HEAD,
 }

@@ -217,11 +217,11 @@ def test_the_default_run_is_named_by_its_preset_and_the_others_word_by_word():
     off any named preset is spelled against the paper's values, as every name before the presets was."""
     assert MetaTrainConfig().variant() == "fedl2p-learn"
     assert MetaTrainConfig(seed=1).variant() == "fedl2p-learn-seed1"
-    assert MetaTrainConfig(keep="best").variant() == "fedl2p-fomaml-trajbn-rstd-logloss-log-bnnetlr0.01-lrnetlr0.01-eqw"
+    assert MetaTrainConfig(keep="best").variant() == "fedl2p-fomaml-trajbn-rstd-log-bnnetlr0.01-lrnetlr0.01-eqw"
     assert MetaTrainConfig.preset("fomaml").variant() == "fedl2p-fomaml-binit0.9"
     assert MetaTrainConfig.preset("fomaml", seed=1, keep="last").variant() == "fedl2p-fomaml-last-binit0.9-seed1"
     assert MetaTrainConfig.preset("paper").variant() == "fedl2p"
-    assert MetaTrainConfig().spelled() == "fedl2p-fomaml-trajbn-rstd-logloss-last-log-bnnetlr0.01-lrnetlr0.01-eqw"
+    assert MetaTrainConfig().spelled() == "fedl2p-fomaml-trajbn-rstd-last-log-bnnetlr0.01-lrnetlr0.01-eqw"
 
 
 def test_a_personalisation_with_test_batch_statistics_tags_its_learned_rows():

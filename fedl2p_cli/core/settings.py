@@ -112,9 +112,9 @@ class MetaConfig:
                        identity_default=True, tag=Tag(lambda v, _m: LR_GRAD_TAGS.get(v, v), 75), reference="last-step")
 
     # a catalog entry (algorithms/meta_signals.py): its name is its word, a plugin's names itself
-    meta_signal: str = opt("log-loss", "Each client's meta-gradient: loss = dL_V/dlambda (the paper) | log-loss = "
+    meta_signal: str = opt("loss", "Each client's meta-gradient: loss = dL_V/dlambda (the paper) | log-loss = "
                                        "d log L_V/dlambda (low-loss clients heard too) | a plugin's.<plugin-meta-signals>",
-                           identity_default=True, tag=Tag(lambda v, _m: v.replace("-", ""), 95), reference="loss")
+                           identity_default=True, tag=Tag(lambda v, _m: v.replace("-", ""), 95))
 
     @property
     def meta_lrs(self) -> dict[str, float]:
