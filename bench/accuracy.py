@@ -324,7 +324,9 @@ def _stable_ift_table(table: dict) -> bool:
     """A pipeline file's [[meta-train]] table that is the stable IFT (variant `fedl2p`, at any seed)."""
     from fedl2p_cli.configs import MetaTrainConfig
     from fedl2p_cli.core.config import from_flat
-    return _stable_ift(from_flat(MetaTrainConfig, {k: v for k, v in table.items() if k != "workers"}))
+    values = {k: v for k, v in table.items() if k != "workers"}
+    name = values.pop("preset", None)  # a named set of the table's keys, its own keys over it
+    return _stable_ift(MetaTrainConfig.preset(name, **values) if name else from_flat(MetaTrainConfig, values))
 
 
 def is_stable_ift(config: dict) -> bool:

@@ -81,9 +81,10 @@ def round_per_client(model_name: str, dev: torch.device, meta_grad: str, ns: tup
                      iterations: int, reps: int = 3) -> dict:
     """Seconds per client of FedL2P's whole client round (e epochs, K iterations, PreciseBN, the validation loss and
     the meta-gradient): `client_update` one at a time (N = 1) against `client_update_many` on N clients."""
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update, client_update_many
+    from fedl2p_cli.algorithms.fedl2p import client_update, client_update_many
+    from fedl2p_cli.configs import meta_of
     m, theta, lam, cl = clients(model_name, max(ns), dev)
-    cfg = MetaConfig(iterations=iterations, epochs=epochs, batch_size=SHAPE["batch"], meta_grad=meta_grad)
+    cfg = meta_of("fomaml", iterations=iterations, epochs=epochs, batch_size=SHAPE["batch"], meta_grad=meta_grad)
     out: dict = {}
     for n in ns:
         gens = lambda n=n: [torch.Generator().manual_seed(c) for c in range(n)]  # noqa: E731

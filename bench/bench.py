@@ -146,9 +146,9 @@ STABLE_IFT = "--meta-grad ift --hessian fo --ift-at star --q 3 --psi-power 3 --s
 def default_meta_gradient(m, theta_prev, after, grad, lam, hyper, batch, bn):
     """`fedl2p meta-train --meta-grad ift`'s meta-gradient (STABLE_IFT, MetaConfig's IFT values) after the fine-tuning step
     theta_prev -> after with gradient `grad`, as `algorithms.fedl2p.meta_gradient` calls it."""
+    from fedl2p_cli.configs import meta_of
     from fedl2p_cli.core.hypergrad import ift_hypergradient
-    from fedl2p_cli.core.settings import MetaConfig
-    c = MetaConfig(meta_grad="ift")
+    c = meta_of("fomaml", meta_grad="ift")
     assert (c.meta_grad, c.hessian, c.ift_at, c.q, c.psi_power, c.scale_by_psi, c.eta_grad) == \
         ("ift", "fo", "star", 3, 3, True, "last-step"), "STABLE_IFT no longer names the defaults"
     return lambda: ift_hypergradient(m, after, lam, hyper, batch, batch, bn, c.q, c.psi, c.scale_by_psi, c.hessian,
@@ -260,7 +260,8 @@ def bench_client_round() -> dict:
     import torch.nn.functional as F
 
     from fedl2p_cli import plugins
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+    from fedl2p_cli.algorithms.fedl2p import client_update
+    from fedl2p_cli.configs import meta_of
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.finetune import ClientBN
     from fedl2p_cli.core.functional import shuffled_batches
@@ -290,7 +291,7 @@ def bench_client_round() -> dict:
                 opt.step()
 
     def ours(**kw):
-        cfg = MetaConfig(iterations=1, epochs=5, batch_size=32, base_lr=0.01, **kw)
+        cfg = meta_of("fomaml", iterations=1, epochs=5, batch_size=32, base_lr=0.01, **kw)
         return lambda: client_update(m, theta, lam, xi, xs, bn0, data, cfg, torch.Generator().manual_seed(0))
 
     fns = {"plain_finetune": plain_finetune, "ift_fo": ours(meta_grad="ift"),
@@ -303,7 +304,7 @@ def bench_client_round() -> dict:
 
 
 def bench_meta_round() -> dict:
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.configs import meta_of
     from fedl2p_cli.stages import meta_train, pretrain, stats
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
     with tempfile.TemporaryDirectory() as d:
@@ -312,7 +313,8 @@ def bench_meta_round() -> dict:
                                  store.root, handed(), False, plot=False)
         st, _ = run_stage(stats, stats.StatsConfig(), Inputs.given({"partition": part_art.id, "pretrain": pre.id}),
                           StageContext(store, handed()))
-        cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.1, meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
+        cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=3, fraction=0.1,
+                                                meta=meta_of("fomaml", epochs=5, base_lr=0.01, meta_grad="ift"))
         art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root, handed(), False)
         import csv
         with open(art.file("history.csv")) as f:
@@ -332,7 +334,7 @@ def bench_workers() -> dict:
     import csv
     import importlib.util
 
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.configs import meta_of
     from fedl2p_cli.stages import meta_train, pretrain, stats
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
     out = {}
@@ -348,8 +350,8 @@ def bench_workers() -> dict:
             runs.append(("Flower simulation, 2 ClientApps", 2, 1, "flower"))
         for label, workers, threads, engine in runs:
             torch.set_num_threads(threads)
-            cfg = meta_train.MetaTrainConfig(rounds=3, fraction=0.2, seed=len(out),
-                                             meta=MetaConfig(epochs=5, base_lr=0.01, meta_grad="ift"))
+            cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=3, fraction=0.2, seed=len(out),
+                                             meta=meta_of("fomaml", epochs=5, base_lr=0.01, meta_grad="ift"))
             t = time.perf_counter()
             art, _ = options.execute(meta_train, cfg, {"pretrain": pre.id, "stats": st.id}, store.root,
                                      handed(workers=workers, engine=engine), False)

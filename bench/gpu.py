@@ -109,9 +109,10 @@ def steps(model_name: str, dev: torch.device) -> dict:
 
 
 def round_one(model_name: str, dev: torch.device, meta_grad: str) -> float:
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+    from fedl2p_cli.algorithms.fedl2p import client_update
+    from fedl2p_cli.configs import meta_of
     m, theta, lam, st, bn, data = client(model_name, dev)
-    cfg = MetaConfig(iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=meta_grad)
+    cfg = meta_of("fomaml", iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=meta_grad)
     return timed({"r": lambda: client_update(m, theta, lam, st.xi, st.x, bn, data, cfg, torch.Generator().manual_seed(0))}, 5)["r"]
 
 
@@ -129,11 +130,12 @@ _CACHE: dict = {}
 
 
 def round_one_once(model_name: str, dev: torch.device, meta_grad: str) -> None:
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig, client_update
+    from fedl2p_cli.algorithms.fedl2p import client_update
+    from fedl2p_cli.configs import meta_of
     if model_name not in _CACHE:
         _CACHE[model_name] = client(model_name, dev)
     m, theta, lam, st, bn, data = _CACHE[model_name]
-    cfg = MetaConfig(iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=meta_grad)
+    cfg = meta_of("fomaml", iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=meta_grad)
     client_update(m, theta, lam, st.xi, st.x, bn, data, cfg, torch.Generator().manual_seed(0))
 
 
@@ -193,11 +195,11 @@ def sync_counts(out: dict, dev: torch.device, n: int = 8) -> None:
 
     import batching  # bench/batching.py
 
-    from fedl2p_cli.algorithms.fedl2p import MetaConfig
+    from fedl2p_cli.configs import meta_of
     m, theta, lam, cl = batching.clients("small-cnn", n, dev)
     rec = out.setdefault("host_syncs_per_round", {"n": n, "model": "small-cnn"})
     for mg in ("fomaml", "ift"):
-        cfg = MetaConfig(iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=mg)
+        cfg = meta_of("fomaml", iterations=CIFAR["iterations"], epochs=CIFAR["epochs"], batch_size=CIFAR["batch"], meta_grad=mg)
         runs = _round_fns(m, theta, lam, cl, cfg)
         for name, fn in runs.items():
             fn()  # warm

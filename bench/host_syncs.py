@@ -68,7 +68,9 @@ def client_round(meta_grad: str, n: int, **settings) -> collections.Counter:
     model = index_bn_layers(zoo.small_cnn(1, 10, width=4))
     theta = {k: v.detach() for k, v in model.named_parameters()}
     bns = [b for _, b in bn_layers(model)]
-    cfg = MetaConfig(meta_grad=meta_grad, iterations=2, epochs=1, batch_size=16, **settings)
+    from fedl2p_cli.configs import PRESETS
+    paper_head = {k: v for k, v in PRESETS["fomaml"].items() if k in MetaConfig.__dataclass_fields__}  # init_lambda's
+    cfg = MetaConfig(**paper_head | {"meta_grad": meta_grad, "iterations": 2, "epochs": 1, "batch_size": 16} | settings)
     datas, bn0s, inputs = [], [], []
     for i in range(n):
         x, y = torch.randn(40 + 3 * i, 1, 12, 12), torch.randint(0, 10, (40 + 3 * i,))
@@ -95,7 +97,6 @@ def personalization(group: int) -> tuple[collections.Counter, int]:
 
     from fedl2p_cli import plugins
     from fedl2p_cli.artifacts import Store
-    from fedl2p_cli.core.settings import MetaConfig
     from fedl2p_cli.runtime import Runtime
     from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
     from fedl2p_cli.stages.interface import Inputs, StageContext, run_stage
@@ -107,8 +108,8 @@ def personalization(group: int) -> tuple[collections.Counter, int]:
     part = run(partition, partition.PartitionConfig(dataset="digits-c", clients=12, samples_per_client=40), {})
     pre = run(pretrain, pretrain.PretrainConfig(rounds=3, fraction=0.5, batch_size=16), {"partition": part.id})
     st = run(stats, stats.StatsConfig(), {"partition": part.id, "pretrain": pre.id})
-    meta = run(meta_train, meta_train.MetaTrainConfig(rounds=2, fraction=0.5, meta=MetaConfig(epochs=1, batch_size=16,
-               base_lr=0.01)), {"pretrain": pre.id, "stats": st.id})
+    meta = run(meta_train, meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, epochs=1, batch_size=16,
+                                                             base_lr=0.01), {"pretrain": pre.id, "stats": st.id})
     cfg = personalize.PersonalizeConfig(epochs=1, batch_size=16, base_lr=0.01, seeds=[0, 1], methods=PERSONALIZE_METHODS)
     rt = Runtime(engine="batched", client_batch=group) if group > 1 else Runtime()
     with host_reads() as counts:

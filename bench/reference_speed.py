@@ -117,12 +117,12 @@ class OnePart:
 def ours(model, data, meta_grad: str):
     """A callable running our client round; it fills CLOCK's sections."""
     from fedl2p_cli.algorithms import fedl2p as alg
+    from fedl2p_cli.configs import meta_of
     from fedl2p_cli.core import finetune as ft
     from fedl2p_cli.core import hypergrad as hg
     from fedl2p_cli.core.bn import bn_layers
     from fedl2p_cli.core.finetune import ClientBN
     from fedl2p_cli.core.metanets import init_lambda
-    from fedl2p_cli.core.settings import MetaConfig
     from fedl2p_cli.core.stats import stat_layers
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
     n_bn, n_x = len(bn_layers(model)), 2 * len(stat_layers(model))
@@ -130,7 +130,7 @@ def ours(model, data, meta_grad: str):
     g = torch.Generator().manual_seed(1)
     xi, xs = torch.rand(n_bn, generator=g), torch.randn(n_x, generator=g)
     bn0 = ClientBN([b.running_mean.clone() for _, b in bn_layers(model)], [b.running_var.clone() for _, b in bn_layers(model)])
-    cfg = MetaConfig(iterations=CFG["iterations"], epochs=CFG["epochs"], batch_size=CFG["batch_size"],
+    cfg = meta_of("fomaml", iterations=CFG["iterations"], epochs=CFG["epochs"], batch_size=CFG["batch_size"],
                      base_lr=CFG["base_lr"], meta_grad=meta_grad)
 
     def run():

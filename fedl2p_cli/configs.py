@@ -137,6 +137,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": {"meta_grad": "ift", "beta_init": 0.5} | _PAPER_HEAD,
 }
 NAMED_PRESETS = ("learn",)  # presets that name a variant with one word (the others' values name themselves)
+
+
+def meta_of(preset: str, **values: Any) -> MetaConfig:
+    """A preset's client-update settings (its MetaConfig keys) with `values` over them: what a script that calls the
+    client update directly, without a MetaTrainConfig, hands it."""
+    own = MetaConfig.__dataclass_fields__
+    return MetaConfig(**{k: v for k, v in PRESETS[preset].items() if k in own} | values)
 @dataclass(kw_only=True)
 class MetaTrainConfig:
     """`fedl2p meta-train`'s options (and a [[meta-train]] table's keys): the federation around the client update

@@ -80,7 +80,8 @@ def test_a_cells_rows_are_the_artifacts_its_compiled_plans_name(tmp_path, monkey
     bench = tmp_path / "pipelines"
     bench.mkdir()
     shutil.copy(root / "pipelines" / "tiny.toml", bench / "tiny.toml")
-    (bench / "tiny.extras.toml").write_text('extends = "tiny.toml"\nname = "tiny.extras"\n\n[[meta-train]]\nrounds = 2\n'
+    (bench / "tiny.extras.toml").write_text('extends = "tiny.toml"\nname = "tiny.extras"\n\n[[meta-train]]\npreset = "fomaml"\n'
+                                            'rounds = 2\n'
                                             'fraction = 0.5\nepochs = 1\nbatch_size = 16\nbase_lr = 0.01\nmeta_grad = "fomaml"\n'
                                             'beta_init = 0.5\n')
     monkeypatch.setattr(accuracy, "BENCH", bench)

@@ -238,8 +238,8 @@ def test_sigkill_during_meta_train_then_rerun_is_bit_identical(tiny_store, tmp_p
     """kill -9 after a round checkpoint, run the same command again: same id, same lambda bytes as an
     uninterrupted run, and nothing temporary left in the store."""
     ids = {"--pretrain": tiny_store["pretrain"].id, "--stats": tiny_store["stats"].id}
-    args = ["meta-train", "--rounds", "6", "--fraction", "0.5", "--epochs", "1", "--batch-size", "16", "--base-lr", "0.01",
-            "--seed", "3", *[x for kv in ids.items() for x in kv]]
+    args = ["meta-train", "--preset", "fomaml", "--rounds", "6", "--fraction", "0.5", "--epochs", "1", "--batch-size",
+            "16", "--base-lr", "0.01", "--seed", "3", *[x for kv in ids.items() for x in kv]]
     ref_root, kill_root = tmp_path / "ref", tmp_path / "kill"
     shutil.copytree(tiny_store["store"].root, ref_root)
     shutil.copytree(tiny_store["store"].root, kill_root)

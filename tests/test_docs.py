@@ -97,3 +97,8 @@ def test_the_checker_catches_a_renamed_option_and_command():
     assert problems("x", "meta-trian --rounds 3")
     assert problems("x", "--threads 2 personalize --unseen") == []
     assert problems("x", "flower import deploy/") == []
+
+
+def test_the_readme_is_one_page_a_newcomer_reads_whole():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail to docs/"

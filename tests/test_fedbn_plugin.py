@@ -41,7 +41,7 @@ batch_size = 8
 eval_every = 1
 [stats]
 [[meta-train]]
-meta_grad = "fomaml"
+preset = "fomaml"
 rounds = 1
 fraction = 0.25
 iterations = 1

@@ -307,6 +307,8 @@ PROCESS_STATE = {
     "fedl2p_cli.engine.workers._UPDATE": "a worker process's update function, set by its pool initializer",
     # cached module-level functions: what they return lives as long as the process (a singleton)
     "fedl2p_cli.core.mlp.template()": "shape-only module templates on the meta device: immutable, no memory",
+    "fedl2p_cli.flower.fleet_routes._declared()": "the installed flwr's Fleet routes, read once in a child process: "
+                                                  "an immutable frozenset of the code's answer",
 }
 CACHE_DECORATORS = ("cache", "lru_cache", "functools.cache", "functools.lru_cache")
 

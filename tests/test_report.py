@@ -28,6 +28,7 @@ eval_every = 1
 seed = 0
 [stats]
 [[meta-train]]
+preset = "paper"
 rounds = 2
 fraction = 0.5
 epochs = 1

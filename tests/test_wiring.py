@@ -206,25 +206,33 @@ DEFAULTS = [  # (config, field, default, where it is documented)
     (MetaConfig, "meta_grad", "fomaml", "FOMAML+ (App. F), ahead of the paper's IFT in more bench cells; docs/method/fedl2p.md"),
     (MetaConfig, "hessian", "fo", "meta-train --hessian help; README 'meta-train'"),
     (MetaConfig, "batch_size", 32, "paper: batch 32; DESIGN.md §3"),
-    (MetaConfig, "lr_bnnet", 1e-3, "meta-LRs: DESIGN.md §3"), (MetaConfig, "lr_lrnet", 1e-3, "DESIGN.md §3"),
+    (MetaConfig, "lr_bnnet", 0.01, "the learn preset (App. E: 1e-3); docs/method/fedl2p.md#the-log-head"),
+    (MetaConfig, "lr_lrnet", 0.01, "the learn preset (App. E: 1e-3); docs/method/fedl2p.md#the-log-head"),
     (MetaConfig, "lr_eta", 1e-4, "DESIGN.md §3"),
     (MetaConfig, "client_bn", "precise", "PreciseBN client statistics: DESIGN.md §3 'consistent statistics'"),
     (MetaConfig, "hidden_bias", "paper", "App. E: every meta-net bias is the constant; DESIGN.md §3"),
-    (MetaConfig, "beta_init", 0.9, "not App. E's 0.5: beside FOMAML+; docs/method/fedl2p.md"),
+    (MetaConfig, "beta_init", 0.5, "App. E's 0.5, the learn preset's (--preset fomaml: 0.9); docs/method/fedl2p.md"),
+    (MetaConfig, "head", "log", "the learn preset: every client starts equal; docs/method/fedl2p.md#presets"),
+    (MetaConfig, "lr_grad", "trajectory-bn", "the learn preset; docs/method/fedl2p.md#the-log-head"),
+    (MetaConfig, "meta_signal", "loss", "the paper's dL_V/dlambda; docs/method/fedl2p.md#meta-signal"),
     (MetaConfig, "init_gain", 0.1, "App. E: Xavier gain 0.1"),
     (MetaConfig, "ift_at", "star", "meta-train --ift-at help"), (MetaConfig, "val_stats", "running", "the paper's Eq. 2"),
     (MetaConfig, "eta_nonneg", False, "eta~ unconstrained as in the authors' code; meta-train --eta-nonneg help"),
     (MetaConfig, "beta_output", "ste-clamp", "App. E: clamp with a straight-through estimator; --beta-output help"),
-    (meta_train.MetaTrainConfig, "keep", "best", "Alg. 1's server keeps the lowest mean validation loss"),
+    (meta_train.MetaTrainConfig, "keep", "last", "the learn preset (Alg. 1 keeps the lowest validation loss: best)"),
     (meta_train.MetaTrainConfig, "meta_opt", "fedavg", "Alg. 1: FedAvg of lambda"),
-    (meta_train.MetaTrainConfig, "input_norm", "none", "the paper feeds raw statistics"),
+    (meta_train.MetaTrainConfig, "input_norm", "robust", "the learn preset (the paper feeds raw statistics: none)"),
+    (meta_train.MetaTrainConfig, "client_weights", "equal", "the learn preset (the paper: samples)"),
     (personalize.PersonalizeConfig, "client_bn", "precise", "personalize --client-bn help; DESIGN.md §3"),
     (personalize.PersonalizeConfig, "eval_stats", "running", "the paper's inference; personalize --eval-stats help"),
 ]
 
 
 # defaults that moved away from the paper: ids and variant names stay measured against the paper's value
-REFERENCES = [(MetaConfig, "meta_grad", "ift"), (MetaConfig, "beta_init", 0.5)]
+REFERENCES = [(MetaConfig, "meta_grad", "ift"), (MetaConfig, "beta_init", 0.5), (MetaConfig, "head", "paper"),
+              (MetaConfig, "lr_grad", "last-step"), (MetaConfig, "lr_bnnet", 1e-3), (MetaConfig, "lr_lrnet", 1e-3),
+              (meta_train.MetaTrainConfig, "keep", "best"), (meta_train.MetaTrainConfig, "input_norm", "none"),
+              (meta_train.MetaTrainConfig, "client_weights", "samples")]
 
 
 @pytest.mark.parametrize("cls,name,value", REFERENCES, ids=[f"{c.__name__}.{n}" for c, n, _ in REFERENCES])

@@ -115,14 +115,18 @@ def with_preset(cls: type, name: str | None, values: dict, ctx: Any) -> dict:
     did not give (a default, not typed)."""
     if name is None:
         return values
-    from click.core import ParameterSource
-
     from ..core.config import ConfigError
     presets = cls.PRESETS  # type: ignore[attr-defined]  # _preset_option checked it
     if name not in presets:
         raise ConfigError(f"unknown --preset '{name}'; choose one of: {', '.join(presets)}")
-    return values | {k: v for k, v in presets[name].items()
-                     if ctx.get_parameter_source(k) in (None, ParameterSource.DEFAULT)}
+    return values | {k: v for k, v in presets[name].items() if _defaulted(ctx, k)}
+
+
+def _defaulted(ctx: Any, name: str) -> bool:
+    """Whether option `name` took its default (not typed, no environment variable). By the source's name: typer may
+    bring a click of its own, whose ParameterSource is another class than `click.core`'s."""
+    source = ctx.get_parameter_source(name)
+    return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
 
 
 def config_command(cls: type, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = (),
