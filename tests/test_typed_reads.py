@@ -34,7 +34,9 @@ WRONG = {10: '"StatsTable" has no attribute "no_such_table_field"',
 def test_the_type_checker_rejects_a_wrong_attribute_on_a_read(tmp_path):
     pytest.importorskip("mypy", reason="mypy (the dev extra) is not installed")
     f = tmp_path / "reads.py"
-    f.write_text(SNIPPET)
+    # its own last line: mypy's cache keys a module by its text, and would answer a text it checked before with that
+    # run's errors under that run's path (CI runs the suite twice in one checkout)
+    f.write_text(SNIPPET + f"# {tmp_path}\n")
     # the repository's settings (pyproject.toml) and cache: the package is read for its types, the snippet checked
     out = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", str(f)], cwd=REPO, capture_output=True,
                          text=True, timeout=600).stdout
