@@ -42,3 +42,18 @@ def test_clients_without_a_strategy_are_left_out():
     s = spread.spread(beta, eta, domain)
     assert s["beta_split_domains"] == 1.0
     assert spread.spread(beta[2:], eta[2:], domain[2:]) == {}
+
+
+def test_a_split_by_kind_is_rare_under_shuffled_labels_and_one_of_the_inputs_geometry_is_not():
+    """The permutation p of the β split: kinds whose β differ (one layer, 0.3 apart, small noise) give p = 1/1000;
+    the same clients with the kind labels drawn at random (the split there is any grouping's) give a large p."""
+    from fedl2p_cli.analysis.spread import PERMUTATIONS, permutation_p
+    rng = np.random.default_rng(1)
+    domain = np.repeat([0, 1], 12)
+    beta = np.column_stack([0.5 + 0.3 * domain + 0.01 * rng.standard_normal(24), 0.5 + 0.01 * rng.standard_normal(24)])
+    s = spread.spread(beta, np.ones((24, 3)), domain)
+    assert s["beta_split_p"] == 1 / (1 + PERMUTATIONS) and "permutation p 0.001" in spread.lines("x", s)[0]
+    shuffled = rng.permutation(domain)
+    split = float(np.ptp([beta[shuffled == d].mean(0) for d in (0, 1)], axis=0).max())
+    assert permutation_p(beta, shuffled, split) > 0.05
+    assert permutation_p(beta, shuffled, split) == permutation_p(beta, shuffled, split)  # seeded

@@ -63,9 +63,28 @@ def spread(beta: np.ndarray, eta: np.ndarray, domain: np.ndarray) -> dict[str, f
     out = {"eta_ratio_domains": _eta_ratio(np.stack([eta[domain == d].mean(0) for d in groups])),
            "eta_ratio_clients": _eta_ratio(eta), "frozen_tensors": float(frozen(eta))}
     if beta.size and not np.isnan(beta).any():
-        dmeans = np.stack([beta[domain == d].mean(0) for d in groups])
-        out |= {"beta_sd_clients": float(beta.std(axis=0).max()), "beta_split_domains": float(np.ptp(dmeans, axis=0).max())}
+        split = _beta_split(beta, domain)
+        out |= {"beta_sd_clients": float(beta.std(axis=0).max()), "beta_split_domains": split}
+        if len(groups) > 1 and split > 0:
+            out["beta_split_p"] = permutation_p(beta, domain, split)
     return out
+
+
+def _beta_split(beta: np.ndarray, domain: np.ndarray) -> float:
+    """The largest split of a layer's β between two domains' means."""
+    return float(np.ptp(np.stack([beta[domain == d].mean(0) for d in np.unique(domain)]), axis=0).max())
+
+
+PERMUTATIONS = 999
+
+
+def permutation_p(beta: np.ndarray, domain: np.ndarray, split: float, n: int = PERMUTATIONS, seed: int = 0) -> float:
+    """How often a split this large arises with the kind labels shuffled among the clients: (1 + count of shuffles
+    whose β split reaches `split`) / (1 + n). A split the meta-nets learned by kind is rare under shuffles; one that any
+    grouping of these clients shows (the inputs' geometry, a few outliers) is not. Seeded: the same p every time."""
+    rng = np.random.default_rng(seed)
+    hits = sum(_beta_split(beta, rng.permutation(domain)) >= split - 1e-12 for _ in range(n))
+    return (1 + hits) / (1 + n)
 
 
 def same_for_everyone(s: dict[str, float]) -> bool:
@@ -97,8 +116,9 @@ def lines(label: str, s: dict[str, float], round0: dict[str, float] | None = Non
 
     def was(key: str, fmt: str) -> str:
         return f" (round 0: {fmt.format(r0[key])})" if key in r0 else ""
+    perm = f", permutation p {s['beta_split_p']:.3f}" if "beta_split_p" in s else ""
     beta = (f"β split between domains {s['beta_split_domains']:.3f}{was('beta_split_domains', '{:.3f}')} (largest in "
-            f"a layer), SD across clients {s['beta_sd_clients']:.3f}; " if "beta_split_domains" in s else "")
+            f"a layer{perm}), SD across clients {s['beta_sd_clients']:.3f}; " if "beta_split_domains" in s else "")
     frozen = int(s.get("frozen_tensors", 0))
     out = [f"{label}: {beta}LR ratio between domains ×{s['eta_ratio_domains']:.2f}"
            f"{was('eta_ratio_domains', '×{:.2f}')}, between clients ×{s['eta_ratio_clients']:.2f}"
