@@ -57,3 +57,10 @@ def test_a_split_by_kind_is_rare_under_shuffled_labels_and_one_of_the_inputs_geo
     split = float(np.ptp([beta[shuffled == d].mean(0) for d in (0, 1)], axis=0).max())
     assert permutation_p(beta, shuffled, split) > 0.05
     assert permutation_p(beta, shuffled, split) == permutation_p(beta, shuffled, split)  # seeded
+
+
+def test_one_client_per_kind_gets_no_permutation_p():
+    """Every shuffle of 7 labels over 7 clients gives the same set of kind means: no p is printed (it would be 1)."""
+    beta = np.linspace(0.1, 0.9, 7)[:, None]
+    s = spread.spread(beta, np.ones((7, 2)), np.arange(7))
+    assert "beta_split_p" not in s and s["beta_split_domains"] > 0.7
