@@ -7,9 +7,8 @@ import os
 import pytest
 import torch
 
-from fedl2p_cli.algorithms.fedl2p import MetaConfig
 from fedl2p_cli.artifacts import Store
-from fedl2p_cli.configs import PRESETS
+from fedl2p_cli.configs import meta_of
 from fedl2p_cli.stages import meta_train, partition, personalize, pretrain, stats
 
 from .helpers import execute
@@ -27,8 +26,7 @@ TINY_PRETRAIN = dict(rounds=3, fraction=0.5, batch_size=16, eval_every=1, seed=0
 # the paper's meta-gradient and beta init (the defaults are FOMAML+ from 0.9): the IFT's second-order path is the one
 # most tests read, and the pinned ids (tests/test_any_model.py) are of this run
 # the paper's client update (--preset paper's MetaConfig keys), small: what the suite's runs were written against
-TINY_META = MetaConfig(**{k: v for k, v in PRESETS["paper"].items() if k in MetaConfig.__dataclass_fields__},
-                       epochs=1, batch_size=16, base_lr=0.01)
+TINY_META = meta_of("paper", epochs=1, batch_size=16, base_lr=0.01)
 
 
 @pytest.fixture(scope="session")

@@ -104,9 +104,6 @@ def tiny_client(tiny_store):
 
 def old_meta(**kw: Any) -> MetaConfig:
     """The client update's settings as the defaults were before the learn preset (`--preset fomaml`'s MetaConfig
-    keys: the paper's head, signal and meta LRs, FOMAML+ from beta 0.9), `kw` over them: what these tests were written
-    against."""
-    from fedl2p_cli.configs import PRESETS
-    own = MetaConfig.__dataclass_fields__
-    return MetaConfig(**{k: v for k, v in PRESETS["fomaml"].items() if k in own} | kw)
-
+    keys), `kw` over them: what these tests were written against."""
+    from fedl2p_cli.configs import meta_of
+    return meta_of("fomaml", **kw)

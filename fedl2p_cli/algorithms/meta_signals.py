@@ -55,7 +55,8 @@ BUILTIN: tuple[MetaSignal, ...] = (Loss(), LogLoss())
 
 def _weighed(signal: MetaSignal, mg: MetaGrad) -> MetaGrad:
     import torch
-    loss = mg.val_loss if isinstance(mg.val_loss, torch.Tensor) else torch.tensor(float(mg.val_loss))
+    like = next(iter(mg.grads.values()))
+    loss = mg.val_loss if isinstance(mg.val_loss, torch.Tensor) else like.new_tensor(float(mg.val_loss))
     return replace(mg, grads=signal.weigh(mg.grads, loss))
 
 

@@ -173,7 +173,7 @@ def finetune_many(model: nn.Module, params: list[Params], xs: list[Tensor], ys: 
     if client_bn == "precise" and not any(none):
         out_bn = precise_bn_many(model, unstack(p, n), xs, list(beta))
     return [FinetuneResult(pc, bc, prc, last, loss, [g_[c] for g_ in grads], [g_[c] for g_ in gsum],
-                           Replay(params[c], xs[c], ys[c], [b.to(dev) for b in plans[c]], lr[c]))
+                           Replay(params[c], xs[c], ys[c], plans[c], lr[c]))
             for c, (pc, bc, prc, last, loss) in enumerate(zip(unstack(p, n), out_bn, unstack(prev, n), sched.last,
                                                              train_loss))]
 
