@@ -14,8 +14,8 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - an executor (where a round's clients run, `--engine NAME`): `registry.add_executor(executor)`, an `Executor` whose
   `open(job: Job)` returns a `Pool`;
 - a meta-gradient (`meta-train --meta-grad NAME`, its name the variant's tag): `registry.add_meta_grad(meta_grad)`,
-  a `MetaGradient` with `one(...)` for a client and `many(...)` for a group, returning `MetaGrad`s (the built-ins
-  `Fomaml` and `Ift` to build on);
+  a `MetaGradient` with `one(...)` for a client, returning a `MetaGrad` (a group runs it per client, or its
+  optional `many(...)`, `BatchesClients`; the built-ins `Fomaml` and `Ift` to build on);
 - a meta-net head (`meta-train --head NAME`: how BNNet's and LRNet's outputs become beta and eta, and how lambda is
   drawn): `registry.add_meta_head(head)`, a `MetaHead`;
 - a server step (`meta-train --meta-opt NAME`: how the server moves lambda each round): `registry.add_server_step(
@@ -25,7 +25,9 @@ A plugin is a module with `register(registry: api.Registry)`; it may say which A
 - the meta-nets' inputs (`meta-train --input-norm NAME`: how a client's statistics become BNNet's and LRNet's inputs,
   fitted on the seen clients): `registry.add_meta_inputs(entry)`, a `MetaInputs`;
 - a meta-signal (`meta-train --meta-signal NAME`: what each client's meta-gradient says to the federation, e.g.
-  relative to its own loss): `registry.add_meta_signal(entry)`, a `MetaSignal`.
+  relative to its own loss): `registry.add_meta_signal(entry)`, a `MetaSignal`;
+- an aggregator (`meta-train --aggregate NAME`: how the server combines a round's replies before its step):
+  `registry.add_aggregator(entry)`, an `Aggregator`.
 
 The helpers below are what those pieces need (rounds, seeding, state dicts, weights files). Importing this module
 does not import torch; the torch-side names load on first use.
@@ -46,6 +48,8 @@ from .methods.context import Client, ClientContext, Row, Setup, Trial
 from .methods.registry import POOLS, HandMade, Learned, Method, System, Tuned
 from .plugins import Registry
 from .protocols import (
+    Aggregator,
+    BatchesClients,
     Dataset,
     DatasetLoader,
     LrGradient,
@@ -205,8 +209,8 @@ __all__ = [
     # what a user brings
     "ModelFactory", "ModelSpec", "Source", "DatasetLoader", "Dataset", "channel_stats",
     "Method", "HandMade", "Tuned", "Learned", "System", "PFLSystem", "Outcome", "POOLS", "PretrainClient", "PretrainClients",
-    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad", "MetaInputs",
-    "MetaSignal",
+    "SystemTrainer", "Executor", "Job", "Pool", "MetaGradient", "MetaHead", "ServerStep", "LrGradient", "TakesLrGrad", "BatchesClients",
+    "MetaInputs", "MetaSignal", "Aggregator",
     # what a meta-gradient is handed and returns (Lambda: the meta-nets' tensors by name, in a server step's and a
     # meta-gradient's signatures), and the built-ins to build on
     "FinetuneResult", "MetaGrad", "Lambda", "Fomaml", "Ift", "random_batch",

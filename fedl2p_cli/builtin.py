@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def register(registry) -> None:
-    from .algorithms import heads, local, lr_grads, meta_inputs, meta_signals, server_steps
+    from .algorithms import aggregators, heads, local, lr_grads, meta_inputs, meta_signals, server_steps
     from .algorithms.meta_grads import BUILTIN as META_GRADS
     from .data.builtin_sources import SOURCES
     from .engine.batched import Batched
@@ -47,3 +47,5 @@ def register(registry) -> None:
         registry.add_meta_inputs(entry)
     for signal in meta_signals.BUILTIN:
         registry.add_meta_signal(signal)
+    for aggregator in aggregators.BUILTIN:
+        registry.add_aggregator(aggregator)

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, cast
 
 from .errors import FedL2PError
 from .protocols import (
+    Aggregator,
     LrGradient,
     MetaGradient,
     MetaHead,
@@ -121,8 +122,9 @@ SERVER_STEP: Kind[ServerStep] = Kind("server-step", "server step", "--meta-opt")
 LR_GRAD: Kind[LrGradient] = Kind("lr-grad", "LR meta-gradient", "--lr-grad")
 META_INPUTS: Kind[MetaInputs] = Kind("meta-inputs", "meta-net inputs", "--input-norm")
 META_SIGNAL: Kind[MetaSignal] = Kind("meta-signal", "meta-signal", "--meta-signal")
+AGGREGATOR: Kind[Aggregator] = Kind("aggregator", "aggregator", "--aggregate")
 KINDS = ("model", "dataset", "method", "system", "pretrain-algo", "executor", "meta-grad", "meta-head",
-         "server-step", "lr-grad", "meta-inputs", "meta-signal")  # EXECUTOR: in runtime.py
+         "server-step", "lr-grad", "meta-inputs", "meta-signal", "aggregator")  # EXECUTOR: in runtime.py
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .core.config import (
     stored,
     variant_words,
 )
-from .core.settings import DEFAULT_META_LR, LEARN_META_LR, Aggregator, ClientBNMode, EvalStats, MetaConfig
+from .core.settings import AGGREGATE_TAGS, DEFAULT_META_LR, LEARN_META_LR, ClientBNMode, EvalStats, MetaConfig
 
 Scheme = Literal["dirichlet", "shards"]
 Normalize = Literal["source", "partition"]
@@ -178,9 +178,11 @@ class MetaTrainConfig:
     client_weights: ClientWeights = opt("equal", "Weights of the clients' lambdas in the server's mean: samples = "
                                                    "by training size (the paper) | equal = one vote per client.",
                                         identity_default=True, tag=Tag({"equal": "eqw"}, 225), reference="samples")
-    aggregator: Aggregator = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | "
-                                         "median | trimmed-mean (20% cut at each end).", option="--aggregate",
-                                 identity_default=True, tag=Tag({"median": "median", "trimmed-mean": "trim"}, 220))
+    # a catalog entry (algorithms/aggregators.py; the stage checks the name)
+    aggregator: str = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | median | "
+                                  "trimmed-mean (20% cut at each end) | equal-norm (each client's change at the median "
+                                  "norm) | a plugin's.<plugin-aggregators>", option="--aggregate",
+                          identity_default=True, tag=Tag(lambda v, _c: AGGREGATE_TAGS.get(v, v.replace("-", "")), 220))
 
     def family(self) -> str:
         """The learned method (methods.Learned.family) its artifact belongs to: L2P with --local, else FedL2P."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from . import imports
 from .catalog import (
+    AGGREGATOR,
     API_VERSION,
     BUILTIN_MODULE,
     DATASET,
@@ -59,6 +60,7 @@ from .runtime import EXECUTOR
 
 if TYPE_CHECKING:
     from .protocols import (
+        Aggregator,
         LrGradient,
         MetaGradient,
         MetaHead,
@@ -132,9 +134,9 @@ class Registry:
 
     def add_meta_grad(self, meta_grad: MetaGradient) -> None:
         """A FedL2P meta-gradient (`--meta-grad NAME`, and its tag in variant names): an `api.MetaGradient` (its
-        `name`, `about`, `one(...)` for one client and `many(...)` for a group)."""
-        if not all(hasattr(meta_grad, a) for a in ("name", "about", "one", "many")):
-            raise PluginError(f"{self.plugin.describe()}: add_meta_grad takes an api.MetaGradient (name, about, one, many)")
+        `name`, `about` and `one(...)` for one client; a group runs it per client, or its optional `many(...)`)."""
+        if not all(hasattr(meta_grad, a) for a in ("name", "about", "one")):
+            raise PluginError(f"{self.plugin.describe()}: add_meta_grad takes an api.MetaGradient (name, about, one)")
         self._add(META_GRAD, meta_grad.name, meta_grad)
 
     def add_meta_head(self, head: MetaHead) -> None:
@@ -172,6 +174,13 @@ class Registry:
         if not all(hasattr(entry, a) for a in ("name", "about", "weigh")):
             raise PluginError(f"{self.plugin.describe()}: add_meta_signal takes an api.MetaSignal (name, about, weigh)")
         self._add(META_SIGNAL, entry.name, entry)
+
+    def add_aggregator(self, entry: Aggregator) -> None:
+        """How a FedL2P server combines a round's replies (`meta-train --aggregate NAME`): an `api.Aggregator` (its
+        `name`, `about` and `combine(sent, lams, weights)`)."""
+        if not all(hasattr(entry, a) for a in ("name", "about", "combine")):
+            raise PluginError(f"{self.plugin.describe()}: add_aggregator takes an api.Aggregator (name, about, combine)")
+        self._add(AGGREGATOR, entry.name, entry)
 
     def _add(self, kind: Kind[T], name: str, value: T) -> None:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):

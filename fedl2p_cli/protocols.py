@@ -264,6 +264,21 @@ class ServerStep(Protocol):
              lr: float) -> tuple[Lambda, dict[str, Tensor]]: ...
 
 
+class Aggregator(Protocol):
+    """How the server combines the round's replies into one lambda (`meta-train --aggregate NAME`), before the server
+    step: `combine(sent, lams, weights)` with `sent` the lambda the clients received, `lams` their replies and
+    `weights` one per reply (`--client-weights`). The built-ins: `mean` (the paper's), `median`, `trimmed-mean` and
+    `equal-norm` (algorithms/aggregators.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def about(self) -> str: ...
+
+    def combine(self, sent: Lambda, lams: list[Lambda], weights: list[float]) -> Lambda: ...
+
+
 class LrGradient(Protocol):
     """The learned LRs' meta-gradient (`meta-train --lr-grad NAME`): `path(ft)` is the direction along which the
     fine-tuning's LRs moved theta* (per parameter tensor; None: the meta-gradient's own, FOMAML+'s last step or the
@@ -321,7 +336,9 @@ HyperMany = Callable[["Lambda", "Tensor", "Tensor"], tuple["Tensor", "Tensor"]] 
 
 
 class MetaGradient(Protocol):
-    """A meta-gradient as the catalog holds it: its `--meta-grad` name (and variant tag) and one line about it."""
+    """A meta-gradient as the catalog holds it: its `--meta-grad` name (and variant tag), one line about it and `one`,
+    a client's meta-gradient. That is all an entry must have: a group of clients (the batched executor) runs `one` per
+    client unless the entry also has `many` (`BatchesClients`)."""
 
     @property
     def name(self) -> str: ...
@@ -334,6 +351,12 @@ class MetaGradient(Protocol):
         """The meta-gradient w.r.t. lambda after fine-tuning `ft` (Alg. 1 line 10), its batches drawn from `gen`
         after the fine-tuning's."""
         ...
+
+
+@runtime_checkable
+class BatchesClients(Protocol):
+    """A meta-gradient that computes a group of clients as one computation (optional): the built-ins vmap the same
+    one-client function their `one` calls (core.hypergrad's `*_client`, core.batched)."""
 
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,

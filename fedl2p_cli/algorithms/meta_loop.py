@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from ..core.aggregate import reject_reason, robust_average, update_norms
+from ..core.aggregate import reject_reason, update_norms
 from ..core.client import Timer
 from ..engine.loop import LoopState, group_of, nest, sample_clients
 from ..errors import FedL2PError
@@ -22,11 +22,11 @@ from .fedl2p import ClientResult, Diverged
 if TYPE_CHECKING:
     from ..configs import MetaTrainConfig
     from ..core.metanets import Lambda
-    from ..protocols import MetaHead, ServerStep
+    from ..protocols import Aggregator, MetaHead, ServerStep
 
 
 class Federation(Protocol):
-    """What the loop reads of the run it serves: its settings, its --server-step entry, the clients it samples from,
+    """What the loop reads of the run it serves: its settings, its --meta-opt and --aggregate entries, the clients it samples from,
     a client's training-set size (None: unknown, a site's own) and what lambda hands the clients now (a snapshot for
     the history; {} where no statistics are at hand)."""
 
@@ -35,6 +35,9 @@ class Federation(Protocol):
 
     @property
     def server_step(self) -> ServerStep: ...
+
+    @property
+    def aggregator(self) -> Aggregator: ...
 
     def seen(self) -> list[int]: ...
 
@@ -155,7 +158,7 @@ class MetaStrategy:
             st.extra["stale"] += 1
         with timer.section("aggregate"):
             weights = [1.0 if self.cfg.client_weights == "equal" else float(r.n) for r in results]
-            new = robust_average([r.lam for r in results], weights, self.cfg.aggregator)
+            new = self.ctx.aggregator.combine(lam, [r.lam for r in results], weights)
             new, state = self.ctx.server_step.step(lam, new, group_of(st.tensors, "opt"), rnd + 1, self.cfg.server_lr)
             if state:  # a step with moments (fedadam): checkpointed with the loop
                 st.tensors |= nest("opt", state)

@@ -171,7 +171,8 @@ PLUGIN_KINDS = {"<plugin-models>": "model", "<plugin-datasets>": "dataset", "<pl
                 "<plugin-systems>": "system", "<plugin-methods>": "method", "<plugin-meta-grads>": "meta-grad",
                 "<plugin-executors>": "executor", "<plugin-meta-heads>": "meta-head",
                 "<plugin-server-steps>": "server-step", "<plugin-lr-grads>": "lr-grad",
-                "<plugin-meta-inputs>": "meta-inputs", "<plugin-meta-signals>": "meta-signal"}
+                "<plugin-meta-inputs>": "meta-inputs", "<plugin-meta-signals>": "meta-signal",
+                "<plugin-aggregators>": "aggregator"}
 
 
 def load_pieces(ctx) -> None:

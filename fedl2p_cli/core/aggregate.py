@@ -1,4 +1,5 @@
-"""Server-side aggregation: FedAvg of tensor dicts weighted by sample counts."""
+"""Server-side aggregation: FedAvg of tensor dicts weighted by sample counts, the robust rules, and the equal-norm
+mean of the clients' changes."""
 
 from __future__ import annotations
 
@@ -64,4 +65,22 @@ def robust_average(states: list[dict[str, Tensor]], weights: list[float], rule: 
         cut = int(trim * len(states))
         kept = stack.sort(0).values[cut:len(states) - cut]
         out[k] = kept.mean(0).to(states[0][k].dtype)
+    return out
+
+
+def equal_norm_average(sent: dict[str, Tensor], states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
+    """sent + the weighted mean of the clients' changes, each rescaled to the round's median change norm: every client
+    moves lambda by the same amount, so a client whose change is ten times smaller (a low-loss kind: a smaller
+    gradient) pulls as hard as the others, and the round's step stays the size of a typical client's. A client that
+    did not move counts with its zero change."""
+    norms = update_norms(sent, states)
+    target = float(torch.tensor(norms, dtype=torch.float64).quantile(0.5))  # an even count: the two middles' mean
+    scale = [target / n if n > 0 else 0.0 for n in norms]
+    total = float(sum(weights))
+    out = {}
+    for k, ref in sent.items():
+        acc = torch.zeros_like(ref, dtype=torch.float64)
+        for s, w, c in zip(states, weights, scale):
+            acc += (s[k].to(torch.float64) - ref.to(torch.float64)) * (c * w / total)
+        out[k] = (ref.to(torch.float64) + acc).to(ref.dtype)
     return out

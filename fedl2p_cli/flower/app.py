@@ -38,7 +38,7 @@ from ..engine.rounds import run_rounds
 from ..errors import FedL2PError
 from ..io import weights
 from ..models import registry
-from ..protocols import ServerStep
+from ..protocols import Aggregator, ServerStep
 from ..runtime import Runtime
 from ..stages import meta_train as mt
 from ..stages.pretrain import write_history
@@ -202,6 +202,7 @@ class _Sites:
     step, and which client ids the SuperNodes hold; no data, so no client's size and no snapshot of lambda."""
     cfg: MetaTrainConfig
     server_step: ServerStep
+    aggregator: Aggregator
     ids: tuple[int, ...]
 
     def seen(self) -> list[int]:
@@ -404,7 +405,7 @@ def serve(grid, rc, cfg: MetaTrainConfig, log: ServerLog, Message, RecordDict) -
     node_of, names = site_names(join(grid, rc, log.say, Message, RecordDict))
     # the federation the loop serves: no model or statistics (the sites have them), the sites in place of a partition
     entries = mt.Entries.of(cfg, catalog)
-    sites = _Sites(cfg, entries.server_step, tuple(sorted(node_of)))
+    sites = _Sites(cfg, entries.server_step, entries.aggregator, tuple(sorted(node_of)))
     lam0 = initial_lambda(cfg, entries.head, spec["n_bn"], spec["n_x"], len(spec["params"]))
     cfg_dict = dataclasses.asdict(cfg)
 

@@ -14,6 +14,7 @@ from typing import Any
 from .. import plugins, tracking
 from ..artifacts import Artifact, Draft, Store, artifact_id
 from ..catalog import (
+    AGGREGATOR,
     DATASET,
     LR_GRAD,
     META_GRAD,
@@ -70,7 +71,7 @@ PIECES: dict[str, tuple[Kind[object], ...]] = {
     "dataset": (DATASET,), "model": (MODEL,), "algo": (PRETRAIN_ALGO, SYSTEM), "methods": (METHOD,),
     "meta.meta_grad": (META_GRAD,), "meta.head": (META_HEAD,), "meta.lr_grad": (LR_GRAD,),
     "meta_opt": (SERVER_STEP,), "input_norm": (META_INPUTS,),
-    "meta.meta_signal": (META_SIGNAL,)}  # dotted: a nested field
+    "meta.meta_signal": (META_SIGNAL,), "aggregator": (AGGREGATOR,)}  # dotted: a nested field
 
 
 def plugin_records(store: Store, config: dict, parents: dict[str, str], runtime: Runtime) -> list[dict]:

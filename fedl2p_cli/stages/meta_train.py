@@ -27,7 +27,7 @@ from ..algorithms.meta_loop import (  # noqa: F401 (the loop's names, read here 
 from ..algorithms.meta_signals import with_signal
 from ..analysis import spread
 from ..artifacts import Artifact, Draft, Store
-from ..catalog import LR_GRAD, META_GRAD, META_HEAD, META_INPUTS, META_SIGNAL, SERVER_STEP, Catalog
+from ..catalog import AGGREGATOR, LR_GRAD, META_GRAD, META_HEAD, META_INPUTS, META_SIGNAL, SERVER_STEP, Catalog
 from ..configs import MetaTrainConfig, config_from_dict
 from ..core.client import Timer
 from ..core.config import validate
@@ -41,7 +41,7 @@ from ..errors import FedL2PError
 from ..io import weights
 from ..io.partition_h5 import Partition
 from ..io.stats_h5 import StatsTable
-from ..protocols import MetaHead, MetaInputs, ServerStep
+from ..protocols import Aggregator, MetaHead, MetaInputs, ServerStep
 from ..runtime import Runtime
 from .common import NoProgress, Progress, build_or_reuse, check_runtime, config_dict, watch, write_history
 from .interface import Inputs, StageContext
@@ -69,16 +69,18 @@ def meta_gradient_of(meta: MetaConfig, catalog: Catalog) -> MetaGradient:
 @dataclass(frozen=True)
 class Entries:
     """A meta-train run's catalog entries, looked up once in the catalog handed over: the meta-gradient (with its
-    LR path), the head, the server step and the inputs."""
+    LR path), the head, the server step, the inputs and the aggregator."""
     meta_gradient: MetaGradient
     head: MetaHead
     server_step: ServerStep
     inputs: MetaInputs
+    aggregator: Aggregator
 
     @classmethod
     def of(cls, cfg: MetaTrainConfig, catalog: Catalog) -> Entries:
         return cls(meta_gradient_of(cfg.meta, catalog), catalog.get(META_HEAD, cfg.meta.head),
-                   catalog.get(SERVER_STEP, cfg.meta_opt), catalog.get(META_INPUTS, cfg.input_norm))
+                   catalog.get(SERVER_STEP, cfg.meta_opt), catalog.get(META_INPUTS, cfg.input_norm),
+                   catalog.get(AGGREGATOR, cfg.aggregator))
 
 
 @dataclass
@@ -114,6 +116,10 @@ class Context:
     @property
     def server_step(self) -> ServerStep:
         return self.entries.server_step
+
+    @property
+    def aggregator(self) -> Aggregator:
+        return self.entries.aggregator
 
     def seen(self) -> list[int]:
         return self.part.pool(False)
