@@ -110,8 +110,13 @@ asyncio.run(g.run("127.0.0.1", port, gw, g.server_tls(certs / "server.pem", cert
 
 
 class Edge:
-    def __init__(self, name: str, proc: subprocess.Popen, port: int, log: Path):
+    def __init__(self, name: str, proc: subprocess.Popen, port: int, log: Path, *more_logs: Path):
         self.name, self.proc, self.port, self.log = name, proc, port, log
+        self.logs = (log, *more_logs)
+
+    def log_bytes(self) -> int:
+        """Bytes in the edge's logs (nginx: its access and error logs)."""
+        return sum(p.stat().st_size for p in self.logs if p.exists())
 
     def pids(self) -> list[int]:
         out, todo = [], [self.proc.pid]
@@ -153,7 +158,7 @@ def start_nginx(up: int, certs: Path, tmp: Path) -> Edge:
                              "-c", str(conf), "-g", user], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             start_new_session=True)
     wait_for_port(port, 30)
-    return Edge("nginx", proc, port, tmp / "nginx" / "access.log")
+    return Edge("nginx", proc, port, tmp / "nginx" / "access.log", tmp / "nginx" / "error.log")
 
 
 # ---- measuring ---------------------------------------------------------------------------------------------------
@@ -199,6 +204,19 @@ class Monitor(threading.Thread):
         self.join()
         ticks = cpu_ticks(self.edge.pids()) - self.c0
         return 100 * ticks / os.sysconf("SC_CLK_TCK") / (time.monotonic() - self.t0), self.peak
+
+
+def machine_busy() -> tuple[int, int]:
+    """Busy and total jiffies of all cores since boot (/proc/stat): the machine's load beside the edge's."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended (the attacker's process, once joined)."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def site_ctx(certs: Path) -> ssl.SSLContext:
@@ -459,10 +477,11 @@ def many(n: int, first: int = 100) -> list[str]:
     return [f"127.{first + i // 250}.{i % 250}.1" for i in range(n)]
 
 
-def attack_many_refused(port, certs, end, n=500, threads=50):
-    """Calls the upstream refuses (401) from `n` /24s, one kept-alive connection each (reopened when closed), driven
-    by `threads` threads that each take their share of the prefixes in turn: every prefix stays under its limits."""
-    raw = request(b"/v1/fleet/get-run")
+def attack_many_refused(port, certs, end, n=500, threads=50, raw=None):
+    """Calls the upstream refuses (`raw`, default a `get-run`: 401) from `n` /24s, one kept-alive connection each
+    (reopened when closed), driven by `threads` threads that each take their share of the prefixes in turn: every
+    prefix stays under its limits."""
+    raw = raw or request(b"/v1/fleet/get-run")
     sources = many(n)
 
     def loop(mine: list[str]) -> None:
@@ -488,29 +507,81 @@ def attack_many_refused(port, certs, end, n=500, threads=50):
         t.join()
 
 
-def attack_many_slow_bodies(port, certs, end, prefixes=40, per_prefix=16, every=10.0):
-    """`prefixes` x `per_prefix` connections (each prefix at its --max-per-peer) that send a head declaring 1,000
-    bytes of body and then 1 byte every `every` seconds; a closed one is reopened."""
-    head = request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"1000"})
-    slots = [src for src in many(prefixes, 110) for _ in range(per_prefix)]
+def keep_open(slots: list[str], end: float, open_one, pause: float, each=None) -> None:
+    """One connection per entry of `slots` (its source address), opened by `open_one(src)` and opened again when the
+    edge closes it, until `end`; `each(sock)` runs on every open one each round (default: a read that sees a close)."""
     socks: list = [None] * len(slots)
     while time.monotonic() < end:
         for i, src in enumerate(slots):
             try:
                 if socks[i] is None:
-                    socks[i] = _tls(port, src, certs)
-                    socks[i].sendall(head)
-                socks[i].sendall(b"x")
+                    socks[i] = open_one(src)
+                else:
+                    (each or _seen_closed)(socks[i])
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                pass
             except OSError:
                 with contextlib.suppress(OSError, AttributeError):
                     socks[i].close()
                 socks[i] = None
             if time.monotonic() >= end:
                 break
-        time.sleep(min(every, max(0.0, end - time.monotonic())))
+        time.sleep(min(pause, max(0.0, end - time.monotonic())))
     for s in socks:
         with contextlib.suppress(OSError, AttributeError):
             s.close()
+
+
+def _seen_closed(s) -> None:
+    if s.recv(1024) == b"":
+        raise ConnectionError
+
+
+def attack_many_slow_bodies(port, certs, end, prefixes=40, per_prefix=16, every=10.0):
+    """`prefixes` x `per_prefix` connections (each prefix at its --max-per-peer) that send a head declaring 1,000
+    bytes of body and then 1 byte every `every` seconds; a closed one is reopened."""
+    head = request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": b"1000"})
+
+    def open_one(src):
+        s = _tls(port, src, certs)
+        s.sendall(head + b"x")
+        return s
+    keep_open([src for src in many(prefixes, 110) for _ in range(per_prefix)], end, open_one, every,
+              lambda s: s.sendall(b"x"))
+
+
+def attack_many_400(port, certs, end):
+    """Unparsable bodies (answered 400 by the SuperLink) from 500 /24s."""
+    attack_many_refused(port, certs, end, raw=request(b"/v1/fleet/get-run", body=b"\xff\xff"))
+
+
+def attack_many_412(port, certs, end):
+    """`activate-node` signed with a key the SuperLink does not know (answered 412) from 500 /24s."""
+    attack_many_refused(port, certs, end, raw=request(b"/v1/fleet/activate-node"))
+
+
+def attack_many_budget_hold(port, certs, end, prefixes=100, per_prefix=2, sent=1 << 20):
+    """Heads declaring 4 MiB from `prefixes` /24s, `per_prefix` connections each, that send `sent` bytes of the body
+    at once and then nothing: together they would hold 200 MiB of bodies; a closed one is reopened."""
+    head = request(b"/v1/fleet/push-object", body=b"", headers={b"content-length": str(4 << 20).encode()})
+
+    def open_one(src):
+        s = _tls(port, src, certs)
+        s.settimeout(1)
+        s.sendall(head + b"\0" * sent)
+        s.setblocking(False)
+        return s
+    keep_open([src for src in many(prefixes, 130) for _ in range(per_prefix)], end, open_one, 0.1)
+
+
+def attack_many_silent(port, certs, end, prefixes=500, per_prefix=2):
+    """TCP connections from `prefixes` /24s, `per_prefix` each, that never send a byte (not even a ClientHello);
+    a closed one is reopened."""
+    def open_one(src):
+        s = _connect(port, src, 1)
+        s.setblocking(False)
+        return s
+    keep_open([src for src in many(prefixes, 140) for _ in range(per_prefix)], end, open_one, 0.2)
 
 
 def attack_many_slow_reads(port, certs, end):
@@ -547,6 +618,10 @@ MANY = [  # the many-prefix mode (issue 81): each attacker in a /24 of its own
     ("many: storm from 1000 /24s, 1000/s", attack_storm, {"addresses": 1000, "rate": 1000}),
     ("many: slow reads from 128 /24s", attack_many_slow_reads, {"warmup": 2.0}),
     ("many: replayed ClientHello from 48 /24s", attack_many_hellos, {}),
+    ("many: 400 flood: unparsable bodies from 500 /24s", attack_many_400, {}),
+    ("many: 412 flood: activate-node with an unknown key from 500 /24s", attack_many_412, {}),
+    ("many: budget hold: 200 heads of 4 MiB from 100 /24s, 1 MiB sent each", attack_many_budget_hold, {"warmup": 4.0}),
+    ("many: silent connections: 1000 from 500 /24s", attack_many_silent, {"warmup": 4.0}),
 ]
 
 ATTACK_LIST = [
@@ -577,7 +652,8 @@ def measure(edge: Edge, name: str, fn, kw, certs: Path, seconds: float, counter,
     otherwise carry one attack's effect into the next)."""
     global SITE_IP
     SITE_IP = f"127.200.{k}.1"
-    before = counter.value
+    before, logged, t0 = counter.value, edge.log_bytes(), time.monotonic()
+    busy0, attacker0 = machine_busy(), children_cpu()
     kw = dict(kw)
     warmup = kw.pop("warmup", 1.0)
     kept = site_client(edge.port, certs)
@@ -594,6 +670,10 @@ def measure(edge: Edge, name: str, fn, kw, certs: Path, seconds: float, counter,
         if proc.is_alive():
             proc.kill()
     cpu, peak = mon.result()
+    elapsed = time.monotonic() - t0
+    log_rate = (edge.log_bytes() - logged) / elapsed
+    busy1 = machine_busy()
+    machine = 100 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * (os.cpu_count() or 1)
     reached = counter.value - before
     lat = [ms for mode in res.values() for code, ms in mode if code == 200] or [float("nan")]
     time.sleep(1.5)  # let the edge settle before the next attack
@@ -602,7 +682,9 @@ def measure(edge: Edge, name: str, fn, kw, certs: Path, seconds: float, counter,
             "fresh_ok": f"{sum(c == 200 for c, _ in res['fresh'])}/{len(res['fresh'])}",
             "codes": sorted({c for mode in res.values() for c, _ in mode}),
             "p50_ms": round(statistics.median(lat), 1), "max_ms": round(max(lat), 1),
-            "cpu_pct": round(cpu), "peak_rss_mb": round(peak, 1),
+            "cpu_pct": round(cpu), "peak_rss_mb": round(peak, 1), "log_bytes_per_s": round(log_rate),
+            "attacker_cpu_pct": round(100 * (children_cpu() - attacker0) / elapsed),
+            "machine_cpu_pct": round(machine), "load1": round(os.getloadavg()[0], 1),
             "strangers_upstream": reached % 1_000_000, "outside_allowlist_upstream": reached // 1_000_000}
 
 
@@ -688,7 +770,7 @@ def report(out: dict) -> str:
     from fedl2p_cli.analysis import tables
     edges = list(dict.fromkeys(r["edge"] for r in out["rows"]))
     cols = ["attack"] + [f"{e}: {k}" for e in edges
-                         for k in ("site ok kept/fresh", "p50/max ms", "CPU %, RSS MB, strangers upstream")]
+                         for k in ("site ok kept/fresh", "p50/max ms", "CPU %, RSS MB, log B/s, strangers upstream")]
     by = {(r["attack"], r["edge"]): r for r in out["rows"]}
     body = []
     for attack in dict.fromkeys(r["attack"] for r in out["rows"]):
@@ -696,7 +778,8 @@ def report(out: dict) -> str:
         for e in edges:
             r = by.get((attack, e))
             row += ([f"{r['kept_ok']} / {r['fresh_ok']}", f"{r['p50_ms']} / {r['max_ms']}",
-                     f"{r['cpu_pct']}, {r['peak_rss_mb']}, {r['strangers_upstream']}"] if r else ["", "", ""])
+                     f"{r['cpu_pct']}, {r['peak_rss_mb']}, {r.get('log_bytes_per_s', '-')}, "
+                     f"{r['strangers_upstream']}"] if r else ["", "", ""])
         body.append(row)
     reach = "; ".join(f"{r['edge']}: {r['answered_4xx_5xx_or_cut']}/{r['requests']} refused, "
                       f"{r['outside_allowlist_upstream']} outside the allowlist upstream" for r in out["reach"])

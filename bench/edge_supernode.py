@@ -97,10 +97,7 @@ def run_edge(edge: str, tmp: Path, old: Path | None, seconds: float, after: floa
         work.mkdir()
         fed = federation(edge, work, old)
         try:
-            fed.start_link()
-            assert fed.register(1).returncode == 0
-            (work / "site").mkdir()
-            node = fed.start_node(1, work / "site", "hospital-a")
+            node = fed.start_one_site(work)
             log = fed.log("gateway")  # the gateway's standard output, or nginx's --access-log
             deadline = time.time() + 60
             while time.time() < deadline and polls(log, 0, time.time() + 5)[0] == 0:

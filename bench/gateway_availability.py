@@ -23,12 +23,13 @@ import struct
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedl2p_cli.flower import fleet_routes as fr  # noqa: E402
 from fedl2p_cli.flower import gateway as gw  # noqa: E402
+from tests.gateway_attacks import StandIn  # noqa: E402
 
 BODY = b"\x08\x01"
 
@@ -48,7 +49,7 @@ class SuperLink(ThreadingHTTPServer):
     def __init__(self, delay: float = 0.0):
         self.calls = 0
 
-        class H(BaseHTTPRequestHandler):
+        class H(StandIn):
             protocol_version = "HTTP/1.1"
 
             def do_POST(h):  # noqa: N802
@@ -56,14 +57,7 @@ class SuperLink(ThreadingHTTPServer):
                 self.calls += 1
                 time.sleep(delay)
                 ok = h.headers.get("flwr-public-key") == "site"
-                h.send_response(200 if ok else 401)
-                h.send_header("content-type", "application/protobuf")
-                h.send_header("content-length", "1")
-                h.end_headers()
-                h.wfile.write(b"\x00")
-
-            def log_message(h, *a):
-                pass
+                h.answer(200 if ok else 401)
 
         super().__init__(("127.0.0.1", 0), H)
         threading.Thread(target=self.serve_forever, daemon=True).start()

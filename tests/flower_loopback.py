@@ -139,6 +139,13 @@ class Loopback:
                                        *(["--max-retries", str(retries)] if retries is not None else []),
                                        "--node-config", f"site-dir='{site_dir}' site-name='{name}'{extra}"])
 
+    def start_one_site(self, work: Path) -> subprocess.Popen:
+        """The SuperLink (and its edge), then SuperNode 1 registered and started, holding work/site."""
+        self.start_link()
+        assert self.register(1).returncode == 0
+        (work / "site").mkdir()
+        return self.start_node(1, work / "site", "hospital-a")
+
     def kill(self, name: str) -> None:
         """kill -9 a process and its whole group (a crash)."""
         p = self.procs.pop(name)

@@ -8,6 +8,8 @@ encoding, overlong UTF-8, backslashes, smuggling through conflicting lengths).""
 
 from __future__ import annotations
 
+from http.server import BaseHTTPRequestHandler
+
 CONTROL = ("register-node", "unregister-node", "list-nodes", "list-runs", "stop-run", "start-run", "stream-logs")
 BODY = b"\x08\x01"  # a tiny protobuf-looking body
 
@@ -18,6 +20,20 @@ def request(target: bytes, method: bytes = b"POST", headers: dict[bytes, bytes] 
     h.update(headers or {})
     lines = b"".join(k + b": " + v + b"\r\n" for k, v in h.items() if v is not None)
     return method + b" " + target + b" HTTP/1.1\r\n" + lines + b"\r\n" + body
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """The handler of a stand-in SuperLink (the tests' and benches' upstreams): a one-byte protobuf answer, no log."""
+
+    def answer(h, status: int) -> None:
+        h.send_response(status)
+        h.send_header("content-type", "application/protobuf")
+        h.send_header("content-length", "1")
+        h.end_headers()
+        h.wfile.write(b"\x00")
+
+    def log_message(h, *args) -> None:
+        pass
 
 
 def traversal() -> list[tuple[str, bytes]]:

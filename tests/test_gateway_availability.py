@@ -11,12 +11,12 @@ import socket
 import struct
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from tests import test_gateway
-from tests.gateway_attacks import request
+from tests.gateway_attacks import StandIn, request
 from tests.test_gateway import Running, limits, read_all, status
 
 pytest.importorskip("httpx")
@@ -32,20 +32,13 @@ class Refusing(ThreadingHTTPServer):
     def __init__(self, delay: float = 0.0, ok_key: str | None = None, refuse: int = 401):
         self.calls = 0
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StandIn):
             def do_POST(h):  # noqa: N802
                 h.rfile.read(int(h.headers.get("content-length", 0)))
                 self.calls += 1
                 time.sleep(delay)
                 ok = ok_key is not None and h.headers.get("flwr-public-key") == ok_key
-                h.send_response(200 if ok else refuse)
-                h.send_header("content-type", "application/protobuf")
-                h.send_header("content-length", "1")
-                h.end_headers()
-                h.wfile.write(b"\x00")
-
-            def log_message(h, *args):
-                pass
+                h.answer(200 if ok else refuse)
 
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -457,7 +450,7 @@ class Big(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, size: int):
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StandIn):
             protocol_version = "HTTP/1.1"
 
             def do_POST(h):  # noqa: N802
@@ -467,9 +460,6 @@ class Big(ThreadingHTTPServer):
                 h.end_headers()
                 with contextlib.suppress(OSError):
                     h.wfile.write(b"\0" * size)
-
-            def log_message(h, *args):
-                pass
 
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()

@@ -8,15 +8,16 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import re
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from fedl2p_cli.flower.admission import Calls, Slots
-from tests.gateway_attacks import request
+from tests.gateway_attacks import StandIn, request
 from tests.test_gateway import Running, limits, read_all, status
 from tests.test_gateway_availability import close_all, connect, one_response, site_call
 
@@ -109,7 +110,7 @@ class SlowStrangers(ThreadingHTTPServer):
         self.held = self.most = 0
         lock = threading.Lock()
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StandIn):
             protocol_version = "HTTP/1.1"
 
             def do_POST(h):  # noqa: N802
@@ -122,13 +123,7 @@ class SlowStrangers(ThreadingHTTPServer):
                     time.sleep(delay)
                     with lock:
                         self.held -= 1
-                h.send_response(200 if site else 401)
-                h.send_header("content-length", "1")
-                h.end_headers()
-                h.wfile.write(b"\x00")
-
-            def log_message(h, *args):
-                pass
+                h.answer(200 if site else 401)
 
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -276,3 +271,68 @@ def test_a_prefix_is_fresh_until_it_comes_back_within_two_seconds():
     assert r.fresh("p", now=0.0) and r.take("p", now=0.0)
     assert not r.fresh("p", now=1.0)  # a storm's prefix, back a second later (its bucket long refilled)
     assert r.take("p", now=1.0) and r.fresh("p", now=3.0)
+
+
+def test_strangers_calls_forwarded_a_second_are_bounded_together_whatever_the_number_of_prefixes():
+    """8 prefixes pipeline 5 calls each (each prefix under every per-prefix limit), all at once: strangers together
+    get 2 x --new-per-second calls forwarded a second (a burst of twice that) in each of two buckets (prefixes refused
+    lately, and the others), so the rest are answered 503 with Retry-After here, and the SuperLink's work for them
+    stays bounded (each forwarded call costs the gateway a call's CPU both ways)."""
+    up = SlowStrangers(delay=0.0)  # strangers' calls answered 401
+    g = Running(up, gw.Limits(new_per_second=2, header_timeout=5, idle_timeout=5))  # 4 calls/s, a burst of 8
+    try:
+        t0 = time.monotonic()
+        socks = [connect(g.port, src) for src in prefixes(8, first=60)]
+        for s in socks:
+            s.sendall(request(b"/v1/fleet/get-run") * 4 + request(b"/v1/fleet/get-run", headers={b"connection": b"close"}))
+        got = [int(code) for s in socks for code in re.findall(rb"HTTP/1.1 (\d{3}) ", read_all(s))]
+        bound = 2 * (8 + 4 * (time.monotonic() - t0))
+        close_all(socks)
+        forwarded = got.count(401)
+        assert 8 <= forwarded <= bound and got.count(503) >= 1 and len(got) < 40, got
+        assert "calls a second forwarded for connections without an accepted call" in g.out.getvalue()
+    finally:
+        g.stop()
+        up.shutdown()
+
+
+def test_a_tls_connection_refused_at_accept_is_held_before_its_reset_a_bounded_number_at_once(upstream, tmp_path,
+                                                                                              monkeypatch):
+    """A refused TLS connection is reset only after HOLD_REFUSED unread (a flood that reconnects at once is slowed to
+    one try per hold, at no CPU), and at most HOLD_MAX are held: past that, the reset is at once."""
+    pytest.importorskip("cryptography")
+    from fedl2p_cli.flower import certs as flower_certs
+    monkeypatch.setattr(gw, "HOLD_REFUSED", 30.0)
+    monkeypatch.setattr(gw, "HOLD_MAX", 2)
+    flower_certs.make(tmp_path, 1, ["127.0.0.1"])
+    tls = gw.server_tls(tmp_path / "server.pem", tmp_path / "server.key")
+    g = Running(upstream, gw.Limits(new_per_second=1, header_timeout=5), tls=tls)  # a burst of 2 a prefix
+    try:
+        socks = [connect(g.port, "127.230.0.1") for _ in range(6)]  # 2 admitted, 4 refused
+        time.sleep(0.5)
+        held = 0
+        for s in socks[2:]:
+            s.sendall(b"\x16\x03\x01\x00\x05hello")  # a byte of a ClientHello: a reset connection errs or ends
+            s.settimeout(0.5)
+            try:
+                held += s.recv(1) == b"" and 0
+            except TimeoutError:
+                held += 1  # still open, unanswered
+            except OSError:
+                pass
+        close_all(socks)
+        assert held == 2, held
+    finally:
+        g.stop()
+
+
+def test_a_missing_sniffio_is_looked_for_once(monkeypatch):
+    """httpcore tries `import sniffio` on every call; where it is not installed the gateway says so once, so that the
+    import fails from sys.modules instead of a search of the disk each time."""
+    import importlib.util
+    import sys
+    monkeypatch.setitem(sys.modules, "sniffio", None)
+    monkeypatch.delitem(sys.modules, "sniffio")
+    missing = importlib.util.find_spec("sniffio") is None
+    gw.sniffio_absent()
+    assert ("sniffio" in sys.modules and sys.modules["sniffio"] is None) == missing

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.flower_loopback import REPO, free_ports, wait_for_port
-from tests.gateway_attacks import request
+from tests.gateway_attacks import StandIn, request
 
 pytest.importorskip("httpx")
 pytest.importorskip("h11")
@@ -51,7 +51,7 @@ class SlowUpstream(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, delay: float, certs: Path):
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StandIn):
             protocol_version = "HTTP/1.1"
 
             def do_POST(h):  # noqa: N802
@@ -60,13 +60,7 @@ class SlowUpstream(ThreadingHTTPServer):
                     time.sleep(delay)
                 h.rfile.read(n)
                 ok = h.headers.get("flwr-public-key") == "site"
-                h.send_response(200 if ok else 401)
-                h.send_header("content-length", "1")
-                h.end_headers()
-                h.wfile.write(b"\x00")
-
-            def log_message(h, *args):
-                pass
+                h.answer(200 if ok else 401)
 
         super().__init__(("127.0.0.1", 0), Handler)
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # TLS, as the SuperLink behind a deployment's gateway

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
+import importlib.util
 import ipaddress
 import socket
 import ssl
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 SEND_TIMEOUT = 10.0  # seconds a client has to take one of the gateway's own (short) answers
 TURNED, TURNED_FOR = 4, 10.0  # a prefix the gateway refused this often for load in this many seconds: a flood's
+# a TLS connection refused at accept is held this long, unread, before its reset, at most HOLD_MAX at once: a client
+# that reconnects as soon as it is reset (a flood's) then costs an accept and a reset a second, not as fast as it goes
+HOLD_REFUSED, HOLD_MAX = 1.0, 1024
 # response headers the gateway recomputes or that belong to one connection
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"content-encoding", b"upgrade",
        b"te", b"trailer", b"proxy-authenticate"}
@@ -90,6 +94,12 @@ class Limits:
     def strangers_new_per_second(self) -> float:
         """New connections a second from prefixes that are not sites', all together (each a TLS handshake)."""
         return 2 * self.new_per_second  # at 5 x, a site's p50 under 500 /24s of refused calls was 1.5-2 x as long
+
+    @property
+    def strangers_calls_per_second(self) -> float:
+        """Calls of connections without an accepted call forwarded to the SuperLink a second, all prefixes together, in
+        each of two buckets (prefixes refused lately, and the others): each costs the gateway a call's CPU both ways."""
+        return 2 * self.new_per_second
 
 
 class Reject(Exception):
@@ -199,9 +209,11 @@ class Gateway:
         self.calls = Calls(limits.stranger_calls)
         self.new = Rate(limits.new_per_second)
         self.strangers_new = Rate(limits.strangers_new_per_second)  # two buckets: prefixes seen lately, and the others
+        self.strangers_calls = Rate(limits.strangers_calls_per_second)  # two: prefixes refused lately, and the others
         self.budget = Budget(limits.body_budget)
         self.tls: ssl.SSLContext | None = None  # set by `run`: the handshake happens here, so it is bounded and logged
         self.tls_closed = 0  # TLS connections closed since the last collection of their buffers
+        self.holding = 0  # refused connections held before their reset (HOLD_REFUSED)
 
     @property
     def active(self) -> int:
@@ -275,14 +287,23 @@ class Gateway:
 
     async def _refuse(self, writer, peer: str, pfx: str, why: str) -> None:
         """A connection not admitted: a 503 with Retry-After (plain HTTP), or a reset before any TLS byte (flwr gives up
-        on an error that names TLS, and retries a reset)."""
+        on an error that names TLS, and retries a reset), held `HOLD_REFUSED` unread first (no CPU: its reads paused)."""
         self.log.stranger(pfx, f"{peer} refused: {why}")
         self.turned.add(pfx)
         if self.tls is not None:
-            return _reset(writer)
+            if self.holding >= HOLD_MAX:
+                return _reset(writer)
+            self.holding += 1
+            writer.transport.pause_reading()
+            asyncio.get_running_loop().call_later(HOLD_REFUSED, self._release, writer)
+            return None
         writer.write(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\n"
                      b"connection: close\r\n\r\n")
         await _close(writer)
+
+    def _release(self, writer) -> None:
+        self.holding -= 1
+        _reset(writer)
 
     async def _handshake(self, writer, peer: str, pfx: str) -> bool:
         """TLS on the accepted connection, within `header_timeout`; a failure (plain HTTP on the TLS port, a client
@@ -366,6 +387,10 @@ class Gateway:
             return None
         refused = self.suspect(c.prefix)
         why = self.calls.take(c.prefix, refused)
+        if not why and not self.strangers_calls.take("refused" if refused else "clean"):
+            self.calls.give(c.prefix, refused)
+            why = (f"over {self.limits.strangers_calls_per_second:g} calls a second forwarded for connections without "
+                   "an accepted call (2 x --new-per-second)" + (" from prefixes refused lately" if refused else ""))
         if why:
             self.turned.add(c.prefix)
             raise Reject(503, f"{why}; try again", retry=1)
@@ -622,10 +647,18 @@ def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
     return ctx
 
 
+def sniffio_absent() -> None:
+    """httpcore tries `import sniffio` on every call it makes and uses asyncio when that fails; a missing module is
+    looked for on disk every time (5 % of the gateway's CPU under a flood of strangers' calls). Said once instead."""
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]  # `import sniffio` now fails at once
+
+
 async def run(host: str, port: int, gateway: Gateway, tls: ssl.SSLContext | None,
               ready: Callable[[], None] = lambda: None) -> None:
     gateway.tls = tls
     memory.small_tls_buffers()
+    sniffio_absent()
     server = await asyncio.start_server(gateway.connection, host, port, limit=gateway.limits.max_header,
                                         backlog=1024)  # a burst of connections waits in the queue, not refused
     chores = asyncio.ensure_future(gateway.housekeeping())
