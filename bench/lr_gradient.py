@@ -90,7 +90,8 @@ def client_row(ctx, c: int, cfg, h: float, seed: int) -> dict:
             "trajectory": traj_formula, "trajectory_code": code, "trajectory_bn": traj_bn, "trajectory_bn_code": code_bn}
 
 
-def tensor_row(ctx, c: int, lam: dict, h: float, seed: int, names: tuple[str, ...]) -> dict:
+def tensor_row(ctx, c: int, lam: dict, h: float, seed: int, names: tuple[str, ...],
+               dtype: torch.dtype = torch.float32) -> dict:
     """Per tensor, at `lam`: central differences of L_V (the whole validation set, statistics recomputed after each
     fine-tuning) in log eta_k, and each LR meta-gradient's code path (log eta~'s meta-gradient)."""
     from fedl2p_cli.algorithms import meta_grads
@@ -98,9 +99,10 @@ def tensor_row(ctx, c: int, lam: dict, h: float, seed: int, names: tuple[str, ..
     from fedl2p_cli.core.finetune import Strategy, finetune
     from fedl2p_cli.engine.loop import generator
     cfg = ctx.cfg.meta
-    xi, x = ctx.inputs(c)
+    xi, x = (_as(t, dtype) for t in ctx.inputs(c))
     hyper = hyper_fn(xi, x, len(ctx.theta_g), cfg, ctx.entries.head)
-    data, bn0 = ctx.part.client(c), ctx.stats.client_bn(c)
+    data, bn0 = _data_as(ctx.part.client(c), dtype), ctx.stats.client_bn(c)
+    bn0 = type(bn0)([_as(m, dtype) for m in bn0.mean], [_as(v, dtype) for v in bn0.var])
     (xt, yt), (xv, yv) = data.train, data.val
     with torch.no_grad():
         beta, eta = hyper(lam)
@@ -129,6 +131,15 @@ def tensor_row(ctx, c: int, lam: dict, h: float, seed: int, names: tuple[str, ..
     return {"client": c, "domain": ctx.part.domain_names[int(ctx.part.domain[c])], "fd": fd, "fd_fine": fd_fine} | common | est
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
+
+
+def _data_as(data, dtype: torch.dtype):
+    """A client's tensors with every float in `dtype` (labels stay integers)."""
+    return type(data)(*(tuple(_as(t, dtype) for t in b) for b in (data.train, data.val, data.test)))
+
+
 def _cos(a: list[float], b: list[float]) -> float:
     return float(torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), dim=0))
 
@@ -154,8 +165,11 @@ def _tensor_summary(rows: list[dict], names: tuple[str, ...]) -> None:
                   f"(min {min(cos):.3f})", flush=True)
 
 
-def trained(cell: str, meta_id: str, per_kind: int, h: float, names: tuple[str, ...]) -> list[dict]:
-    """`tensor_row` for `per_kind` seen clients of each kind at the learned lambda of meta-train artifact `meta_id`."""
+def trained(cell: str, meta_id: str, per_kind: int, h: float, names: tuple[str, ...],
+            dtype: torch.dtype = torch.float32) -> list[dict]:
+    """`tensor_row` for `per_kind` seen clients of each kind at the learned lambda of meta-train artifact `meta_id`;
+    `dtype` float64: the model, lambda and the clients' tensors in double, so central differences resolve slopes
+    that float32's rounding hides at small steps."""
     from fedl2p_cli.artifacts import Store
     from fedl2p_cli.configs import config_from_dict
     from fedl2p_cli.stages import meta_train
@@ -165,12 +179,15 @@ def trained(cell: str, meta_id: str, per_kind: int, h: float, names: tuple[str, 
     cfg = config_from_dict(art.config)
     ctx = meta_train.make_context(str(search.accuracy.STORE), _id(ids, "pretrain"), _id(ids, "partition"),
                                   _id(ids, "stats"), cfg, runtime)
+    ctx.model.to(dtype)
+    ctx.theta_g = {k: _as(v, dtype) for k, v in ctx.theta_g.items()}
+    lam = {k: _as(v, dtype) for k, v in lam.items()}
     seen = ctx.part.pool(False)
     picked = [c for d in range(len(ctx.part.domain_names))
               for c in [c for c in seen if int(ctx.part.domain[c]) == d][:per_kind]]
     rows = []
     for c in picked:
-        r = {"cell": cell, "meta": meta_id} | tensor_row(ctx, c, lam, h, 0, names)
+        r = {"cell": cell, "meta": meta_id, "dtype": str(dtype)} | tensor_row(ctx, c, lam, h, 0, names, dtype)
         rows.append(r)
         cells = "  ".join(f"{n} x{_ratio(sum(r[n]), r['fd_common'])} cos {_cos(r[n], r['fd']):.3f}" for n in names)
         print(f"{cell:16s} client {c:3d} {r['domain']:9s} FD {r['fd_common']:+.4f} (h/5: {r['fd_common_fine']:+.4f}, "
@@ -192,10 +209,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--meta", default=None, help="a meta-train artifact id: per tensor, at its learned lambda (one cell)")
     ap.add_argument("--lr-grads", default="trajectory-bn,unrolled", help="--meta: the LR meta-gradients to check")
+    ap.add_argument("--float64", action="store_true", help="--meta: model, lambda and data in double precision")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.meta:
-        rows = trained(args.cells[0], args.meta, args.clients, args.h, tuple(args.lr_grads.split(",")))
+        rows = trained(args.cells[0], args.meta, args.clients, args.h, tuple(args.lr_grads.split(",")),
+                       torch.float64 if args.float64 else torch.float32)
         if args.json:
             with args.json.open("a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in rows))
