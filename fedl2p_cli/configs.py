@@ -181,7 +181,7 @@ class MetaTrainConfig:
     # a catalog entry (algorithms/aggregators.py; the stage checks the name)
     aggregator: str = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | median | "
                                   "trimmed-mean (20% cut at each end) | equal-norm (each client's change at the median "
-                                  "norm) | a plugin's.<plugin-aggregators>", option="--aggregate",
+                                  "norm) | equal-norm-tensor (so per tensor) | a plugin's.<plugin-aggregators>", option="--aggregate",
                           identity_default=True, tag=Tag(lambda v, _c: AGGREGATE_TAGS.get(v, v.replace("-", "")), 220))
 
     def family(self) -> str:

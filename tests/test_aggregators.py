@@ -37,11 +37,14 @@ def test_equal_norm_gives_every_client_the_median_change():
     assert torch.allclose(weighted["w"], torch.tensor([0.75 * 5.5, 0.25 * 5.5]))
     still = equal_norm_average(sent, [sent, quiet, quiet], [1.0] * 3)  # a client that did not move: a zero change
     assert torch.allclose(still["w"], torch.tensor([0.0, 2 / 3]))
+    # per tensor: w's changes (norms 10, 1, 3) to 3 each, b's (0, 0, 4) to the median 0: b stays
+    each = equal_norm_average(sent, [loud, quiet, mid], [1.0] * 3, per_tensor=True)
+    assert torch.allclose(each["w"], torch.tensor([1.0, 0.0])) and torch.equal(each["b"], sent["b"])
 
 
 def test_the_catalog_holds_the_rules_and_names_them_on_a_typo():
     cat = plugins.build()
-    assert {"mean", "median", "trimmed-mean", "equal-norm"} <= set(cat.names(AGGREGATOR))
+    assert {"mean", "median", "trimmed-mean", "equal-norm", "equal-norm-tensor"} <= set(cat.names(AGGREGATOR))
     with pytest.raises(UnknownName, match="equal-norm"):
         cat.get(AGGREGATOR, "equal_norm")
 

@@ -32,13 +32,16 @@ class EqualNorm:
     with the larger validation loss sets the shared parameters; here each client moves lambda as far as the others."""
     name: str = "equal-norm"
     about: str = "each client's change rescaled to the round's median change norm, then the mean (one pull per client)"
+    per_tensor: bool = False  # each tensor of lambda on its own (equal-norm-tensor)
 
     def combine(self, sent: Lambda, lams: list[Lambda], weights: list[float]) -> Lambda:
-        return equal_norm_average(sent, lams, weights)
+        return equal_norm_average(sent, lams, weights, self.per_tensor)
 
 
 BUILTIN: tuple[Aggregator, ...] = (
     Robust("mean", "the paper's: the mean of the clients' lambdas, weighted by --client-weights"),
     Robust("median", "the coordinate-wise median (unweighted; not in the paper)"),
     Robust("trimmed-mean", "the coordinate-wise mean after cutting 20% at each end (unweighted; not in the paper)"),
-    EqualNorm())
+    EqualNorm(),
+    EqualNorm("equal-norm-tensor", "equal-norm for each tensor of lambda on its own (one pull per client and tensor)",
+              per_tensor=True))

@@ -68,11 +68,15 @@ def robust_average(states: list[dict[str, Tensor]], weights: list[float], rule: 
     return out
 
 
-def equal_norm_average(sent: dict[str, Tensor], states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
+def equal_norm_average(sent: dict[str, Tensor], states: list[dict[str, Tensor]], weights: list[float],
+                       per_tensor: bool = False) -> dict[str, Tensor]:
     """sent + the weighted mean of the clients' changes, each rescaled to the round's median change norm: every client
     moves lambda by the same amount, so a client whose change is ten times smaller (a low-loss kind: a smaller
     gradient) pulls as hard as the others, and the round's step stays the size of a typical client's. A client that
-    did not move counts with its zero change."""
+    did not move counts with its zero change. `per_tensor`: the same for each tensor of lambda on its own (a client's
+    pull on log eta~ is as strong as on BNNet's weights, whatever their share of its change)."""
+    if per_tensor:
+        return {k: equal_norm_average({k: v}, [{k: s[k]} for s in states], weights)[k] for k, v in sent.items()}
     norms = update_norms(sent, states)
     target = float(torch.tensor(norms, dtype=torch.float64).quantile(0.5))  # an even count: the two middles' mean
     scale = [target / n if n > 0 else 0.0 for n in norms]
