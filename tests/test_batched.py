@@ -162,6 +162,37 @@ def test_a_group_of_client_updates_equals_one_at_a_time(setup, meta_grad, head):
         assert close(a.beta, b.beta) and close(a.eta, b.eta)
 
 
+@dataclasses.dataclass(frozen=True)
+class OnlyOne:
+    """A plugin's meta-gradient with `one` alone (no `many`): FOMAML+ with its gradient doubled."""
+    name: str = "only-one"
+    about: str = "a test's meta-gradient"
+
+    def one(self, *args):
+        from fedl2p_cli.algorithms.meta_grads import Fomaml
+        mg = Fomaml().one(*args)
+        return dataclasses.replace(mg, grads={k: 2 * g for k, g in mg.grads.items()})
+
+
+def test_a_meta_gradient_with_one_alone_runs_a_group_client_by_client(setup):
+    """An entry needs only `one`: a group (the batched client update) runs it per client, with each client's inputs
+    and generator, and gets what one client at a time gets; the doubled gradient is seen (not the built-in's)."""
+    model, theta, xs, ys, bns, _ = setup
+    n_bn, n_p = len(bns[0].mean), len(theta)
+    cfg = dataclasses.replace(TINY_META, batch_size=16, meta_grad="fomaml", iterations=1)
+    datas = [ClientData((x, y), (x[:12], y[:12]), (x[:4], y[:4])) for x, y in zip(xs, ys)]
+    inputs = [(torch.rand(n_bn), torch.rand(5)) for _ in range(3)]
+    lam = init_lambda(n_bn, 5, n_p, cfg.base_lr, "both", 0, gain=1.0)
+    mine = OnlyOne()
+    one = [client_update(model, theta, lam, xi, x, b, d, cfg, g, entry=mine)
+           for (xi, x), b, d, g in zip(inputs, bns, datas, gens())]
+    many = client_update_many(model, theta, [lam] * 3, inputs, bns, datas, cfg, gens(), entry=mine)
+    plain = client_update_many(model, theta, [lam] * 3, inputs, bns, datas, cfg, gens())
+    for a, b, c in zip(one, many, plain):
+        assert all(close(a.lam[k], b.lam[k], 1e-4) for k in lam)
+        assert not all(close(b.lam[k], c.lam[k], 1e-6) for k in lam)
+
+
 @pytest.mark.parametrize("meta_grad", ["fomaml", "ift"])
 def test_a_client_that_diverges_in_a_group_gets_what_it_gets_alone(setup, meta_grad):
     """A client whose fine-tuning turns non-finite (decided on the device, not read until the group

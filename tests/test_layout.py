@@ -301,6 +301,7 @@ def test_the_stage_read_scan_finds_each_kind(tmp_path):
 PROCESS_STATE = {
     "fedl2p_cli.core.bn._POLICY": "the BN policy of the forward in progress: a context, set and reset around it",
     "fedl2p_cli.core.kernels._PLAIN": "torch's own kernels inside a vmapped call: a context, set and reset around it",
+    "fedl2p_cli.core.autodiff._DEPTH": "how deep in nested one-client transforms a call runs: a context, set and reset around each",
     "fedl2p_cli.plugins._CURRENT": "the catalog lookups below a stage answer from: the running stage's Runtime's, "
                                    "set and reset around it (`using`), else this context's own: a context",
     "fedl2p_cli.engine.workers._CONTEXT": "a worker process's client context, set by its pool initializer",

@@ -228,7 +228,7 @@ def _group_results(lams: list[Lambda], datas: list[ClientData], checks: list[tup
 def _meta_gradients(model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], inputs: list,
                     datas: list[ClientData], cfg: MetaConfig, gens: list[torch.Generator],
                     entry: MetaGradient | None = None, head: MetaHead | None = None) -> list[MetaGrad]:
-    """Each client's meta-gradient, as one computation (the `--meta-grad` entry's `many`)."""
+    """Each client's meta-gradient, as one computation where the `--meta-grad` entry has `many`, else one at a time."""
     hyper = head_fn(len(fts[0].params), cfg, head)
-    return (entry or meta_grads.builtin(cfg.meta_grad, cfg.lr_grad)).many(model, fts, lams, hyper, inputs, datas, cfg,
-                                                                          gens)
+    return meta_grads.group(entry or meta_grads.builtin(cfg.meta_grad, cfg.lr_grad), model, fts, lams, hyper, inputs,
+                            datas, cfg, gens)

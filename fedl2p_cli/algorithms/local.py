@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from ..core.bn import bn_layers
 from ..core.client import LocalConfig
@@ -62,24 +61,12 @@ def _state(state: State, bns: list[str], params: State, bn: ClientBN) -> State:
 
 
 def perfedavg_hf_step(model: nn.Module, params: State, batches: tuple, alpha: float, beta: float) -> tuple[State, Tensor]:
-    """One Per-FedAvg (HF) step on three independent batches D, D', D'':
-    w_tmp = w - alpha grad f(w; D);  w <- w - beta (I - alpha H(w; D'')) grad f(w_tmp; D')."""
-    (x1, y1), (x2, y2), (x3, y3) = batches
-    names = list(params)
-    w = [params[n].detach().requires_grad_(True) for n in names]
-
-    def loss(ws, x, y):
-        return F.cross_entropy(functional_call(model, dict(zip(names, ws)), (x,)), y)
-
-    l1 = loss(w, x1, y1)
-    g1 = torch.autograd.grad(l1, w)
-    w_tmp = [(a - alpha * g).detach().requires_grad_(True) for a, g in zip(w, g1)]
-    g2 = torch.autograd.grad(loss(w_tmp, x2, y2), w_tmp)
-    g3 = torch.autograd.grad(loss(w, x3, y3), w, create_graph=True)
-    hv = torch.autograd.grad(g3, w, grad_outputs=g2)
-    with torch.no_grad():
-        new = {n: a - beta * (g - alpha * h) for n, a, g, h in zip(names, w, g2, hv)}
-    return new, l1.detach()
+    """One Per-FedAvg (HF) step on three independent batches D, D', D'' (`core.perfedavg.perfedavg_step`, one client
+    by torch.autograd): w_tmp = w - alpha grad f(w; D);  w <- w - beta (I - alpha H(w; D'')) grad f(w_tmp; D')."""
+    from ..core.autodiff import AUTOGRAD
+    from ..core.perfedavg import perfedavg_step
+    new, loss, _ = perfedavg_step(AUTOGRAD, model, params, [b[0] for b in batches], [b[1] for b in batches], alpha, beta)
+    return new, loss
 
 
 def perfedavg_client(model: nn.Module, state: State, x: Tensor, y: Tensor, lr: float, cfg: LocalConfig,

@@ -1,9 +1,11 @@
 """The meta-gradients a FedL2P client update can take (`--meta-grad NAME`): catalog entries of kind "meta-grad",
 registered like a model or an executor (`registry.add_meta_grad`; the stage looks the name up and hands the entry to
 the client update). Each has one interface, `api.MetaGradient` (declared in fedl2p_cli/protocols.py): `one` computes a
-client's meta-gradient after its fine-tuning, `many` a group's (the batched executor; per client the same to float
-rounding). Its name is also its tag in variant names (`fedl2p-NAME-...`), so a new one names itself. The built-ins:
-FOMAML+ (App. F) and the IFT (Alg. 2). Adding one is one module with a class like these and one registration.
+client's meta-gradient after its fine-tuning; a group of clients (the batched executor) runs it per client, or the
+entry's `many` where it has one (`api.BatchesClients`). The built-ins' maths is written once, per client
+(core.hypergrad's `fomaml_client`, `ift_client`): `one` runs it by torch.autograd, `many` vmaps it. The name is also
+the entry's tag in variant names (`fedl2p-NAME-...`), so a new one names itself. The built-ins: FOMAML+ (App. F) and
+the IFT (Alg. 2). Adding one is one module with a class like these and one registration.
 """
 
 from __future__ import annotations
@@ -103,21 +105,21 @@ class Ift:
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
              gens: list[torch.Generator]) -> list[MetaGrad]:
-        from ..core.batched import IftSettings, ift_many
+        from ..core.batched import ift_many
         from ..core.functional import random_batch
+        from ..core.hypergrad import IftSettings
         val = _val(datas, cfg, gens)
         last = cfg.ift_at == "last-step"
         tis = [ft.last_batch if last else random_batch(len(d.train[1]), cfg.batch_size, g)
                for d, ft, g in zip(datas, fts, gens)]
         train = [(d.train[0][ti], d.train[1][ti]) for d, ti in zip(datas, tis)]
-        paths = [_eta_path(self.lr, ft, cfg) for ft in fts]
         slopes = _slopes(self.lr, model, fts, lams, hyper, inputs, val, datas, cfg)
-        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, last,
-                        paths[0] is not None or slopes is not None, cfg.val_stats)
-        return _results(ift_many(model, hyper, lams, inputs, [ft.params for ft in fts],
-                                 [ft.prev_params if last else ft.params for ft in fts], [ft.last_grad for ft in fts],
-                                 train, val, [ft.bn for ft in fts], s,
-                                 eta_dirs=paths if paths[0] is not None else None,  # type: ignore[arg-type]
+        paths = None if slopes is not None else [_eta_path(self.lr, ft, cfg) for ft in fts]
+        s = IftSettings(cfg.q, cfg.psi, cfg.scale_by_psi, cfg.hessian, cfg.psi_power, cfg.val_stats)
+        return _results(ift_many(model, hyper, lams, inputs, [ft.params for ft in fts], train, val,
+                                 [ft.bn for ft in fts], s, [ft.prev_params for ft in fts] if last else None,
+                                 [ft.last_grad for ft in fts] if last else None,
+                                 eta_dirs=paths if paths and paths[0] is not None else None,  # type: ignore[arg-type]
                                  eta_slopes=slopes))
 
 
@@ -142,6 +144,22 @@ def _eta_path(lr: LrGradient, ft: FinetuneResult, cfg: MetaConfig) -> list[Tenso
     ift: Alg. 2's implicit term)."""
     path = lr.path(ft)
     return path if path is not None else (ft.last_grad if cfg.eta_grad == "last-step" else None)
+
+
+def group(mg: MetaGradient, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
+          inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
+          gens: list[torch.Generator]) -> list[MetaGrad]:
+    """A group's meta-gradients: the entry's `many` where it has one (`api.BatchesClients`), else its `one` per
+    client, each with its own inputs and generator (what `one` at a time computes)."""
+    from ..protocols import BatchesClients
+    if isinstance(mg, BatchesClients):
+        return mg.many(model, fts, lams, hyper, inputs, datas, cfg, gens)
+    return [mg.one(model, ft, lam, _bound(hyper, inp), d, cfg, g)
+            for ft, lam, inp, d, g in zip(fts, lams, inputs, datas, gens)]
+
+
+def _bound(hyper: HyperMany, inp: tuple[Tensor, Tensor]) -> Callable[[Lambda], Any]:
+    return lambda lam: hyper(lam, *inp)
 
 
 BUILTIN: tuple[MetaGradient, ...] = (Fomaml(), Ift())

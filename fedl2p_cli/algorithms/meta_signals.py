@@ -82,7 +82,8 @@ class Signalled:
     def many(self, model: nn.Module, fts: list[FinetuneResult], lams: list[Lambda], hyper: HyperMany,
              inputs: list[tuple[Tensor, Tensor]], datas: list[ClientData], cfg: MetaConfig,
              gens: list[torch.Generator]) -> list[MetaGrad]:
-        return [_weighed(self.signal, mg) for mg in self.inner.many(model, fts, lams, hyper, inputs, datas, cfg, gens)]
+        from .meta_grads import group
+        return [_weighed(self.signal, mg) for mg in group(self.inner, model, fts, lams, hyper, inputs, datas, cfg, gens)]
 
 
 def with_signal(mg: MetaGradient, signal: MetaSignal) -> MetaGradient:

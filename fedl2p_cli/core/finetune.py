@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from .autodiff import AUTOGRAD, Transforms
 from .bn import BNPolicy, MixBN, PathPolicy, update_running
 from .functional import Params, ce_loss, epochs_of_batches, evaluate, evaluate_sums, forward, mean_loss
+from .masked import MaskedPolicy, masked_ce
 
 
 @dataclass
@@ -64,16 +67,38 @@ def sgd_step(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy
 
 def step_with_grad(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN,
                    levels: list[float] | None = None) -> tuple[Params, Tensor, list[Tensor]]:
-    """`sgd_step` that also returns the step's gradient (the IFT's last-step reading reuses it). The loss stays a
-    device tensor (no host sync per step); `levels`: beta on the host, read once per fine-tuning (`finetune`)."""
-    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    pol = BNPolicy(s.beta, train=True, fused=True, levels=levels)  # first order: BN C/G/I layers take the fused kernels
-    loss = ce_loss(model, leaves, x, y, pol)
-    grads = list(torch.autograd.grad(loss, list(leaves.values())))
-    with torch.no_grad():
-        new = {k: v - lr * g for (k, v), lr, g in zip(leaves.items(), s.lr, grads)}
-    update_running(bn.mean, bn.var, pol.recorded)
-    return new, loss.detach(), grads
+    """`sgd_step` that also returns the step's gradient (the IFT's last-step reading reuses it): `train_step` by
+    torch.autograd. The loss stays a device tensor (no host sync per step); `levels`: beta on the host, read once per
+    fine-tuning (`finetune`)."""
+    new, loss, grads, moments = train_step(AUTOGRAD, model, params, x, y, s.beta, s.lr, levels=levels)
+    update_running(bn.mean, bn.var, dict(moments))
+    return new, loss, grads
+
+
+def train_step(d: Transforms, model: nn.Module, params: Params, x: Tensor, y: Tensor, beta: Tensor | None, lr: Tensor,
+               mask: Tensor | None = None, levels: list[float] | None = None
+               ) -> tuple[Params, Tensor, list[Tensor], list[tuple[int, tuple[Tensor, Tensor, Any]]]]:
+    """One client's SGD step theta <- theta - eta * grad CE(f_{theta,beta}(x), y), by the transforms `d`: the new
+    weights, the loss, the gradient and each BN layer's batch moments (index, (mean, biased variance, count)), from
+    which the caller moves the running statistics. One client (mask None) takes the fused kernels at beta 0/1 (first
+    order only); a vmapped group (`core.batched`) passes each client's padded batch's mask."""
+    order: list[int] = []  # the BN indices, beside the aux (torch.func's aux holds tensors only)
+
+    def loss_fn(p: Params) -> tuple[Tensor, tuple[Tensor, list]]:
+        if mask is None:
+            pol: BNPolicy = BNPolicy(beta, train=True, fused=True, levels=levels)
+            loss = ce_loss(model, p, x, y, pol)
+            moments: dict = pol.recorded
+        else:
+            pol = masked = MaskedPolicy(beta, train=True, mask=mask)
+            loss = masked_ce(model, p, x, y, mask, pol)
+            moments = masked.moments
+        order[:] = sorted(moments)
+        return loss, (loss.detach(), [moments[i] for i in order])
+
+    g, (loss, moments) = d.grad(loss_fn, has_aux=True)(params)
+    new = {k: v.detach() - e * g[k] for (k, v), e in zip(params.items(), lr)}
+    return new, loss, [g[k] for k in params], list(zip(order, moments))
 
 
 def finetune(model: nn.Module, params: Params, x: Tensor, y: Tensor, s: Strategy, bn: ClientBN, epochs: int,
@@ -129,9 +154,7 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
     beta, i.e. exactly what a beta-mixed evaluation forward feeds it. Up to `chunk` samples: one full-batch
     training-mode forward. Larger clients: one chunked pass per BN layer (each stops at its layer)."""
     if len(x) <= chunk:
-        pol = BNPolicy(beta, train=True)
-        forward(model, params, x, pol)
-        return recorded_bn(pol)
+        return ClientBN(*full_batch_moments(model, params, x, beta))
     n_bn = len(beta)
     mean: list[Tensor] = [x.new_empty(0)] * n_bn
     var: list[Tensor] = [x.new_empty(0)] * n_bn
@@ -143,6 +166,17 @@ def precise_bn(model: nn.Module, params: Params, x: Tensor, beta: Tensor, chunk:
         mu = acc[0] / acc[2]
         mean[b], var[b] = mu.float(), (acc[1] / acc[2] - mu * mu).clamp_min(0).float()
     return ClientBN(mean, var)
+
+
+def full_batch_moments(model: nn.Module, params: Params, x: Tensor, beta: Tensor,
+                       mask: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]]:
+    """Each BN layer's input moments (mean, biased variance) in one training-mode forward of all of x under beta:
+    `precise_bn`'s statistics. `mask`: a padded data set's own samples (a vmapped group, `core.batched`)."""
+    pol = BNPolicy(beta, train=True) if mask is None else MaskedPolicy(beta, train=True, mask=mask)
+    forward(model, params, x, pol)
+    moments: dict = pol.moments if isinstance(pol, MaskedPolicy) else pol.recorded
+    order = sorted(moments)
+    return [moments[i][0] for i in order], [moments[i][1] for i in order]
 
 
 def precise_bn_path(model: nn.Module, params: Params, x: Tensor, beta: Tensor) -> ClientBN:

@@ -82,9 +82,20 @@ def evaluate_sums(model: nn.Module, params: Params, x: Tensor, y: Tensor, pol: B
             yb = yb[-1:]
         else:
             logits = forward(model, params, xb, pol)
-        total_loss += F.cross_entropy(logits, yb, reduction="sum").double()  # float64 sums: as Python floats were
-        correct += (logits.argmax(1) == yb).sum()
+        loss, right = logit_sums(logits, yb)
+        total_loss += loss
+        correct += right
     return total_loss, correct
+
+
+def logit_sums(logits: Tensor, y: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """A batch's summed cross-entropy (float64: as Python floats were) and count of correct answers; `mask` (bool): a
+    padded batch's own samples (a vmapped group, `core.batched.scores_many`)."""
+    right = logits.argmax(1) == y
+    if mask is None:
+        return F.cross_entropy(logits, y, reduction="sum").double(), right.sum()
+    per = F.cross_entropy(logits, y, reduction="none").double()
+    return torch.where(mask, per, 0.0).sum(), (right & mask).sum()
 
 
 def get_state(model: nn.Module) -> dict[str, torch.Tensor]:

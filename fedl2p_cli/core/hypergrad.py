@@ -13,6 +13,11 @@ orthonormal basis of the Krylov space {v, H_T v, .., H_T^Q v} (Arnoldi): the sam
 `hessian="fo"` holds the inner gradient g = grad CE(theta) constant (in theta and beta; eta still multiplies it):
 then dL_T/dtheta = grad CE(theta') and H_T = Hessian of CE at theta', second order and ~3x cheaper. The dropped
 terms are O(eta): dtheta'/dtheta = I - eta H ~ I and dtheta'/dbeta = -eta dg/dbeta ~ 0 at fine-tuning LRs.
+
+Each meta-gradient is written once, as a function of one client's tensors (`fomaml_client`, `ift_client`), in
+torch.func's style and in terms of a set of transforms (`core.autodiff`): one client runs it with `AUTOGRAD`
+(`fomaml_gradient`, `ift_hypergradient`), a group of clients is `torch.func.vmap` of it with `FUNC` over padded,
+masked batches (`core.batched.fomaml_many`, `ift_many`).
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from .autodiff import AUTOGRAD, Transforms
 from .bn import BNPolicy
 from .client import Batch
 from .finetune import ClientBN, Replay, inference_policy
 from .functional import Params, ce_loss
+from .masked import eval_ce, train_ce
 from .metanets import Lambda
 
 HyperFn = Callable[[Lambda], tuple[Tensor, Tensor]]  # lambda -> (beta [B], eta [|P|])
@@ -59,25 +66,29 @@ BREAKDOWN = 100  # Arnoldi: a residual below this many roundings of |H q| is no 
 
 
 def train_loss(model: nn.Module, theta: Params, beta: Tensor, eta: Tensor, batch: Batch, hessian: str = "exact",
-               inner_grad: list[Tensor] | None = None) -> Tensor:
+               inner_grad: list[Tensor] | None = None, mask: Tensor | None = None, d: Transforms = AUTOGRAD) -> Tensor:
     """Eq. 9-10: the loss after one in-graph step with per-tensor learning rates eta. With hessian="fo" the inner
-    gradient is a constant; `inner_grad` supplies it when the caller already has it (the last fine-tuning step's)."""
+    gradient is a constant; `inner_grad` supplies it when the caller already has it (the last fine-tuning step's).
+    `mask`: a padded batch's own samples (`core.masked`); `d`: the transforms its inner gradient is taken by."""
     x, y = batch
     exact = hessian == "exact"
     if exact or inner_grad is None:
-        at = theta if exact else {k: v.detach().requires_grad_(True) for k, v in theta.items()}
-        inner = ce_loss(model, at, x, y, BNPolicy(beta if exact else beta.detach(), train=True))
-        g: Sequence[Tensor] = torch.autograd.grad(inner, list(at.values()), create_graph=exact)
+        at = theta if exact else {k: v.detach() for k, v in theta.items()}
+        b_in = beta if exact else beta.detach()
+        with d.nested():  # L_T is differentiated further: its inner gradient keeps its graph
+            g = d.grad(lambda t: train_ce(model, t, x, y, b_in, mask))(at)
+        g = g if exact else {k: v.detach() for k, v in g.items()}
     else:
-        g = [t.detach() for t in inner_grad]
-    stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
-    return ce_loss(model, stepped, x, y, BNPolicy(beta, train=True))
+        g = {k: t.detach() for k, t in zip(theta, inner_grad)}
+    stepped = {k: v - e * g[k] for (k, v), e in zip(theta.items(), eta)}
+    return train_ce(model, stepped, x, y, beta, mask)
 
 
-def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: ClientBN, stats: str = "running") -> Tensor:
+def val_loss(model: nn.Module, theta: Params, beta: Tensor, batch: Batch, bn: ClientBN, stats: str = "running",
+             mask: Tensor | None = None) -> Tensor:
     """Evaluation-mode BN as at test time (`inference_policy`: the client's statistics, or the batch's own)."""
     x, y = batch
-    return ce_loss(model, theta, x, y, inference_policy(beta, bn, stats))
+    return eval_ce(model, theta, x, y, inference_policy(beta, bn, stats), beta, mask)
 
 
 def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
@@ -145,13 +156,69 @@ def neumann_coefficients(h: Tensor, psi: Tensor, q: int) -> Tensor:
     return c
 
 
+@dataclass(frozen=True)
+class IftSettings:
+    """The IFT's options (`ift_hypergradient`'s, as `algorithms.meta_grads.Ift` passes them)."""
+    q: int = 3
+    psi: float = 0.1
+    scale_by_psi: bool = False
+    hessian: str = "exact"
+    psi_power: int = 0
+    val_stats: str = "running"
+
+
+def ift_client(d: Transforms, model: nn.Module, hyper: HyperFn, lam: Lambda, theta_star: Params, train: Batch,
+               val: Batch, bn: ClientBN, s: IftSettings, theta_train: Params | None = None,
+               inner_grad: list[Tensor] | None = None, path: list[Tensor] | None = None, slope: Tensor | None = None,
+               train_mask: Tensor | None = None, val_mask: Tensor | None = None
+               ) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:
+    """One client's IFT meta-gradient (`ift_hypergradient`), its validation and training losses and its Neumann step,
+    by the transforms `d`. The Hessian-vector products are vector-Jacobian products of L_T's gradient (one graph,
+    its forward once); `path`/`slope` are `ift_hypergradient`'s eta_step/eta_slope."""
+    sloped = path is not None or slope is not None
+    th_t = theta_star if theta_train is None else theta_train
+
+    def lv_fn(th: Params, lm: Lambda) -> Tensor:
+        return val_loss(model, th, hyper(lm)[0], val, bn, s.val_stats, val_mask)
+
+    (v, direct), lv = d.grad_and_value(lv_fn, argnums=(0, 1))(theta_star, lam)
+
+    def lt_fn(th: Params, lm: Lambda) -> Tensor:
+        beta, eta = hyper(lm)
+        return train_loss(model, th, beta, eta.detach() if sloped else eta, train, s.hessian, inner_grad, train_mask, d)
+
+    # L_T's value comes with the gradient whose vector-Jacobian products are the Hessian's (no forward twice)
+    _, products, lt = cast(tuple[Any, Callable, Tensor],
+                           d.vjp(lambda th, lm: d.grad_and_value(lt_fn)(th, lm), th_t, lam, has_aux=True))
+    keys = list(th_t)
+    v0 = [v[k].detach() for k in keys]
+
+    def hvp(u: list[Tensor]) -> list[Tensor]:  # one product w.r.t. theta alone (not one per tensor)
+        out = products(dict(zip(keys, u)), only=0)[0]
+        return [out[k] for k in keys]
+
+    basis, h, norm = krylov(hvp, v0, max(s.q, s.psi_power))  # every Hessian-vector product this makes
+    psi_t = h.new_tensor(s.psi)
+    if s.psi_power > 0:
+        psi_t = (PSI_MARGIN / spectral_radius_estimate(h).clamp_min(1e-12)).clamp_max(s.psi)
+    c = (norm * neumann_coefficients(h, psi_t, s.q) * (psi_t if s.scale_by_psi else 1.0)).to(v0[0].dtype)
+    p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(keys))]
+    if sloped:  # d theta_star / d eta_k = -path_k: the LRs' path into L_V (the last step's, or the run's); or slopes
+        d_eta = slope if slope is not None else torch.stack([-(a * b).sum() for a, b in zip(v0, path or [])])
+        eta_vjp = d.vjp(lambda lm: hyper(lm)[1], lam)[1]
+        direct = {k: direct[k] + g for k, g in eta_vjp(d_eta)[0].items()}
+    mixed = products(dict(zip(keys, p)), only=1)[1]
+    return {k: direct[k] - mixed[k] for k in lam}, lv.detach(), lt.detach(), psi_t
+
+
 def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: HyperFn, train_batch: Batch,
                       val_batch: Batch, bn: ClientBN, q: int = 3, psi: float = 0.1,
                       scale_by_psi: bool = False, hessian: str = "exact", psi_power: int = 0,
                       theta_train: Params | None = None, inner_grad: list[Tensor] | None = None,
                       val_stats: str = "running", eta_step: list[Tensor] | None = None,
                       eta_slope: Tensor | None = None) -> MetaGrad:
-    """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta.
+    """Alg. 2 by reverse-mode Hessian-vector products on one double-backward graph of dL_T/dtheta (`ift_client`,
+    one client, by torch.autograd).
 
     L_T's argument is theta_star unless `theta_train` is given: then L_T(theta_train) is differentiated (the
     "last step" reading, theta_train = the parameters before the last fine-tuning step, so theta' = theta_star) while
@@ -170,31 +237,9 @@ def ift_hypergradient(model: nn.Module, theta_star: Params, lam: Lambda, hyper: 
     tensor (FOMAML+'s LR gradient), and the implicit term only for beta: the IFT assumes theta_star is a stationary
     point of L_T, which an LR does not move, so its LR term is only the bias of an unconverged theta_star (converged,
     it is +dL_V/dtheta . dL_T/dtheta: it lowers every LR whenever training and validation gradients agree)."""
-    lam_l, theta_v = _leaves(lam), _leaves(theta_star)
-    theta = theta_v if theta_train is None else _leaves(theta_train)
-    th, lm = list(theta.values()), list(lam_l.values())
-    beta, eta = hyper(lam_l)
-    lv = val_loss(model, theta_v, beta, val_batch, bn, val_stats)
-    g_all = _grad(lv, list(theta_v.values()) + lm, retain_graph=True)
-    v, direct = g_all[:len(th)], g_all[len(th):]
-    v0 = [t.detach() for t in v]
-    lt = train_loss(model, theta, beta, eta if eta_step is None and eta_slope is None else eta.detach(), train_batch,
-                    hessian, inner_grad)
-    g_t = torch.autograd.grad(lt, th, create_graph=True)
-    hvp = lambda u: _grad(g_t, th, grad_outputs=u, retain_graph=True)  # noqa: E731
-    basis, h, norm = krylov(hvp, v0, max(q, psi_power))  # every Hessian-vector product this makes
-    psi_t = h.new_tensor(psi)
-    if psi_power > 0:
-        psi_t = (PSI_MARGIN / spectral_radius_estimate(h).clamp_min(1e-12)).clamp_max(psi)
-    c = norm * neumann_coefficients(h, psi_t, q) * (psi_t if scale_by_psi else 1.0)
-    c = c.to(v0[0].dtype)
-    p = [sum(c[i] * b[k] for i, b in enumerate(basis)) for k in range(len(th))]
-    if (eta_step is not None or eta_slope is not None) and eta.requires_grad:
-        # d theta_star / d eta_k = -g_k: the LRs' path into L_V (the last step's, or the run's); or given as slopes
-        d_eta = eta_slope if eta_slope is not None else torch.stack([-(a * b).sum() for a, b in zip(v0, eta_step or [])])
-        direct = [a + b for a, b in zip(direct, _grad(eta, lm, grad_outputs=d_eta, retain_graph=True))]
-    mixed = _grad(g_t, lm, grad_outputs=p)
-    grads = {k: d - m for k, d, m in zip(lam_l, direct, mixed)}
+    s = IftSettings(q, psi, scale_by_psi, hessian, psi_power, val_stats)
+    grads, lv, lt, psi_t = ift_client(AUTOGRAD, model, hyper, lam, theta_star, train_batch, val_batch, bn, s,
+                                      theta_train, inner_grad, eta_step, eta_slope)
     return MetaGrad(grads, lv.item(), lt.item(), float(psi_t))
 
 
@@ -233,30 +278,43 @@ def lr_slope_unrolled(model: nn.Module, replay: Replay, beta: Tensor, val_batch:
     return torch.autograd.grad(lv, eta)[0]
 
 
+def fomaml_client(d: Transforms, model: nn.Module, hyper: HyperFn, lam: Lambda, theta_prev: Params, last: Batch,
+                  val: Batch, bn: ClientBN, val_stats: str = "running", path: list[Tensor] | None = None,
+                  slope: Tensor | None = None, last_mask: Tensor | None = None, val_mask: Tensor | None = None
+                  ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """One client's FOMAML+ meta-gradient (`fomaml_gradient`) and its validation and training losses, by the
+    transforms `d`; `path`/`slope` are `fomaml_gradient`'s eta_step/eta_slope."""
+    def meta_loss(lm: Lambda) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        beta, eta = hyper(lm)
+        # one forward for the last step's loss and its gradient, theta_prev held constant
+        g, inner = d.grad_and_value(lambda th: train_ce(model, th, *last, beta, last_mask))(theta_prev)
+        if slope is not None:  # the LRs' path comes in as slopes: none through the last step
+            stepped = {k: v - e.detach() * g[k] for (k, v), e in zip(theta_prev.items(), eta)}
+        elif path is None:
+            stepped = {k: v - e * g[k] for (k, v), e in zip(theta_prev.items(), eta)}
+        else:  # value theta*, LR gradient along the summed path (the second term is 0 in value)
+            stepped = {k: v - e.detach() * g[k] - (e - e.detach()) * p.detach()
+                       for (k, v), e, p in zip(theta_prev.items(), eta, path)}
+        lv = val_loss(model, stepped, beta, val, bn, val_stats, val_mask)
+        # the slopes enter as a linear term: its gradient is eta's vector-Jacobian product with them, its value 0 to L_V
+        objective = lv if slope is None else lv + (eta * slope.detach()).sum()
+        return objective, (lv.detach(), inner.detach())
+
+    grads, (lv, lt) = d.grad(meta_loss, has_aux=True)(lam)
+    return grads, lv, lt
+
+
 def fomaml_gradient(model: nn.Module, theta_prev: Params, lam: Lambda, hyper: HyperFn, last_batch: Batch,
                     val_batch: Batch, bn: ClientBN, val_stats: str = "running",
                     eta_step: list[Tensor] | None = None, eta_slope: Tensor | None = None) -> MetaGrad:
-    """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant.
+    """FOMAML+ (App. F): only the last fine-tuning step is differentiated, theta_prev held constant (`fomaml_client`,
+    one client, by torch.autograd).
 
     eta_step (--lr-grad trajectory; not in the paper): the fine-tuning's gradients summed, so that theta* = theta_g -
     eta * eta_step (constant LRs). The LRs then reach L_V along that whole path, dL_V/deta_k = -dL_V/dtheta*_k .
     eta_step_k, i.e. dL_V/dlog eta_k = dL_V/dtheta*_k . (theta*_k - theta_g,k), in place of the last step's
     -dL_V/dtheta*_k . g_k (1/steps of it when the gradients agree); beta keeps its last-step path.
     eta_slope (--lr-grad trajectory-bn): the LRs' path given as per-tensor slopes dL_V/deta (`lr_slope_bn`)."""
-    lam_l, theta = _leaves(lam), _leaves(theta_prev)
-    beta, eta = hyper(lam_l)
-    x, y = last_batch
-    inner = ce_loss(model, theta, x, y, BNPolicy(beta, train=True))
-    g = torch.autograd.grad(inner, list(theta.values()), create_graph=True)
-    if eta_slope is not None:  # the LRs' path comes in as slopes: none through the last step
-        stepped = {k: v - e.detach() * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
-    elif eta_step is None:
-        stepped = {k: v - e * gk for (k, v), e, gk in zip(theta.items(), eta, g)}
-    else:  # value theta*, LR gradient along the summed path (the second term is 0 in value)
-        stepped = {k: v - e.detach() * gk - (e - e.detach()) * d.detach()
-                   for (k, v), e, gk, d in zip(theta.items(), eta, g, eta_step)}
-    lv = val_loss(model, stepped, beta, val_batch, bn, val_stats)
-    # the slopes enter as a linear term: its gradient is eta's vector-Jacobian product with them, its value 0 to L_V
-    objective = lv if eta_slope is None else lv + (eta * eta_slope.detach()).sum()
-    grads = dict(zip(lam_l, _grad(objective, list(lam_l.values()))))
-    return MetaGrad(grads, lv.item(), inner.item())
+    grads, lv, lt = fomaml_client(AUTOGRAD, model, hyper, lam, theta_prev, last_batch, val_batch, bn, val_stats,
+                                  eta_step, eta_slope)
+    return MetaGrad(grads, lv.item(), lt.item())
