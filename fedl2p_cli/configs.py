@@ -17,9 +17,9 @@ from .core.config import (
     ConfigError,
     Tag,
     between,
-    flat_value,
     from_flat,
     opt,
+    spells_off,
     stored,
     variant_words,
 )
@@ -189,12 +189,13 @@ class MetaTrainConfig:
         return "l2p" if self.local else "fedl2p"
 
     def variant(self) -> str:
-        """The variant's name in result tables: its family, then the preset that names it (one whose every value it
-        holds: `learn`; the paper's and fomaml's values name themselves, word by word), then the word each option
-        declares (`Tag`) that differs from that preset's value, else from its reference value."""
+        """The variant's name in result tables: its family, then the preset that names it (`learn`, where every option
+        off its values still spells a word of its own, e.g. `fedl2p-learn-unroll`; the paper's and fomaml's values
+        name themselves, word by word), then the word each option declares (`Tag`) that differs from that preset's
+        value, else from its reference value."""
         for name in NAMED_PRESETS:
             base = PRESETS[name]
-            if all(flat_value(self, k) == v for k, v in base.items()):
+            if spells_off(self, base):
                 return "-".join([self.family(), name, *variant_words(self, base)])
         return self.spelled()
 

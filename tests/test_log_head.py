@@ -225,7 +225,7 @@ def test_meta_train_under_the_log_head_records_its_round_0_control(tiny_store, t
     cfg = meta_train.MetaTrainConfig.preset("fomaml", rounds=2, fraction=0.5, meta=meta, input_norm="robust", client_weights="equal",
                                      keep="last")
     art, _ = execute(meta_train, cfg, Store(root), {"pretrain": tiny_store["pretrain"].id, "stats": tiny_store["stats"].id})
-    assert art.metrics["variant"] == "fedl2p-fomaml-traj-rstd-last-log-bnnetlr0.05-lrnetlr0.05-eqw"
+    assert art.metrics["variant"] == "fedl2p-learn-traj-bnnetlr0.05-lrnetlr0.05"
     split = art.metrics["split"]
     assert split["round 0"]["split_beta"] == 0.0 and split["round 0"]["split_lr"] == 1.0
     assert split["kept"]["split_beta"] > 0.0 and split["kept"]["split_lr"] > 1.0

@@ -53,3 +53,16 @@ def test_a_preset_in_a_pipeline_table_takes_its_values_and_the_tables_keys_win()
     with pytest.raises(FedL2PError, match="unknown preset 'nope'; choose one of: learn, fomaml, paper"):
         file.config(MetaTrainConfig, "meta-train", {"preset": "nope"})
     assert meta_train.identity(a)["variant"] == "fedl2p-seed2"
+
+
+def test_a_preset_names_a_variant_where_every_option_off_it_spells_a_word_of_its_own():
+    learn = MetaTrainConfig.preset("learn")
+    assert learn.variant() == "fedl2p-learn"
+    assert MetaTrainConfig.preset("learn", lr_grad="unrolled", aggregator="equal-norm").variant() == \
+        "fedl2p-learn-unroll-eqnorm"
+    assert MetaTrainConfig.preset("learn", beta_init=0.9).variant() == "fedl2p-learn-binit0.9"
+    # back at a reference value (--keep best, --lr-grad last-step) an option has no word: the name is spelled out
+    for off in ({"keep": "best"}, {"lr_grad": "last-step"}):
+        cfg = MetaTrainConfig.preset("learn", **off)
+        assert "learn" not in cfg.variant().split("-") and cfg.variant() == cfg.spelled()
+    assert learn.spelled() != learn.variant()  # the id hashes the spelled name, never the preset's word

@@ -92,6 +92,26 @@ def variant_words(cfg: Any, base: dict[str, Any] | None = None) -> list[str]:
     return [w for _, w in sorted(found, key=lambda rw: rw[0])]
 
 
+def spells_off(cfg: Any, base: dict[str, Any]) -> bool:
+    """Whether every option of `cfg` whose value differs from `base` (a preset's flat values) names itself with a word
+    of its own: tagged, its tag in force, and not at its reference value (whose word is missing, or another value's).
+    Then the preset's name and those words name `cfg` without ambiguity."""
+    def holds(obj: Any) -> bool:
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if dataclasses.is_dataclass(v):
+                if not holds(v):
+                    return False
+                continue
+            if f.name not in base or v == base[f.name]:
+                continue
+            tag = f.metadata.get("tag")
+            if tag is None or v == reference_of(f) or (tag.when is not None and not tag.when(obj)):
+                return False
+        return True
+    return holds(cfg)
+
+
 def flat_value(cfg: Any, name: str) -> Any:
     """The value of field `name` in `cfg` or in one of its nested configs (the flat namespace of options)."""
     for f in dataclasses.fields(cfg):

@@ -18,7 +18,8 @@ ClientBNMode = Literal["precise", "running"]      # how the client's statistics 
 EvalStats = Literal["running", "test-batch"]      # what a learned beta mixes with the pretrained statistics at test time
 HiddenBias = Literal["paper", "zero"]             # App. E: every bias is the constant; zero: hidden biases 0 (ablation)
 BetaOutput = Literal["ste-clamp", "sigmoid"]       # how BNNet's output becomes beta in [0, 1]
-AGGREGATE_TAGS = {"trimmed-mean": "trim", "equal-norm": "eqnorm", "equal-norm-tensor": "eqnormt"}  # --aggregate's words in variant names (else its name)
+# --aggregate's words in variant names (else its name)
+AGGREGATE_TAGS = {"trimmed-mean": "trim", "equal-norm": "eqnorm", "equal-norm-tensor": "eqnormt"}
 DEFAULT_META_LR = {"bnnet": 1e-3, "lrnet": 1e-3, "eta": 1e-4}  # App. E's SGD learning rates of BNNet, LRNet and eta~
 LEARN_META_LR = 0.01  # the learn preset's BNNet and LRNet SGD steps (the log head's zero-initialised outputs)
 LR_GRAD_TAGS = {"trajectory": "traj", "trajectory-bn": "trajbn", "unrolled": "unroll"}  # --lr-grad's words in variant names
