@@ -281,10 +281,13 @@ class Aggregator(Protocol):
 
 class LrGradient(Protocol):
     """The learned LRs' meta-gradient (`meta-train --lr-grad NAME`): `path(ft)` is the direction along which the
-    fine-tuning's LRs moved theta* (per parameter tensor; None: the meta-gradient's own, FOMAML+'s last step or the
-    IFT's `--eta-grad`); `slope(...)` hands the LRs' per-tensor slopes dL_V/d log eta [|P|] directly, in place of
-    the path's (None: from the path). The built-ins: `last-step`, `trajectory`, `trajectory-bn`
-    (algorithms/lr_grads.py)."""
+    fine-tuning's LRs moved theta* (a tensor per parameter, in the order of `ft.params`, with theta* = start - eta *
+    path, e.g. `ft.grad_sum`, every step's gradient summed; None: the meta-gradient's own, FOMAML+'s last step or the
+    IFT's `--eta-grad`); `slope(model, ft, beta, val, x_train, val_stats)` hands the LRs' per-tensor slopes dL_V/d
+    log eta [|P|] directly, in place of the path's (None: from the path): `val` is the validation batch (x, y),
+    `x_train` the client's training inputs (for statistics recomputed from theta*) and `val_stats` the run's
+    `--val-stats`. An entry takes no options of its own: register one name per setting. The built-ins:
+    `last-step`, `trajectory`, `trajectory-bn`, `unrolled` (algorithms/lr_grads.py)."""
 
     @property
     def name(self) -> str: ...

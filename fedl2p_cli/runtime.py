@@ -45,7 +45,8 @@ class Runtime:
                                  "<plugin-executors>",
                       scope=ROUNDS)
     client_batch: int | Literal["auto"] = opt("auto", "Clients computed as one vmapped group (--engine batched; "
-                                                      "personalize); auto: from a client's GPU memory (1 on the CPU).",
+                                                      "personalize); auto: from a client's GPU memory, 1 on the CPU "
+                                                      "(give a number to group there).",
                                               AT_LEAST_1,
                                               scope=ROUNDS)
     gpus_per_client: float = opt(0.0, "With --engine flower on a GPU: the share of a GPU each ClientApp gets (0.25: "

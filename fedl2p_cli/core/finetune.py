@@ -48,7 +48,8 @@ class Replay:
 
 @dataclass
 class FinetuneResult:
-    params: Params
+    """What a client's fine-tuning hands its meta-gradient and LR meta-gradient (api.FinetuneResult)."""
+    params: Params  # theta* after the last step
     bn: ClientBN
     prev_params: Params  # parameters before the last step (for FOMAML+ and the IFT's last-step reading)
     last_batch: Tensor
