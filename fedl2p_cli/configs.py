@@ -179,9 +179,9 @@ class MetaTrainConfig:
                                                    "by training size (the paper) | equal = one vote per client.",
                                         identity_default=True, tag=Tag({"equal": "eqw"}, 225), reference="samples")
     # a catalog entry (algorithms/aggregators.py; the stage checks the name)
-    aggregator: str = opt("mean", "How the server combines lambdas: mean (the paper, weighted by samples) | median | "
-                                  "trimmed-mean (20% cut at each end) | equal-norm (each client's change at the median "
-                                  "norm) | equal-norm-tensor (so per tensor) | a plugin's.<plugin-aggregators>", option="--aggregate",
+    aggregator: str = opt("mean", "How the server combines lambdas: mean (the paper) | median | trimmed-mean | "
+                                  "equal-norm (changes at the median norm) | equal-norm-tensor | a plugin's."
+                                  "<plugin-aggregators>", option="--aggregate",
                           identity_default=True, tag=Tag(lambda v, _c: AGGREGATE_TAGS.get(v, v.replace("-", "")), 220))
 
     def family(self) -> str:

@@ -9,7 +9,7 @@ import torch
 from fedl2p_cli import plugins
 from fedl2p_cli.algorithms.fedl2p import ClientResult
 from fedl2p_cli.algorithms.meta_loop import MetaReply, MetaStrategy, kept_lambda
-from fedl2p_cli.catalog import SERVER_STEP
+from fedl2p_cli.catalog import AGGREGATOR, SERVER_STEP
 from fedl2p_cli.configs import MetaTrainConfig
 from fedl2p_cli.core.client import Timer
 from fedl2p_cli.engine.loop import group_of
@@ -23,7 +23,8 @@ def reply(c: int, n: int, loss: float) -> MetaReply:
 
 def test_the_servers_sites_run_the_loop_without_client_data():
     cfg = MetaTrainConfig(rounds=1, fraction=1.0, keep="last", client_weights="samples")
-    sites = flower_app._Sites(cfg, plugins.build().get(SERVER_STEP, cfg.meta_opt), (3, 5))
+    cat = plugins.build()
+    sites = flower_app._Sites(cfg, cat.get(SERVER_STEP, cfg.meta_opt), cat.get(AGGREGATOR, cfg.aggregator), (3, 5))
     strategy = MetaStrategy(sites, {"w": torch.zeros(2)})
     st = strategy.initial_state()
     tasks = strategy.configure(st, 0)
