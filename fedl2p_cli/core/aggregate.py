@@ -80,11 +80,6 @@ def equal_norm_average(sent: dict[str, Tensor], states: list[dict[str, Tensor]],
     norms = update_norms(sent, states)
     target = float(torch.tensor(norms, dtype=torch.float64).quantile(0.5))  # an even count: the two middles' mean
     scale = [target / n if n > 0 else 0.0 for n in norms]
-    total = float(sum(weights))
-    out = {}
-    for k, ref in sent.items():
-        acc = torch.zeros_like(ref, dtype=torch.float64)
-        for s, w, c in zip(states, weights, scale):
-            acc += (s[k].to(torch.float64) - ref.to(torch.float64)) * (c * w / total)
-        out[k] = (ref.to(torch.float64) + acc).to(ref.dtype)
-    return out
+    base = {k: v.to(torch.float64) for k, v in sent.items()}
+    moved = [{k: v + (s[k].to(torch.float64) - v) * c for k, v in base.items()} for s, c in zip(states, scale)]
+    return {k: v.to(sent[k].dtype) for k, v in weighted_average(moved, weights).items()}

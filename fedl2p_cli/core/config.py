@@ -9,7 +9,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 RANGE = "range"
@@ -78,38 +78,34 @@ def variant_words(cfg: Any, base: dict[str, Any] | None = None) -> list[str]:
     value in `base` (a preset's flat values), else from its reference value, in rank order."""
     found: list[tuple[int, str]] = []
     base = base or {}
-
-    def walk(obj: Any) -> None:
-        for f in dataclasses.fields(obj):
-            v = getattr(obj, f.name)
-            if dataclasses.is_dataclass(v):
-                walk(v)
-                continue
-            ref = base[f.name] if f.name in base else reference_of(f)
-            if (tag := f.metadata.get("tag")) and v != ref and (tag.when is None or tag.when(obj)):
-                found.append((tag.rank, tag.spell(v, obj)))
-    walk(cfg)
+    for obj, f, v in leaf_fields(cfg):
+        ref = base[f.name] if f.name in base else reference_of(f)
+        if (tag := f.metadata.get("tag")) and v != ref and (tag.when is None or tag.when(obj)):
+            found.append((tag.rank, tag.spell(v, obj)))
     return [w for _, w in sorted(found, key=lambda rw: rw[0])]
+
+
+def leaf_fields(cfg: Any) -> Iterator[tuple[Any, dataclasses.Field, Any]]:
+    """(owner, field, value) of every field that is not itself a config, nested configs walked in field order."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from leaf_fields(v)
+        else:
+            yield cfg, f, v
 
 
 def spells_off(cfg: Any, base: dict[str, Any]) -> bool:
     """Whether every option of `cfg` whose value differs from `base` (a preset's flat values) names itself with a word
     of its own: tagged, its tag in force, and not at its reference value (whose word is missing, or another value's).
     Then the preset's name and those words name `cfg` without ambiguity."""
-    def holds(obj: Any) -> bool:
-        for f in dataclasses.fields(obj):
-            v = getattr(obj, f.name)
-            if dataclasses.is_dataclass(v):
-                if not holds(v):
-                    return False
-                continue
-            if f.name not in base or v == base[f.name]:
-                continue
-            tag = f.metadata.get("tag")
-            if tag is None or v == reference_of(f) or (tag.when is not None and not tag.when(obj)):
-                return False
-        return True
-    return holds(cfg)
+    for obj, f, v in leaf_fields(cfg):
+        if f.name not in base or v == base[f.name]:
+            continue
+        tag = f.metadata.get("tag")
+        if tag is None or v == reference_of(f) or (tag.when is not None and not tag.when(obj)):
+            return False
+    return True
 
 
 def flat_value(cfg: Any, name: str) -> Any:
